@@ -1,0 +1,57 @@
+"""The one interface every engine implements, and the input checks they share."""
+from __future__ import annotations
+
+import numpy as np
+
+from .models import Model
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine's optional dependency is missing; the message says what to install."""
+
+
+class Engine:
+    """``Engine(model, max_batch)`` prepares everything; ``forward(x)`` runs one inference.
+
+    Subclasses set ``name`` and ``returns_view`` and implement ``_forward``.
+    ``weight_bytes`` is what the engine holds for parameters (including any
+    re-packed copies); ``activation_bytes`` is what it holds for
+    intermediates, planned up front (0 for an engine that allocates per call).
+    """
+
+    name: str = "?"
+    returns_view: bool = False   # True: forward returns a read-only view into engine memory
+
+    def __init__(self, model: Model, max_batch: int):
+        if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        self.model = model
+        self.max_batch = int(max_batch)
+        self.weight_bytes = model.weight_bytes
+        self.activation_bytes = 0
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        return self._forward(self.check_input(x))
+
+    __call__ = forward
+
+    def _forward(self, x: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def check_input(self, x) -> np.ndarray:
+        """Refuse, never convert: a conversion would allocate and hide a caller's bug."""
+        expected = self.model.input_shape(self.max_batch)[1:]
+        want = f"a C-contiguous float32 array of shape (batch, {', '.join(map(str, expected))}) with 1 <= batch <= {self.max_batch}"
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"expected {want}; got {type(x).__name__}")
+        if x.dtype != np.float32:
+            raise TypeError(f"expected {want}; got dtype {x.dtype} (convert with x.astype(np.float32))")
+        if x.ndim != 1 + len(expected):
+            raise ValueError(f"expected {want}; got rank {x.ndim} with shape {x.shape}")
+        if x.shape[1:] != expected:
+            raise ValueError(f"expected {want}; got shape {x.shape}")
+        if not 1 <= x.shape[0] <= self.max_batch:
+            raise ValueError(f"expected {want}; got batch {x.shape[0]}")
+        if not x.flags.c_contiguous:
+            raise ValueError(f"expected {want}; got a non-contiguous array (use np.ascontiguousarray(x))")
+        return x

@@ -1,0 +1,21 @@
+"""naive: eager NumPy, the "before" scenario.
+
+Strategy: run the model's ops one by one as plain NumPy expressions
+(``x @ W + b``), each returning a fresh array, and drop each tensor after its
+last read, as an eager framework's reference counting would. Nothing is
+planned, so every forward allocates every intermediate again; the returned
+array is the caller's own.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Engine
+
+
+class NaiveEngine(Engine):
+    name = "naive"
+    returns_view = False
+
+    def _forward(self, x: np.ndarray) -> np.ndarray:
+        return self.model.run_eager(x)

@@ -1,0 +1,242 @@
+"""What each op computes: once eagerly, once into pre-planned memory.
+
+Every op kind is one `OpKind`:
+
+- ``eager``: plain NumPy expressions that return fresh arrays. Run in float64
+  it is the reference every engine is checked against; run in float32 it is
+  the naive engine.
+- ``kernel``: the same maths written into caller-owned memory with ``out=``
+  and no array allocation. Two NumPy traps shape these kernels: a ufunc with
+  a *broadcast* operand (``y += bias``) allocates NumPy's 8192-element buffer
+  on every call, and axis reductions keep ~1 KiB of iterator state. So
+  broadcast parameters are pre-tiled and applied in row chunks, per-row
+  statistics are broadcast with ``np.copyto`` (which needs no buffer) into a
+  scratch tensor, and row means are matrix-vector products.
+- ``prepare``: turns the model's parameters into what the kernel reads.
+- ``scratch``: per-sample shapes of the temporaries the kernel needs; the
+  engine decides where they live.
+- ``inplace``: the inputs whose buffer the output may take over when that
+  input is not read again.
+
+Kernel calling convention: ``kernel(out, *inputs, *prepared, *scratch, **attrs)``,
+every array with its batch axis first.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+GELU_C = math.sqrt(2.0 / math.pi)
+# Rows of a pre-tiled bias/gamma/beta: enough to cover small batches in one
+# call, small enough (<= 256 KiB) to stay in cache while larger batches are
+# swept in chunks.
+TILE_BYTES = 256 * 1024
+
+
+def rows2d(a: np.ndarray) -> np.ndarray:
+    """View a (batch, ..., width) array as (rows, width)."""
+    return a.reshape(-1, a.shape[-1])
+
+
+def tile(vector: np.ndarray, max_rows: int) -> np.ndarray:
+    rows = max(1, min(max_rows, TILE_BYTES // (4 * vector.shape[-1])))
+    return np.ascontiguousarray(np.broadcast_to(vector.astype(np.float32), (rows, vector.shape[-1])))
+
+
+def apply_tiled(ufunc: np.ufunc, y: np.ndarray, tiled: np.ndarray) -> None:
+    """y[r] = ufunc(y[r], v) for every row r, without a broadcast operand."""
+    step = tiled.shape[0]
+    rows = y.shape[0]
+    if rows <= step:
+        ufunc(y, tiled[:rows], out=y)
+        return
+    for start in range(0, rows, step):
+        block = y[start:start + step]
+        ufunc(block, tiled[:block.shape[0]], out=block)
+
+
+# --- linear: x @ W + b ------------------------------------------------------
+
+def linear_eager(x, w, b):
+    return x @ w + b
+
+
+def linear_prepare(w, b, max_rows):
+    return np.ascontiguousarray(w, dtype=np.float32), tile(b, max_rows)
+
+
+def linear_kernel(out, x, w, b_tiled):
+    y = rows2d(out)
+    np.matmul(rows2d(x), w, out=y)
+    apply_tiled(np.add, y, b_tiled)
+
+
+def linear_flops(in_shapes, out_shape):
+    rows = math.prod(out_shape[:-1])
+    return 2 * rows * in_shapes[0][-1] * out_shape[-1] + rows * out_shape[-1]
+
+
+# --- elementwise ------------------------------------------------------------
+
+def relu_eager(x):
+    return np.maximum(x, 0)
+
+
+def relu_kernel(out, x):
+    np.maximum(x, 0, out=out)
+
+
+def gelu_eager(x):
+    # tanh approximation, as in GPT-2 / BERT
+    return 0.5 * x * (1 + np.tanh(GELU_C * (x + 0.044715 * x**3)))
+
+
+def gelu_kernel(out, x):
+    # 0.5·x·(1 + tanh(x·(C + C·0.044715·x²))): eight passes, no temporaries.
+    # Reads x after writing out, so out must not alias x.
+    np.multiply(x, x, out=out)
+    np.multiply(out, GELU_C * 0.044715, out=out)
+    np.add(out, GELU_C, out=out)
+    np.multiply(out, x, out=out)
+    np.tanh(out, out=out)
+    np.multiply(out, 0.5, out=out)
+    np.add(out, 0.5, out=out)
+    np.multiply(out, x, out=out)
+
+
+def add_eager(a, b):
+    return a + b
+
+
+def add_kernel(out, a, b):
+    np.add(a, b, out=out)
+
+
+# --- layernorm over the last axis --------------------------------------------
+
+def layernorm_eager(x, gamma, beta, *, eps):
+    mu = x.mean(axis=-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * gamma + beta
+
+
+def layernorm_prepare(gamma, beta, max_rows):
+    width = gamma.shape[-1]
+    mean_col = np.full((width, 1), 1.0 / width, dtype=np.float32)
+    return tile(gamma, max_rows), tile(beta, max_rows), mean_col
+
+
+def layernorm_kernel(out, x, gamma_t, beta_t, mean_col, tmp, stat, *, eps):
+    x, y, tmp, stat = rows2d(x), rows2d(out), rows2d(tmp), rows2d(stat)
+    np.matmul(x, mean_col, out=stat)            # mean, as a matvec: no reduction state
+    np.copyto(tmp, stat)                        # broadcast without the ufunc buffer
+    np.subtract(x, tmp, out=y)                  # centred (y may alias x)
+    np.multiply(y, y, out=tmp)
+    np.matmul(tmp, mean_col, out=stat)          # variance
+    np.add(stat, eps, out=stat)
+    np.sqrt(stat, out=stat)
+    np.reciprocal(stat, out=stat)
+    np.copyto(tmp, stat)
+    np.multiply(y, tmp, out=y)
+    apply_tiled(np.multiply, y, gamma_t)
+    apply_tiled(np.add, y, beta_t)
+
+
+def rowwise_scratch(in_shapes):
+    shape = in_shapes[0]
+    return shape, shape[:-1] + (1,)
+
+
+# --- softmax over the last axis ----------------------------------------------
+
+def softmax_eager(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_kernel(out, x, tmp, stat):
+    x, y, tmp, stat = rows2d(x), rows2d(out), rows2d(tmp), rows2d(stat)
+    np.maximum.reduce(x, axis=1, keepdims=True, out=stat)
+    np.copyto(tmp, stat)
+    np.subtract(x, tmp, out=y)
+    np.exp(y, out=y)
+    np.add.reduce(y, axis=1, keepdims=True, out=stat)
+    np.reciprocal(stat, out=stat)
+    np.copyto(tmp, stat)
+    np.multiply(y, tmp, out=y)
+
+
+# --- multi-head self-attention, as scores -> softmax -> context ---------------
+
+def _heads(qkv, heads):
+    """q, k, v as (batch, heads, seq, head_dim) views of a fused (batch, seq, 3·dim) tensor."""
+    batch, seq, width = qkv.shape
+    split = qkv.reshape(batch, seq, 3, heads, width // (3 * heads))
+    return (split[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+
+
+def attn_scores_eager(qkv, *, heads):
+    q, k, _ = _heads(qkv, heads)
+    return (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+
+
+def attn_scores_kernel(out, qkv, *, heads):
+    q, k, _ = _heads(qkv, heads)
+    # Strided (batch, head) matrices are BLAS-compatible: no copies.
+    np.matmul(q, k.swapaxes(-1, -2), out=out)
+    np.multiply(out, 1.0 / math.sqrt(q.shape[-1]), out=out)
+
+
+def attn_context_eager(probs, qkv, *, heads):
+    _, _, v = _heads(qkv, heads)
+    ctx = probs @ v                               # (batch, heads, seq, head_dim)
+    return ctx.transpose(0, 2, 1, 3).reshape(qkv.shape[0], qkv.shape[1], -1)
+
+
+def attn_context_kernel(out, probs, qkv, *, heads):
+    _, _, v = _heads(qkv, heads)
+    batch, seq, width = out.shape
+    # Write each head straight into its column block of the (batch, seq, dim) output.
+    np.matmul(probs, v, out=out.reshape(batch, seq, heads, width // heads).transpose(0, 2, 1, 3))
+
+
+def attn_flops(in_shapes, out_shape):
+    # scores: (seq x hd) @ (hd x seq) per head; context: (seq x seq) @ (seq x hd) per head
+    if len(out_shape) == 3:            # scores (heads, seq, seq) from qkv (seq, 3·dim)
+        seq, width = in_shapes[0]
+        return 2 * seq * seq * (width // 3)
+    seq, width = out_shape             # context (seq, dim)
+    return 2 * seq * seq * width
+
+
+@dataclass(frozen=True)
+class OpKind:
+    eager: Callable
+    kernel: Callable
+    prepare: Callable | None = None          # (*params, max_rows) -> kernel operands
+    scratch: Callable | None = None          # (in_shapes) -> per-sample scratch shapes
+    inplace: tuple[int, ...] = ()            # inputs the output may overwrite
+    flops_per_element: int = 1               # for elementwise ops
+    flops: Callable | None = None            # (in_shapes, out_shape) -> FLOPs per sample
+
+    def flop_count(self, in_shapes, out_shape) -> int:
+        if self.flops is not None:
+            return self.flops(in_shapes, out_shape)
+        return self.flops_per_element * math.prod(out_shape)
+
+
+OPS: dict[str, OpKind] = {
+    "linear": OpKind(linear_eager, linear_kernel, prepare=linear_prepare, flops=linear_flops),
+    "relu": OpKind(relu_eager, relu_kernel, inplace=(0,)),
+    "gelu": OpKind(gelu_eager, gelu_kernel, flops_per_element=8),
+    "add": OpKind(add_eager, add_kernel, inplace=(0, 1)),
+    "layernorm": OpKind(layernorm_eager, layernorm_kernel, prepare=layernorm_prepare,
+                        scratch=rowwise_scratch, inplace=(0,), flops_per_element=8),
+    "softmax": OpKind(softmax_eager, softmax_kernel, scratch=rowwise_scratch, inplace=(0,),
+                      flops_per_element=5),
+    "attn_scores": OpKind(attn_scores_eager, attn_scores_kernel, flops=attn_flops),
+    "attn_context": OpKind(attn_context_eager, attn_context_kernel, flops=attn_flops),
+}

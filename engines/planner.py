@@ -1,0 +1,109 @@
+"""Static memory planning: liveness, in-place aliasing, then offsets in one arena.
+
+``plan_memory`` is a pure function from a schedule to a ``Plan``. It does, in order:
+
+1. liveness: the first step that writes each tensor and the last step that reads it;
+2. in place: a step's output takes over an input's storage when the op allows
+   it, the input is read for the last time there and the sizes match;
+3. placement: storages sorted by size, largest first, each put at the lowest
+   offset gap that no storage with an overlapping lifetime occupies, the greedy
+   by-size strategy of TFLite's arena planner.
+
+It also reports the two sizes the arena is judged against: the total with no
+reuse at all, and the lower bound that any placement needs, the most bytes
+live at one step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+ALIGNMENT = 64  # cache-line aligned offsets
+
+
+@dataclass(frozen=True)
+class Step:
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    # (output, input) pairs: the output may reuse the input's storage
+    inplace: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    offsets: dict[str, int]            # byte offset of every planned tensor
+    arena_bytes: int
+    no_reuse_bytes: int                # every tensor in its own buffer
+    lower_bound_bytes: int             # max over steps of bytes live at that step
+    lifetimes: dict[str, tuple[int, int]] = field(default_factory=dict)  # storage's [first, last] step
+    aliases: dict[str, str] = field(default_factory=dict)  # tensor -> tensor whose storage it reuses
+
+
+def align(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+def plan_memory(sizes: Mapping[str, int], steps: Sequence[Step], keep: Sequence[str] = ()) -> Plan:
+    """Plan every tensor in ``sizes``; names not in ``sizes`` (the caller's input) are ignored.
+
+    ``keep`` lists tensors that must survive the last step (the model output).
+    """
+    # 1. liveness
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, step in enumerate(steps):
+        for t in step.writes:
+            if t in sizes:
+                first.setdefault(t, i)
+                last[t] = max(last.get(t, i), i)
+        for t in step.reads:
+            if t in sizes:
+                if t not in first:
+                    raise ValueError(f"step {i} reads {t!r} before any step writes it")
+                last[t] = i
+    for t in keep:
+        last[t] = len(steps)
+    unused = set(sizes) - set(first)
+    if unused:
+        raise ValueError(f"tensors never written: {sorted(unused)}")
+
+    # 2. in place: union an output into its input's storage
+    root: dict[str, str] = {t: t for t in sizes}
+    for i, step in enumerate(steps):
+        for out, src in step.inplace:
+            if (out in sizes and src in sizes and last[src] == i and first[out] == i
+                    and sizes[out] == sizes[src]):
+                root[out] = root[src]
+    members: dict[str, list[str]] = {}
+    for t in sizes:
+        members.setdefault(root[t], []).append(t)
+    span = {r: (min(first[t] for t in ts), max(last[t] for t in ts)) for r, ts in members.items()}
+    size = {r: max(sizes[t] for t in ts) for r, ts in members.items()}
+
+    # lower bound: the most bytes live at any one step
+    lower = 0
+    for i in range(len(steps) + 1):
+        lower = max(lower, sum(size[r] for r, (a, b) in span.items() if a <= i <= b))
+
+    # 3. greedy by size: biggest first, lowest gap among lifetime-overlapping neighbours
+    placed: dict[str, int] = {}
+    for r in sorted(size, key=lambda r: (-size[r], span[r][0], r)):
+        a, b = span[r]
+        busy = sorted((placed[o], placed[o] + align(size[o])) for o in placed
+                      if span[o][0] <= b and a <= span[o][1])
+        offset = 0
+        for lo, hi in busy:
+            if offset + size[r] <= lo:
+                break
+            offset = max(offset, hi)
+        placed[r] = offset
+    arena = max((placed[r] + align(size[r]) for r in placed), default=0)
+
+    return Plan(
+        offsets={t: placed[root[t]] for t in sizes},
+        arena_bytes=arena,
+        no_reuse_bytes=sum(align(s) for s in sizes.values()),
+        lower_bound_bytes=lower,
+        lifetimes={t: span[root[t]] for t in sizes},
+        aliases={t: root[t] for t in sizes if root[t] != t},
+    )
