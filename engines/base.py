@@ -21,6 +21,7 @@ class Engine:
 
     name: str = "?"
     returns_view: bool = False   # True: forward returns a read-only view into engine memory
+    zero_alloc: bool = False     # True: after the first call, forward allocates no array memory
 
     def __init__(self, model: Model, max_batch: int):
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:

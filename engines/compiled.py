@@ -22,6 +22,7 @@ _INPUT = object()  # placeholder for the caller's array in a bound step
 
 class CompiledEngine(Engine):
     returns_view = True
+    zero_alloc = True
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
