@@ -1,0 +1,122 @@
+"""Every registered engine against the float64 reference, and what forward promises."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from engines import ENGINES, MODELS
+from conftest import SMALL_MODELS, make_engine
+
+MAX_BATCH = 6
+ABS_TOL, REL_TOL = 1e-4, 1e-5   # the seed's bar, and a relative one that scales with the output
+
+
+def assert_matches_reference(model, out, x):
+    ref = model.reference(x)
+    assert out.shape == ref.shape and out.dtype == np.float32
+    abs_err = float(np.max(np.abs(out - ref)))
+    rel_err = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+    assert abs_err < ABS_TOL and rel_err < REL_TOL, f"max abs {abs_err:.2e}, rel {rel_err:.2e}"
+
+
+@pytest.mark.parametrize("model_name", sorted(SMALL_MODELS))
+@pytest.mark.parametrize("engine_name", sorted(ENGINES))
+def test_every_batch_matches_reference(engine_name, model_name, small_models, rng):
+    model = small_models[model_name]
+    engine = make_engine(engine_name, model, MAX_BATCH)
+    # Large batches first, so a small batch runs on buffers a larger one already dirtied.
+    for batch in range(MAX_BATCH, 0, -1):
+        x = model.random_input(batch, rng)
+        assert_matches_reference(model, np.array(engine.forward(x)), x)
+
+
+@pytest.mark.parametrize("engine_name", sorted(ENGINES))
+def test_seed_model_at_full_width(engine_name, rng):
+    model = MODELS["mlp"](dim=1024, seed=0)
+    engine = make_engine(engine_name, model, 32)
+    for batch in (1, 7, 32):
+        x = model.random_input(batch, rng)
+        assert_matches_reference(model, np.array(engine.forward(x)), x)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), batch=st.integers(1, MAX_BATCH),
+       scale=st.floats(0.01, 10.0))
+def test_planned_engines_match_reference_on_random_inputs(seed, batch, scale):
+    model = MODELS["transformer"](dim=32, seq=8, heads=4, seed=seed % 1000)
+    x = model.random_input(batch, seed) * np.float32(scale)
+    for name in ("static", "arena"):
+        assert_matches_reference(model, np.array(ENGINES[name](model, MAX_BATCH).forward(x)), x)
+
+
+@pytest.mark.parametrize("engine_name", sorted(ENGINES))
+def test_returned_array_contract(engine_name, small_models, rng):
+    model = small_models["mlp"]
+    engine = make_engine(engine_name, model, 4)
+    x1, x2 = model.random_input(2, rng), model.random_input(2, rng)
+    y1 = engine.forward(x1)
+    kept = np.array(y1)
+    y2 = engine.forward(x2)
+    if engine.returns_view:
+        # A read-only view into engine memory, overwritten by the next call.
+        assert not y1.flags.writeable
+        with pytest.raises(ValueError):
+            y1[0, 0] = 1.0
+        assert np.shares_memory(y1, y2)
+        np.testing.assert_array_equal(y1, y2)
+    else:
+        assert not np.shares_memory(y1, y2)
+        np.testing.assert_array_equal(y1, kept)
+    assert_matches_reference(model, np.array(y2), x2)
+
+
+def test_engines_report_what_they_hold(small_models):
+    model = small_models["transformer"]
+    naive, static, arena = (ENGINES[n](model, 4) for n in ("naive", "static", "arena"))
+    assert naive.activation_bytes == 0
+    assert naive.weight_bytes == model.weight_bytes > 0
+    # Pre-tiled biases and gammas make planned engines hold a little more than the raw weights.
+    assert static.weight_bytes >= model.weight_bytes and arena.weight_bytes == static.weight_bytes
+    report = arena.report()
+    assert static.activation_bytes >= report["no_reuse_bytes"] - 64 * len(static.sizes)
+    assert report["lower_bound_bytes"] <= arena.activation_bytes == report["arena_bytes"] < static.activation_bytes
+
+
+def test_arena_kill_switch_gives_every_tensor_its_own_region(small_models, monkeypatch, rng):
+    model = small_models["transformer"]
+    planned = ENGINES["arena"](model, 4)
+    monkeypatch.setenv("MLEXEC_NO_PLANNER", "1")
+    unplanned = ENGINES["arena"](model, 4)
+    assert unplanned.activation_bytes == planned.plan.no_reuse_bytes > planned.activation_bytes
+    x = model.random_input(3, rng)
+    np.testing.assert_allclose(unplanned.forward(x), planned.forward(x), rtol=1e-6, atol=1e-6)
+
+
+# --- bad input: a clear error naming what was expected and what came --------
+
+@pytest.fixture(params=sorted(ENGINES))
+def engine(request, small_models):
+    return make_engine(request.param, small_models["mlp"], 4)
+
+
+@pytest.mark.parametrize("make_x, error, message", [
+    (lambda: np.zeros((2, 65), np.float32), ValueError, r"shape \(batch, 64\).*got shape \(2, 65\)"),
+    (lambda: np.zeros(64, np.float32), ValueError, r"got rank 1"),
+    (lambda: np.zeros((2, 1, 64), np.float32), ValueError, r"got rank 3"),
+    (lambda: np.zeros((5, 64), np.float32), ValueError, r"1 <= batch <= 4.*got batch 5"),
+    (lambda: np.zeros((0, 64), np.float32), ValueError, r"got batch 0"),
+    (lambda: np.zeros((2, 64), np.float64), TypeError, r"float32.*got dtype float64"),
+    (lambda: np.zeros((2, 64), np.int32), TypeError, r"got dtype int32"),
+    (lambda: np.zeros((64, 2), np.float32).T, ValueError, r"non-contiguous"),
+    (lambda: np.zeros((4, 64), np.float32)[::2], ValueError, r"non-contiguous"),
+    (lambda: [[0.0] * 64], TypeError, r"got list"),
+])
+def test_bad_input_is_refused_with_a_clear_error(engine, make_x, error, message):
+    with pytest.raises(error, match=message):
+        engine.forward(make_x())
+
+
+@pytest.mark.parametrize("engine_name", sorted(ENGINES))
+@pytest.mark.parametrize("max_batch", [0, -3, 2.0, True, None])
+def test_max_batch_below_one_is_refused(engine_name, max_batch, small_models):
+    with pytest.raises(ValueError, match="max_batch must be an integer >= 1"):
+        ENGINES[engine_name](small_models["mlp"], max_batch)
