@@ -1,0 +1,129 @@
+"""After the first call, zero-allocation engines allocate no array memory per forward.
+
+What may remain is NumPy's and Python's own bookkeeping (views, argument
+tuples, ~1 KiB of reduction-iterator state): a constant, at most 4 KiB, the
+same at batch 1 and at a large batch, at the smallest and the largest dim.
+The check is that constancy: any temporary whose size depends on the shape
+(even a (batch, 1) column) moves the peak at one of the four corners, and the
+test compares corners to within less than one array header. Measured twice:
+tracemalloc (every NumPy data buffer is traced, cached or not) and memray
+(every native malloc, with BLAS pinned to one thread so OpenBLAS's per-call
+thread buffers stay out of the figure; see the README).
+"""
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import tracemalloc
+from threadpoolctl import threadpool_limits
+
+from engines import ENGINES, MODELS, ops
+from engines.static import StaticEngine
+
+BOOKKEEPING_BYTES = 4096
+SPREAD_BYTES = 64            # less than one ndarray header (~112 B): one temporary can't hide
+MAX_BATCH = 256              # big enough that a (batch, 1) float32 column (1 KiB) reaches malloc
+CORNERS = {
+    "mlp": (dict(dim=16), dict(dim=1024)),
+    "mlp-deep": (dict(dim=16), dict(dim=512)),
+    "transformer": (dict(dim=16, seq=4, heads=2), dict(dim=128, seq=32, heads=8)),
+}
+ZERO_ALLOC = sorted(name for name, cls in ENGINES.items() if cls.zero_alloc)
+
+
+# A planted temporary shows up in every measurement; the interpreter's one-off growth
+# (frame stacks, interned tracebacks) only in the first few. So each figure is the
+# minimum over a few traced sessions.
+SESSIONS = 3
+
+
+def tracemalloc_peak(engine, x, calls=3):
+    for _ in range(2):
+        engine.forward(x)
+    peaks = []
+    for _ in range(SESSIONS):
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            for _ in range(calls):
+                engine.forward(x)
+            peaks.append(tracemalloc.get_traced_memory()[1] - base)
+        finally:
+            tracemalloc.stop()
+    return min(peaks)
+
+
+def memray_peak(engine, x, calls=3):
+    memray = pytest.importorskip("memray", reason="memray is part of the bench extra")
+    with threadpool_limits(1), tempfile.TemporaryDirectory() as tmp:
+        for _ in range(2):
+            engine.forward(x)
+        peaks = []
+        for session in range(SESSIONS):
+            path = os.path.join(tmp, f"{session}.bin")
+            with memray.Tracker(path):
+                for _ in range(calls):
+                    engine.forward(x)
+            peaks.append(memray.FileReader(path).metadata.peak_memory)
+        return min(peaks)
+
+
+def corner_peaks(engine_cls, model_name, measure):
+    peaks = {}
+    for kwargs in CORNERS[model_name]:
+        model = MODELS[model_name](**kwargs)
+        engine = engine_cls(model, MAX_BATCH)
+        for batch in (1, MAX_BATCH):
+            peaks[f"{kwargs}-b{batch}"] = measure(engine, model.random_input(batch, batch))
+    return peaks
+
+
+def assert_constant_bookkeeping(peaks):
+    assert max(peaks.values()) <= BOOKKEEPING_BYTES, peaks
+    assert max(peaks.values()) - min(peaks.values()) <= SPREAD_BYTES, peaks
+
+
+@pytest.mark.parametrize("model_name", sorted(CORNERS))
+@pytest.mark.parametrize("engine_name", ZERO_ALLOC)
+def test_no_array_allocation_tracemalloc(engine_name, model_name):
+    assert_constant_bookkeeping(corner_peaks(ENGINES[engine_name], model_name, tracemalloc_peak))
+
+
+@pytest.mark.parametrize("model_name", sorted(CORNERS))
+@pytest.mark.parametrize("engine_name", ZERO_ALLOC)
+def test_no_native_allocation_memray(engine_name, model_name):
+    assert_constant_bookkeeping(corner_peaks(ENGINES[engine_name], model_name, memray_peak))
+
+
+def test_naive_allocates_and_the_check_sees_it():
+    peaks = corner_peaks(ENGINES["naive"], "mlp", tracemalloc_peak)
+    with pytest.raises(AssertionError):
+        assert_constant_bookkeeping(peaks)
+
+
+# --- the check must catch one planted temporary, however small ---------------
+
+def _relu_with_column_temporary(out, x):
+    np.maximum(x, 0, out=out)
+    out[:, :1] * 1.0                      # one (batch, 1) temporary: 4 bytes at batch 1
+
+
+def _relu_with_broadcast_bias(out, x):
+    np.maximum(x, 0, out=out)
+    np.add(out, np.float32(0) * out[0], out=out)   # the seed's trap: a broadcast operand
+
+
+@pytest.mark.parametrize("measure", [tracemalloc_peak, memray_peak])
+@pytest.mark.parametrize("planted", [_relu_with_column_temporary, _relu_with_broadcast_bias])
+def test_one_planted_temporary_fails_the_check(planted, measure, monkeypatch):
+    # (memray sees malloc only and NumPy serves buffers under 1 KiB from its own cache:
+    # the planted column reaches 1 KiB at MAX_BATCH=256 rows, so memray sees it too.)
+    monkeypatch.setitem(ops.OPS, "relu", ops.OpKind(ops.relu_eager, planted, inplace=(0,)))
+
+    class Planted(StaticEngine):
+        name = "planted"
+
+    with pytest.raises(AssertionError):
+        assert_constant_bookkeeping(corner_peaks(Planted, "mlp", measure))
