@@ -36,10 +36,11 @@ ZERO_ALLOC = sorted(name for name, cls in ENGINES.items() if cls.zero_alloc)
 # (frame stacks, interned tracebacks) only in the first few. So each figure is the
 # minimum over a few traced sessions.
 SESSIONS = 3
+WARMUP = 5      # fills the interpreter's free lists before anything is traced
 
 
 def tracemalloc_peak(engine, x, calls=3):
-    for _ in range(2):
+    for _ in range(WARMUP):
         engine.forward(x)
     peaks = []
     for _ in range(SESSIONS):
