@@ -31,6 +31,14 @@ class Engine:
         self.weight_bytes = model.weight_bytes
         self.activation_bytes = 0
 
+    def forward_peak_bytes(self, batch: int) -> int:
+        """The most array memory one warm forward allocates at this batch (0 for planned engines).
+
+        The default is the eager bound: what an engine that allocates every
+        intermediate afresh and frees it after its last read must hold.
+        """
+        return 0 if self.zero_alloc else self.model.eager_peak_bytes(batch)
+
     def forward(self, x: np.ndarray) -> np.ndarray:
         return self._forward(self.check_input(x))
 

@@ -68,6 +68,23 @@ class Model:
             OPS[op.kind].flop_count([self.shapes[t] for t in op.inputs], self.shapes[op.output])
             for op in self.ops)
 
+    def eager_peak_bytes(self, batch: int) -> int:
+        """Peak bytes of ``run_eager`` at this batch, the caller's input excluded.
+
+        Replays its liveness: at each op, the tensors still to be read, the new
+        output and the op's own temporaries (``OpKind.eager_extra_bytes``).
+        """
+        last_read = {t: i for i, op in enumerate(self.ops) for t in op.inputs}
+        live, peak = 0, 0
+        for i, op in enumerate(self.ops):
+            out = self.tensor_bytes(op.output, batch)
+            extra = OPS[op.kind].eager_extra_bytes(self.output_shape(batch)[:1] + self.shapes[op.output])
+            peak = max(peak, live + out + extra)
+            live += out
+            live -= sum(self.tensor_bytes(t, batch) for t in set(op.inputs)
+                        if last_read[t] == i and t != self.input)
+        return peak
+
     def random_input(self, batch: int, rng: np.random.Generator | int | None = None) -> np.ndarray:
         rng = np.random.default_rng(rng)
         return rng.standard_normal(self.input_shape(batch), dtype=np.float32)

@@ -221,6 +221,19 @@ class OpKind:
     inplace: tuple[int, ...] = ()            # inputs the output may overwrite
     flops_per_element: int = 1               # for elementwise ops
     flops: Callable | None = None            # (in_shapes, out_shape) -> FLOPs per sample
+    # What ``eager`` holds at its peak besides its output, measured with memray:
+    eager_temps: int = 0                     # output-sized temporaries (x @ W before + b)
+    eager_row_stats: int = 0                 # (rows, 1) statistics (means, maxima)
+    eager_broadcast: bool = False            # a broadcast ufunc call: NumPy's ufunc buffer
+
+    def eager_extra_bytes(self, out_shape: tuple[int, ...]) -> int:
+        """Bytes ``eager`` allocates beyond its output, for a full (batch, ...) output shape."""
+        elements = math.prod(out_shape)
+        rows = elements // out_shape[-1]
+        extra = 4 * (self.eager_temps * elements + self.eager_row_stats * rows)
+        if self.eager_broadcast and rows > 1:   # a single row broadcasts without buffering
+            extra += 4 * min(elements, np.getbufsize())
+        return extra
 
     def flop_count(self, in_shapes, out_shape) -> int:
         if self.flops is not None:
@@ -229,14 +242,16 @@ class OpKind:
 
 
 OPS: dict[str, OpKind] = {
-    "linear": OpKind(linear_eager, linear_kernel, prepare=linear_prepare, flops=linear_flops),
+    "linear": OpKind(linear_eager, linear_kernel, prepare=linear_prepare, flops=linear_flops,
+                     eager_temps=1, eager_broadcast=True),
     "relu": OpKind(relu_eager, relu_kernel, inplace=(0,)),
-    "gelu": OpKind(gelu_eager, gelu_kernel, flops_per_element=8),
+    "gelu": OpKind(gelu_eager, gelu_kernel, flops_per_element=8, eager_temps=2),
     "add": OpKind(add_eager, add_kernel, inplace=(0, 1)),
     "layernorm": OpKind(layernorm_eager, layernorm_kernel, prepare=layernorm_prepare,
-                        scratch=rowwise_scratch, inplace=(0,), flops_per_element=8),
+                        scratch=rowwise_scratch, inplace=(0,), flops_per_element=8,
+                        eager_temps=1, eager_row_stats=3, eager_broadcast=True),
     "softmax": OpKind(softmax_eager, softmax_kernel, scratch=rowwise_scratch, inplace=(0,),
-                      flops_per_element=5),
-    "attn_scores": OpKind(attn_scores_eager, attn_scores_kernel, flops=attn_flops),
-    "attn_context": OpKind(attn_context_eager, attn_context_kernel, flops=attn_flops),
+                      flops_per_element=5, eager_temps=1, eager_row_stats=1, eager_broadcast=True),
+    "attn_scores": OpKind(attn_scores_eager, attn_scores_kernel, flops=attn_flops, eager_temps=1),
+    "attn_context": OpKind(attn_context_eager, attn_context_kernel, flops=attn_flops, eager_temps=1),
 }
