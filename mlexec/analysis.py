@@ -240,8 +240,9 @@ def _op_breakdown(model, x, runs: int) -> list[dict]:
     total = sum(medians) or 1.0
     ranked = sorted(range(len(medians)), key=lambda i: medians[i], reverse=True)
     rank = {i: r for r, i in enumerate(ranked, 1)}
+    flagged = max(1, min(3, len(medians) // 3))   # the slowest third, at most 3 ops
     return [{"name": op.output, "kind": op.kind, "median_s": medians[i], "bytes": sizes[i],
-             "share_pct": 100.0 * medians[i] / total, "rank": rank[i], "slowest": rank[i] <= 3}
+             "share_pct": 100.0 * medians[i] / total, "rank": rank[i], "slowest": rank[i] <= flagged}
             for i, op in enumerate(model.ops)]
 
 
@@ -352,6 +353,6 @@ def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progre
         "estimated_bytes": int(estimate),
         "engines": [results[n] for n in names],
         "ops": ops,
-        "slowest_ops": [o["name"] for o in sorted(ops, key=lambda o: o["rank"])[:3]],
+        "slowest_ops": [o["name"] for o in sorted(ops, key=lambda o: o["rank"]) if o["slowest"]],
         "all_passed": all(r["passed"] for r in results.values() if r["available"]),
     }
