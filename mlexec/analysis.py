@@ -147,11 +147,14 @@ def tile_values(flat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 # --- options and memory estimate ----------------------------------------------
 
 def _int_option(name: str, value, low: int, high: int) -> int:
+    given = value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        if isinstance(value, str) and value.strip().lstrip("+").isdigit():
-            value = int(value)
-        else:
-            raise AnalysisError(f"expected {name} to be an integer in {low}..{high}, got {value!r}")
+        try:   # form fields arrive as text
+            value = int(value.strip()) if isinstance(value, str) else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise AnalysisError(f"expected {name} to be an integer in {low}..{high}, got {given!r}")
     if not low <= value <= high:
         raise AnalysisError(f"expected {name} to be an integer in {low}..{high}, got {value}")
     return int(value)
