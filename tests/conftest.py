@@ -1,10 +1,19 @@
-"""Shared fixtures: small zoo models, engines that skip when their optional dependency is missing."""
+"""Shared test helpers: small zoo models, engines that skip when their optional dependency
+is missing, the repository root, and an environment that imports this checkout's code."""
 from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from engines import ENGINES, MODELS, EngineUnavailable
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+sys.path.insert(0, str(ROOT))
+
+from engines import ENGINES, MODELS, EngineUnavailable  # noqa: E402  (after the path is set)
 
 # Small enough for the whole matrix to run in seconds, big enough to exercise
 # multi-row tiling, multiple heads and every op kind.
@@ -22,6 +31,12 @@ def make_engine(name: str, model, max_batch: int):
         pytest.skip(f"engine {name!r} unavailable: {exc}")
 
 
+def subprocess_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261122)
@@ -30,3 +45,9 @@ def rng():
 @pytest.fixture(scope="session")
 def small_models():
     return {name: MODELS[name](**kw, seed=1) for name, kw in SMALL_MODELS.items()}
+
+
+@pytest.fixture
+def small():
+    """Options that keep an analysis fast."""
+    return {"dim": 64, "repeat": 3}

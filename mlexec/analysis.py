@@ -1,0 +1,361 @@
+"""One analysis, shared by the command line and the web app.
+
+``run_analysis(values, ...)`` parses and validates the user's input values,
+tiles them (cycling) to the model's input shape, builds the model, runs the
+chosen engines and returns a JSON-serializable dict:
+
+- per engine: median latency of ``forward`` (the engines' timed calls are
+  interleaved in rounds, so their ratios come from one process under the same
+  conditions), speedup vs ``naive``, peak bytes allocated during one warm
+  ``forward`` (tracemalloc, which sees NumPy's array allocations), the
+  engine's planned ``activation_bytes`` and ``weight_bytes``, memory saved vs
+  ``naive``, and the max abs error against the float64 reference with a
+  pass/fail at ``TOLERANCE``;
+- a per-op breakdown of the eager (naive) run: median time and output bytes
+  of every op, with its share of the total and the slowest ops ranked.
+
+Every bad input raises ``AnalysisError`` (a ``ValueError``) whose message says
+what was expected and what came; nothing is allocated for a model before its
+estimated memory has been checked against ``LIMITS``.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import statistics
+import threading
+import time
+import tracemalloc
+from fractions import Fraction
+from typing import Callable, Iterable
+
+import numpy as np
+
+from engines import ENGINES, MODELS, EngineUnavailable
+
+TOLERANCE = 1e-4
+
+# The stated limits (README, "Input limits"). Checked before anything big is allocated.
+LIMITS = {
+    "max_input_bytes": 1_000_000,      # text pasted or uploaded, UTF-8
+    "max_values": 100_000,             # numbers in the input, before tiling
+    "max_abs_value": 1e6,              # |value|; the 1e-4 check is meant for O(1) activations
+    "max_batch": 1024,
+    "max_dim": 4096,
+    "max_repeat": 500,
+    "max_estimated_bytes": 512 * 2**20,  # weights + activations of every copy the analysis holds
+}
+
+DEFAULT_ENGINES = ("naive", "static", "arena")
+
+# One analysis measures at a time in a process: tracemalloc is process-wide, and
+# timings taken while another analysis computes would measure the other one.
+# It also bounds a server's memory to one model at a time.
+_MEASURE_LOCK = threading.Lock()
+
+
+class AnalysisError(ValueError):
+    """Bad input to an analysis; the message names what was expected and what came."""
+
+
+# --- input parsing -----------------------------------------------------------
+
+def _short(text: str, width: int = 40) -> str:
+    text = str(text)
+    return repr(text if len(text) <= width else text[:width] + "...")
+
+
+def _number(cell, where: str) -> float:
+    if isinstance(cell, bool) or cell is None:
+        raise AnalysisError(f"expected a number at {where}, got {cell!r}")
+    if isinstance(cell, str):
+        text = cell.strip()
+        if not text:
+            raise AnalysisError(f"expected a number at {where}, got an empty value "
+                                "(two separators in a row, or a trailing comma?)")
+        try:
+            value = float(text)
+        except ValueError:
+            raise AnalysisError(f"expected a number at {where}, got text {_short(text)}") from None
+    elif isinstance(cell, (int, float, np.integer, np.floating)):
+        value = float(cell)
+    else:
+        raise AnalysisError(f"expected a number at {where}, got {type(cell).__name__}")
+    if not math.isfinite(value):
+        raise AnalysisError(f"expected a finite number at {where}, got {value!r} (NaN and inf are refused)")
+    if abs(value) > LIMITS["max_abs_value"]:
+        raise AnalysisError(f"expected a number with |value| <= {LIMITS['max_abs_value']:g} at {where}, "
+                            f"got {value!r}")
+    return value
+
+
+def _rows_from_text(text: str) -> list[list[str]]:
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > LIMITS["max_input_bytes"]:
+        raise AnalysisError(f"expected at most {LIMITS['max_input_bytes']:,} bytes of input text, "
+                            f"got {size:,} bytes")
+    try:
+        rows = list(csv.reader(io.StringIO(text), skipinitialspace=True, strict=True))
+    except csv.Error as exc:
+        raise AnalysisError(f"expected comma-separated numbers, one value or one row per line; "
+                            f"malformed CSV: {exc}") from None
+    return [row for row in rows if any(cell.strip() for cell in row)]
+
+
+def parse_values(values) -> np.ndarray:
+    """Text (CSV: one value or one row per line), a list of numbers, or a list of rows -> float64 vector."""
+    if isinstance(values, (bytes, bytearray)):
+        try:
+            values = bytes(values).decode("utf-8")
+        except UnicodeDecodeError:
+            raise AnalysisError("expected UTF-8 text of comma-separated numbers, got undecodable bytes") from None
+    if isinstance(values, str):
+        rows = _rows_from_text(values)
+    elif isinstance(values, np.ndarray):
+        rows = [values.ravel().tolist()] if values.ndim <= 1 else [list(r) for r in values.reshape(len(values), -1).tolist()]
+    elif isinstance(values, (list, tuple)):
+        if all(isinstance(v, (list, tuple)) for v in values) and values:
+            rows = [list(v) for v in values]
+        elif any(isinstance(v, (list, tuple)) for v in values):
+            raise AnalysisError("expected a list of numbers or a list of rows (lists of numbers), got a mix of both")
+        else:
+            rows = [list(values)] if values else []
+    else:
+        raise AnalysisError(f"expected text, a list of numbers or a list of rows, got {type(values).__name__}")
+
+    count = sum(len(r) for r in rows)
+    if count == 0:
+        raise AnalysisError("expected at least one number, got empty input")
+    if count > LIMITS["max_values"]:
+        raise AnalysisError(f"expected at most {LIMITS['max_values']:,} input values, got {count:,}")
+    width = len(rows[0])
+    for i, row in enumerate(rows, 1):
+        if len(row) != width:
+            raise AnalysisError(f"expected every row to have {width} value(s) like row 1 (malformed CSV), "
+                                f"got {len(row)} in row {i}")
+    flat = [_number(cell, f"row {i}, column {j}" if len(rows) > 1 else f"position {j}")
+            for i, row in enumerate(rows, 1) for j, cell in enumerate(row, 1)]
+    return np.asarray(flat, dtype=np.float64)
+
+
+def tile_values(flat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Cycle the values to fill ``shape``: C-contiguous float32, as engines require."""
+    return np.ascontiguousarray(np.resize(flat, shape), dtype=np.float32)
+
+
+# --- options and memory estimate ----------------------------------------------
+
+def _int_option(name: str, value, low: int, high: int) -> int:
+    given = value
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        try:   # form fields arrive as text
+            value = int(value.strip()) if isinstance(value, str) else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise AnalysisError(f"expected {name} to be an integer in {low}..{high}, got {given!r}")
+    if not low <= value <= high:
+        raise AnalysisError(f"expected {name} to be an integer in {low}..{high}, got {value}")
+    return int(value)
+
+
+def _engine_names(engines) -> list[str]:
+    if isinstance(engines, str):
+        engines = [e for e in (part.strip() for part in engines.split(",")) if e]
+    names = list(dict.fromkeys(engines))   # de-duplicate, keep order
+    if not names:
+        raise AnalysisError(f"expected at least one engine from {sorted(ENGINES)}, got none")
+    unknown = [n for n in names if n not in ENGINES]
+    if unknown:
+        raise AnalysisError(f"unknown engine {', '.join(map(repr, unknown))}; expected one of {sorted(ENGINES)}")
+    return names
+
+
+def _model_size(model_name: str, dim: int) -> tuple[int, int]:
+    """(weight bytes, activation bytes per sample) of a model at ``dim``, without building it.
+
+    Weights grow as dim^2, activations at most as dim^2 too, so both are the
+    quadratic through three tiny builds, evaluated at ``dim``: exact for the
+    zoo's models, and it keeps a huge ``dim`` from being allocated to be measured.
+    """
+    points = []
+    for d in (8, 16, 24):
+        m = MODELS[model_name](dim=d, seed=0)
+        points.append((d, m.weight_bytes, sum(m.tensor_bytes(t) for t in m.shapes)))
+
+    def at(index: int) -> int:
+        total = Fraction(0)
+        for i, (xi, *yi) in enumerate(points):
+            term = Fraction(yi[index])
+            for j, (xj, *_) in enumerate(points):
+                if i != j:
+                    term *= Fraction(dim - xj, xi - xj)
+            total += term
+        return max(0, int(total))
+
+    return at(0), at(1)
+
+
+def estimate_bytes(model_name: str, dim: int, batch: int, n_engines: int) -> int:
+    """Upper estimate of what one analysis holds: the model in float32 and float64, each engine's copy."""
+    weights, per_sample = _model_size(model_name, dim)
+    copies = 3 + n_engines    # float32 params, float64 reference params (x2), one per engine
+    return copies * (weights + per_sample * batch)
+
+
+# --- measurement ---------------------------------------------------------------
+
+def _peak_forward_bytes(engine, x) -> int:
+    """Peak bytes allocated during one warm forward, as tracemalloc sees them."""
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        out = engine.forward(x)
+        _, peak = tracemalloc.get_traced_memory()
+        del out
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    return max(0, peak - before)
+
+
+def _op_breakdown(model, x, runs: int) -> list[dict]:
+    times: list[list[float]] = [[] for _ in model.ops]
+    sizes = [0] * len(model.ops)
+    for _ in range(runs):
+        index = 0
+        last = time.perf_counter()
+
+        def on_op(op, array):
+            nonlocal index, last
+            now = time.perf_counter()
+            times[index].append(now - last)
+            sizes[index] = int(array.nbytes)
+            index += 1
+            last = time.perf_counter()
+
+        model.run_eager(x, on_op=on_op)
+    medians = [statistics.median(t) for t in times]
+    total = sum(medians) or 1.0
+    ranked = sorted(range(len(medians)), key=lambda i: medians[i], reverse=True)
+    rank = {i: r for r, i in enumerate(ranked, 1)}
+    flagged = max(1, min(3, len(medians) // 3))   # the slowest third, at most 3 ops
+    return [{"name": op.output, "kind": op.kind, "median_s": medians[i], "bytes": sizes[i],
+             "share_pct": 100.0 * medians[i] / total, "rank": rank[i], "slowest": rank[i] <= flagged}
+            for i, op in enumerate(model.ops)]
+
+
+def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
+                 engines: Iterable[str] | str = DEFAULT_ENGINES, repeat: int = 20, seed: int = 0,
+                 progress: Callable[[int, int], None] | None = None) -> dict:
+    """Parse, validate, run and measure; see the module docstring for the result."""
+    flat = parse_values(values)
+    if not isinstance(model, str) or model not in MODELS:
+        raise AnalysisError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
+    dim = _int_option("dim", dim, 1, LIMITS["max_dim"])
+    batch = _int_option("batch", batch, 1, LIMITS["max_batch"])
+    repeat = _int_option("repeat", repeat, 1, LIMITS["max_repeat"])
+    seed = _int_option("seed", seed, 0, 2**32 - 1)
+    names = _engine_names(engines)
+    try:
+        estimate = estimate_bytes(model, dim, batch, len(names))
+    except ValueError as exc:
+        raise AnalysisError(f"invalid options for model {model!r}: {exc}") from None
+    if estimate > LIMITS["max_estimated_bytes"]:
+        raise AnalysisError(
+            f"expected an analysis that fits in {LIMITS['max_estimated_bytes'] / 2**20:.0f} MiB "
+            f"(weights + activations), got an estimated {estimate / 2**20:.0f} MiB for model {model!r} "
+            f"with dim={dim}, batch={batch}; lower dim or batch")
+
+    with _MEASURE_LOCK:
+        return _measure(flat, model, dim, batch, names, repeat, seed, estimate, progress)
+
+
+def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progress) -> dict:
+    try:
+        model = MODELS[model_name](dim=dim, seed=seed)
+    except ValueError as exc:
+        raise AnalysisError(f"invalid options for model {model_name!r}: {exc}") from None
+    x = tile_values(flat, model.input_shape(batch))
+    reference = model.reference(x)
+    op_runs = min(repeat, 5)
+    total_steps = len(names) + repeat + op_runs
+    done = 0
+
+    def step(n: int = 1):
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total_steps)
+
+    results: dict[str, dict] = {}
+    live = {}
+    for name in names:
+        try:
+            engine = ENGINES[name](model, max_batch=batch)
+        except EngineUnavailable as exc:
+            results[name] = {"name": name, "available": False, "reason": str(exc)}
+            step()
+            continue
+        y = np.array(engine.forward(x), dtype=np.float64)   # warm-up, and a copy of the view
+        error = float(np.max(np.abs(y - reference))) if y.size else 0.0
+        results[name] = {
+            "name": name, "available": True,
+            "weight_bytes": int(engine.weight_bytes),
+            "activation_bytes": int(engine.activation_bytes),
+            "peak_bytes": _peak_forward_bytes(engine, x),
+            "max_abs_error": error,
+            "passed": bool(error <= TOLERANCE),
+            "samples_s": [],
+        }
+        live[name] = engine
+        step()
+
+    order = list(live)
+    for r in range(repeat):   # interleaved rounds, rotating who goes first
+        shift = r % len(order) if order else 0
+        for name in order[shift:] + order[:shift]:
+            engine = live[name]
+            start = time.perf_counter()
+            engine.forward(x)
+            results[name]["samples_s"].append(time.perf_counter() - start)
+        step()
+
+    ops = _op_breakdown(model, x, op_runs)
+    step(op_runs)
+
+    for name, res in results.items():
+        if res["available"]:
+            samples = res.pop("samples_s")
+            res["median_s"] = statistics.median(samples)
+            res["min_s"] = min(samples)
+            res["rounds"] = len(samples)
+            res["footprint_bytes"] = res["activation_bytes"] + res["peak_bytes"]
+    base = results.get("naive")
+    base = base if base and base["available"] else None
+    for res in results.values():
+        if not res["available"]:
+            continue
+        res["speedup_vs_naive"] = base["median_s"] / res["median_s"] if base and res["median_s"] > 0 else None
+        res["memory_saved_pct"] = (100.0 * (1 - res["footprint_bytes"] / base["footprint_bytes"])
+                                   if base and base["footprint_bytes"] > 0 else None)
+
+    return {
+        "model": {"name": model_name, "dim": dim, "batch": batch, "seed": seed,
+                  "input_shape": list(model.input_shape(batch)),
+                  "output_shape": list(model.output_shape(batch)),
+                  "flops": int(model.flops(batch)), "weight_bytes": int(model.weight_bytes)},
+        "input": {"values": int(flat.size), "tiled_to": int(x.size),
+                  "first_values": [float(v) for v in flat[:8]]},
+        "repeat": repeat,
+        "tolerance": TOLERANCE,
+        "estimated_bytes": int(estimate),
+        "engines": [results[n] for n in names],
+        "ops": ops,
+        "slowest_ops": [o["name"] for o in sorted(ops, key=lambda o: o["rank"]) if o["slowest"]],
+        "all_passed": all(r["passed"] for r in results.values() if r["available"]),
+    }

@@ -1,0 +1,168 @@
+"""The ``mlexec`` command line: ``analyze`` (one analysis as a table or JSON) and ``history``.
+
+Bad input prints one line, ``mlexec: error: ...``, to stderr and exits 2;
+never a traceback. Success exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from engines import ENGINES, MODELS
+
+from .analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
+from .baselines import BaselineError
+
+
+def _fmt_time(s):
+    return "-" if s is None else f"{s * 1e3:.4f} ms"
+
+
+def _fmt_bytes(n):
+    if n is None:
+        return "-"
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_result(result: dict) -> str:
+    m = result["model"]
+    out = [f"model {m['name']} dim={m['dim']} batch={m['batch']} input {tuple(m['input_shape'])} "
+           f"from {result['input']['values']} value(s), {result['repeat']} timed rounds", ""]
+    rows = [["engine", "median", "speedup", "peak fwd", "activations", "weights", "mem saved", "max abs err", "check"]]
+    for e in result["engines"]:
+        if not e["available"]:
+            rows.append([e["name"], "unavailable: " + e["reason"], *[""] * 7])
+            continue
+        rows.append([e["name"], _fmt_time(e["median_s"]),
+                     "-" if e["speedup_vs_naive"] is None else f"{e['speedup_vs_naive']:.2f}x",
+                     _fmt_bytes(e["peak_bytes"]), _fmt_bytes(e["activation_bytes"]), _fmt_bytes(e["weight_bytes"]),
+                     "-" if e["memory_saved_pct"] is None else f"{e['memory_saved_pct']:.1f}%",
+                     f"{e['max_abs_error']:.2e}", "pass" if e["passed"] else f"FAIL (> {result['tolerance']:g})"])
+    out.append(_table(rows))
+    out += ["", "naive run, per op (* = among the slowest):"]
+    ops = [["op", "kind", "median", "share", "output"]]
+    for o in result["ops"]:
+        ops.append([("* " if o["slowest"] else "  ") + o["name"], o["kind"], _fmt_time(o["median_s"]),
+                    f"{o['share_pct']:.1f}%", _fmt_bytes(o["bytes"])])
+    out.append(_table(ops))
+    return "\n".join(out)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's own errors, in the one-line form (exit 2)."""
+
+    def error(self, message):
+        self.exit(2, f"mlexec: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="mlexec", description="ML Execution & Optimization Analyzer")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    a = sub.add_parser("analyze", help="run the engines on your input values and compare them")
+    src = a.add_mutually_exclusive_group(required=True)
+    src.add_argument("--input", help='comma-separated numbers, e.g. "1.0, 0.5"')
+    src.add_argument("--input-file", type=Path, help="CSV file: one value or one row per line")
+    a.add_argument("--model", default="mlp", help=f"one of {', '.join(MODELS)} (default mlp)")
+    a.add_argument("--dim", type=int, default=1024, help=f"model width, 1..{LIMITS['max_dim']} (default 1024)")
+    a.add_argument("--batch", type=int, default=1, help=f"batch size, 1..{LIMITS['max_batch']} (default 1)")
+    a.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
+                   help=f"comma list from {', '.join(ENGINES)} (default {','.join(DEFAULT_ENGINES)})")
+    a.add_argument("--repeat", type=int, default=20, help=f"timed rounds, 1..{LIMITS['max_repeat']} (default 20)")
+    a.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    a.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    h = sub.add_parser("history", help="trend of saved benchmark runs over commits")
+    h.add_argument("--root", type=Path, default=Path("baselines"), help="saved runs: ROOT/<machine-id>/*.json")
+    h.add_argument("--out", type=Path, default=Path("reports/history"), help="where the charts go")
+    h.add_argument("--machine", help="only this machine id")
+    h.add_argument("--threshold", type=float, default=0.2, help="relative change that counts as a step (0.2)")
+    h.add_argument("--format", choices=("png", "svg"), default="png", help="chart format (png)")
+    return parser
+
+
+def _read_input_file(path: Path) -> str:
+    limit = LIMITS["max_input_bytes"]
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as exc:
+        raise AnalysisError(f"cannot read --input-file {str(path)!r}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise AnalysisError(f"expected at most {limit:,} bytes of input text, got more in {str(path)!r}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise AnalysisError(f"expected UTF-8 text of comma-separated numbers in {str(path)!r}, "
+                            "got undecodable bytes") from None
+
+
+def _analyze(args) -> int:
+    values = args.input if args.input is not None else _read_input_file(args.input_file)
+    bar = None
+
+    def progress(done, total):
+        nonlocal bar
+        if bar is None:
+            try:
+                from tqdm import tqdm
+            except ImportError:       # the "progress" extra is optional
+                return
+            bar = tqdm(total=total, delay=1, file=sys.stderr, desc="analyzing", unit="step", leave=False)
+        bar.update(done - bar.n)
+
+    try:
+        result = run_analysis(values, model=args.model, dim=args.dim, batch=args.batch, engines=args.engines,
+                              repeat=args.repeat, seed=args.seed, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    print(json.dumps(result, indent=2) if args.json else format_result(result))
+    return 0
+
+
+def _history(args) -> int:
+    from . import history
+
+    if args.threshold <= 0:
+        raise AnalysisError(f"expected --threshold > 0, got {args.threshold}")
+    commits, series = history.collect(args.root, args.machine)
+    if not series:
+        where = f"{args.root}/{args.machine or '<machine-id>'}/NNNN_<name>.json"
+        raise AnalysisError(f"no saved runs found; expected files like {where}")
+    for s in series:
+        history.find_steps(s.points, threshold=args.threshold)
+    print(history.format_table(commits, series))
+    paths = history.render_charts(series, args.out, fmt=args.format)
+    print("\ncharts: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _analyze(args) if args.command == "analyze" else _history(args)
+    except (AnalysisError, BaselineError) as exc:
+        print(f"mlexec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mlexec: error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The web app in a real headless Chromium (Debian's /usr/bin/chromium via Playwright)."""
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES
+
+CHROMIUM = Path("/usr/bin/chromium")
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
+                                reason="/usr/bin/chromium is missing (install it: apt-get install chromium)")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    from werkzeug.serving import make_server
+
+    from mlexec.web import create_app
+
+    srv = make_server("127.0.0.1", 0, create_app({"BASELINES_ROOT": str(FIXTURES / "baselines")}), threaded=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_port}"
+    srv.shutdown()
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield browser
+        browser.close()
+
+
+def test_submit_form_and_read_results(server, browser, tmp_path):
+    page = browser.new_page()
+    page.goto(server + "/")
+    page.fill("#input", "0.5, -0.25, 1")
+    page.fill("#dim", "40")
+    page.fill("#batch", "2")
+    page.fill("#repeat", "2")
+    page.uncheck("input[name=engines][value=static]")
+    page.click("#submit")
+    page.wait_for_selector("#result-table")
+    assert "dim=40, batch=2, input shape 2×40" in page.inner_text("#summary")
+    rows = page.locator("#result-table tr[data-engine]")
+    assert rows.count() == 2
+    assert [rows.nth(i).get_attribute("data-engine") for i in range(2)] == ["naive", "arena"]
+    assert rows.nth(1).locator("td").last.inner_text() == "pass"
+    assert page.locator("#chart-ops .bar-row").count() == 3
+    page.screenshot(path=str(tmp_path / "results.png"), full_page=True)
+    assert (tmp_path / "results.png").stat().st_size > 1000
+
+
+def test_bad_input_shows_error_and_keeps_values(server, browser, tmp_path):
+    page = browser.new_page()
+    page.goto(server + "/")
+    page.fill("#input", "1, two, 3")
+    page.fill("#dim", "40")
+    page.click("#submit")
+    page.wait_for_selector("#error")
+    assert "expected a number at position 2, got text 'two'" in page.inner_text("#error")
+    assert page.input_value("#input") == "1, two, 3"
+    assert page.input_value("#dim") == "40"
+    page.screenshot(path=str(tmp_path / "error.png"))
+    assert (tmp_path / "error.png").stat().st_size > 1000
+
+
+def test_history_page_renders_charts(server, browser):
+    page = browser.new_page()
+    response = page.goto(server + "/history")
+    assert response.status == 200
+    assert "median down at c3d4e5f6" in page.inner_text("#history-table")
+    assert page.locator("svg").count() == 2

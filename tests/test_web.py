@@ -1,0 +1,126 @@
+"""The Flask app through its test client: form, results, 400s that keep the form, API, history."""
+import pytest
+
+from conftest import FIXTURES
+from mlexec.web import create_app
+
+FORM = {"input": "0.25, -1.5", "model": "mlp", "dim": "48", "batch": "3", "repeat": "2", "seed": "7",
+        "engines": ["naive", "arena"]}
+
+
+@pytest.fixture
+def client():
+    return create_app({"BASELINES_ROOT": str(FIXTURES / "baselines")}).test_client()
+
+
+def test_form_page(client):
+    page = client.get("/").get_data(as_text=True)
+    assert '<form method="post" action="/analyze"' in page
+    for name in ("input", "model", "dim", "batch", "repeat", "engines", "input_file"):
+        assert f'name="{name}"' in page
+    for engine in ("naive", "static", "arena"):
+        assert f'value="{engine}"' in page
+
+
+def test_results_page_has_table_and_charts(client):
+    resp = client.post("/analyze", data=FORM)
+    assert resp.status_code == 200
+    page = resp.get_data(as_text=True)
+    assert "dim=48, batch=3, input shape 3×48" in page
+    assert 'data-engine="naive"' in page and 'data-engine="arena"' in page and 'data-engine="static"' not in page
+    for chart in ("chart-memory", "chart-latency", "chart-ops"):
+        assert f'id="{chart}"' in page
+    assert page.count('class="bar-row"') == 2 + 2 + 3   # 2 engines twice, 3 ops of the mlp
+
+
+def test_uploaded_csv_is_used(client):
+    import io
+    data = dict(FORM, input="", input_file=(io.BytesIO(b"1\n2\n3\n"), "data.csv"))
+    page = client.post("/analyze", data=data, content_type="multipart/form-data").get_data(as_text=True)
+    assert "from 3 value(s)" in page
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("input", "1, abc", "expected a number at position 2, got text &#39;abc&#39;"),
+    ("input", "", "got empty input"),
+    ("input", "1,,2", "got an empty value"),
+    ("batch", "999999", "expected batch to be an integer in 1..1024"),
+    ("dim", "-3", "expected dim to be an integer in 1..4096, got -3"),
+    ("model", "resnet", "unknown model &#39;resnet&#39;"),
+    ("engines", [], "expected at least one engine"),
+])
+def test_bad_form_input_is_400_and_keeps_values(client, field, value, message):
+    resp = client.post("/analyze", data=dict(FORM, **{field: value}))
+    assert resp.status_code == 400
+    page = resp.get_data(as_text=True)
+    assert message in page and 'id="error"' in page
+    if field != "input":
+        assert "0.25, -1.5</textarea>" in page
+    if field != "dim":
+        assert 'name="dim" value="48"' in page
+    assert 'value="arena" checked' in page or field == "engines"
+    assert "Traceback" not in page
+
+
+def test_oversized_request_is_a_clear_400(client):
+    resp = client.post("/analyze", data=dict(FORM, input="1," * 5_000_000))
+    assert resp.status_code == 400
+    assert "the request is larger than" in resp.get_data(as_text=True)
+    api = client.post("/api/analyze", data=b"[" + b"1," * 5_000_000 + b"1]", content_type="application/json")
+    assert api.status_code == 400 and "the request is larger than" in api.get_json()["error"]
+
+
+def test_json_api(client):
+    resp = client.post("/api/analyze", json={"values": [1, 2, 3], "dim": 32, "repeat": 2, "engines": ["naive", "static"]})
+    assert resp.status_code == 200
+    body = resp.get_json()
+    assert body["model"]["input_shape"] == [1, 32] and [e["name"] for e in body["engines"]] == ["naive", "static"]
+    assert body["engines"][1]["speedup_vs_naive"] == pytest.approx(
+        body["engines"][0]["median_s"] / body["engines"][1]["median_s"])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"json": {"values": "x"}}, "expected a number at position 1, got text 'x'"),
+    ({"json": {"values": "1", "dim": 10**7}}, "expected dim to be an integer"),
+    ({"json": {"dim": 8}}, "missing key 'values'"),
+    ({"json": {"values": "1", "colour": "red"}}, "unknown key(s) ['colour']"),
+    ({"json": [1, 2]}, "expected a JSON object body"),
+    ({"data": "{not json", "content_type": "application/json"}, "expected a JSON object body"),
+])
+def test_json_api_bad_input_is_400(client, kwargs, message):
+    resp = client.post("/api/analyze", **kwargs)
+    assert resp.status_code == 400
+    assert message in resp.get_json()["error"]
+
+
+def test_unexpected_error_is_500_without_traceback(monkeypatch):
+    import mlexec.web as web
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(web, "run_analysis", boom)
+    client = create_app().test_client()
+    resp = client.post("/analyze", data=FORM)
+    assert resp.status_code == 500
+    page = resp.get_data(as_text=True)
+    assert "Internal error" in page and "secret internals" not in page and "Traceback" not in page
+
+
+def test_history_page(client):
+    resp = client.get("/history")
+    assert resp.status_code == 200
+    page = resp.get_data(as_text=True)
+    assert 'id="history-table"' in page and "c3d4e5f6" in page
+    assert "median down at c3d4e5f6" in page
+    assert page.count("<svg") == 2   # one chart per machine and group
+
+
+def test_history_page_shows_a_bad_file(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "0001_r.json").write_text("{oops")
+    client = create_app({"BASELINES_ROOT": str(tmp_path)}).test_client()
+    page = client.get("/history").get_data(as_text=True)
+    assert "0001_r.json: invalid JSON" in page
+    empty = create_app({"BASELINES_ROOT": str(tmp_path / "none")}).test_client().get("/history")
+    assert 'id="empty"' in empty.get_data(as_text=True)
