@@ -1,0 +1,151 @@
+"""Root configuration of the benchmark suite: options, shared fixtures, the summary and the gate.
+
+``pytest benchmarks/`` runs two passes over every engine x case: ``test_forward``
+(latency, pytest-benchmark) and ``test_peak_memory`` (memray limit). The
+logic lives in ``mlexec.suite``; this file wires it into pytest.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+
+import pytest
+
+from engines import ENGINES, EngineUnavailable
+from mlexec.suite import session as suite_session
+from mlexec.suite.grid import MATRICES, Case
+
+BENCH_DIR = os.path.join(os.path.dirname(__file__), "benchmarks")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("mlexec", "ML execution benchmarks (pytest benchmarks/)")
+    group.addoption("--mlexec-matrix", choices=sorted(MATRICES), default="quick", metavar="NAME",
+                    help="which grid to run: quick (<3 min on 2 cores) or full. Default: %(default)r")
+    group.addoption("--mlexec-engines", default=",".join(ENGINES), metavar="LIST",
+                    help="comma-separated engines to run. Default: every registered engine")
+    group.addoption("--mlexec-pass", choices=["both", "time", "memory"], default="both", metavar="PASS",
+                    help="time (pytest-benchmark), memory (memray limits) or both. Default: %(default)r")
+    group.addoption("--mlexec-rounds", type=int, default=15, metavar="N",
+                    help="interleaved engine/yardstick rounds per benchmark, for the latency gate. "
+                         "Default: %(default)r")
+    group.addoption("--mlexec-baselines", default="baselines", metavar="DIR",
+                    help="where saved runs live, one folder per machine. Default: %(default)r")
+    group.addoption("--mlexec-compare", default="auto", metavar="auto|off|FILE",
+                    help="gate against: auto = the latest saved run for this machine, if any; "
+                         "off; or a run's JSON file. Default: %(default)r")
+    group.addoption("--mlexec-save", action="store_true",
+                    help="save this run into --mlexec-baselines, named by commit")
+
+
+def machine_id() -> str:
+    """pytest-benchmark's id (OS, Python, bits) plus what it leaves out: CPU model and count."""
+    from pytest_benchmark.utils import get_machine_id
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1] for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", cpu or "unknown-cpu").strip("-")
+    return f"{get_machine_id()}-{slug}-{os.cpu_count()}cpu"
+
+
+# --- parametrization: every engine x every case, readable ids -----------------
+
+def pytest_generate_tests(metafunc):
+    if "engine_name" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    engines = [e.strip() for e in config.getoption("mlexec_engines").split(",") if e.strip()]
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown:
+        raise pytest.UsageError(f"--mlexec-engines: unknown {unknown}; expected some of {sorted(ENGINES)}")
+    cases = MATRICES[config.getoption("mlexec_matrix")]
+    params = [pytest.param(e, c, id=f"{e}-{c.id}") for c in cases for e in engines]
+    metafunc.parametrize("engine_name, case", params)
+
+
+def pytest_collection_modifyitems(config, items):
+    wanted = {"both": ("test_forward", "test_peak_memory"), "time": ("test_forward",),
+              "memory": ("test_peak_memory",)}[config.getoption("mlexec_pass")]
+    keep, drop = [], []
+    for item in items:
+        name = getattr(item, "originalname", item.name)
+        (drop if name in ("test_forward", "test_peak_memory") and name not in wanted else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    # One case at a time, latency then memory, so each model is built once and dropped after.
+    order = {id(c): i for i, c in enumerate(MATRICES[config.getoption("mlexec_matrix")])}
+
+    def key(item):
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or "case" not in callspec.params:
+            return (-1, 0)
+        return (order.get(id(callspec.params["case"]), 0), getattr(item, "originalname", "") == "test_peak_memory")
+    items[:] = sorted(keep, key=key)
+
+
+# --- shared fixtures -----------------------------------------------------------
+
+class _Workbench:
+    """The model, input, reference and engines of one case; replaced when the case changes."""
+
+    def __init__(self, case: Case):
+        self.case = case
+        self.model = case.build()
+        self.x = self.model.random_input(case.batch, rng=12345)   # fresh random, never zeros
+        self.reference = self.model.reference(self.x)
+        self.engines: dict = {}
+
+    def engine(self, name):
+        if name not in self.engines:
+            try:
+                self.engines[name] = ENGINES[name](self.model, self.case.batch)
+            except EngineUnavailable as exc:
+                self.engines[name] = exc
+        found = self.engines[name]
+        if isinstance(found, EngineUnavailable):
+            pytest.skip(f"engine {name!r} unavailable: {found}")
+        return found
+
+
+@pytest.fixture(scope="session")
+def _workbenches():
+    return {}
+
+
+@pytest.fixture
+def bench(_workbenches, case):
+    if case not in _workbenches:
+        _workbenches.clear()          # free the previous case's weights and engines
+        _workbenches[case] = _Workbench(case)
+    return _workbenches[case]
+
+
+@pytest.fixture(scope="session")
+def roofs():
+    from mlexec.suite.roofs import calibrate
+    return calibrate()
+
+
+# --- end of session: attach memory peaks, summary table, the gate, saving ------
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    suite_session.attach_peaks(config, output_json)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    yield
+    if call.when == "call" and getattr(item, "originalname", "") == "test_peak_memory":
+        suite_session.record_peak(item)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    suite_session.finish(session, machine_id())
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    suite_session.report(terminalreporter, config)
