@@ -28,13 +28,17 @@ def pytest_addoption(parser):
     group.addoption("--mlexec-pass", choices=["both", "time", "memory"], default="both", metavar="PASS",
                     help="time (pytest-benchmark), memory (memray limits) or both. Default: %(default)r")
     group.addoption("--mlexec-rounds", type=int, default=15, metavar="N",
-                    help="interleaved engine/yardstick rounds per benchmark, for the latency gate. "
-                         "Default: %(default)r")
+                    help="interleaved current/reference rounds per latency A/B. Default: %(default)r")
     group.addoption("--mlexec-baselines", default="baselines", metavar="DIR",
                     help="where saved runs live, one folder per machine. Default: %(default)r")
     group.addoption("--mlexec-compare", default="auto", metavar="auto|off|FILE",
                     help="gate against: auto = the latest saved run for this machine, if any; "
                          "off; or a run's JSON file. Default: %(default)r")
+    group.addoption("--mlexec-base", default=None, metavar="REF|DIR",
+                    help="latency reference code: a git ref or a folder holding engines/. "
+                         "Default: the commit of the saved run compared against")
+    group.addoption("--mlexec-verdict", default=None, metavar="FILE",
+                    help="write the gate's verdict as JSON to FILE")
     group.addoption("--mlexec-save", action="store_true",
                     help="save this run into --mlexec-baselines, named by commit")
 

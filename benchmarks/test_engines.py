@@ -10,7 +10,6 @@ from threadpoolctl import threadpool_limits
 
 from mlexec.suite import session
 from mlexec.suite.memory import limit_bytes, warm_up
-from mlexec.suite.ratio import interleaved_ratio, yardstick
 
 ABS_TOL, REL_TOL = 1e-4, 1e-5
 MEMORY_CALLS = 3
@@ -36,11 +35,8 @@ def test_forward(benchmark, bench, engine_name, case, roofs, request):
         median = benchmark.stats.stats.median
         # Roofline: the weights must stream once, so time >= max(flops/peak, bytes/bandwidth).
         bound = max(flops / (roofs.gflops * 1e9), model.weight_bytes / (roofs.gbytes_per_s * 1e9))
-        sample = interleaved_ratio(lambda: engine.forward(bench.x), yardstick(model, case.batch),
-                                   rounds=request.config.getoption("mlexec_rounds"))
         info.update(gflops=flops / median / 1e9, peak_fraction=roofs.fraction(flops, median),
-                    roofline_fraction=bound / median,
-                    ratio=sample.median, ratio_samples=list(sample.ratios))
+                    roofline_fraction=bound / median)
     benchmark.extra_info.update(info)
     session.record(request.config, case.id, engine_name, median=median, err=err,
                    held=engine.activation_bytes)

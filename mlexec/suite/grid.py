@@ -35,12 +35,15 @@ class Case:
 
     @cached_property
     def version(self) -> str:
-        """Workload version: changes when the model's ops or shapes or the case change."""
-        model = self.build()
-        text = json.dumps([WORKLOAD_REVISION, self.id,
-                           [(op.kind, op.inputs, op.output, sorted(op.attrs.items())) for op in model.ops],
-                           sorted(model.shapes.items())], default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
+        return workload_version(self.id, self.build())
+
+
+def workload_version(case_id: str, model: Model) -> str:
+    """Changes when the case, the model's ops or its shapes change; not with engine code."""
+    text = json.dumps([WORKLOAD_REVISION, case_id,
+                       [(op.kind, op.inputs, op.output, sorted(op.attrs.items())) for op in model.ops],
+                       sorted(model.shapes.items())], default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _cases(models, batches, dims, seqs=(None,)):

@@ -1,17 +1,26 @@
 """What happens around the benchmarks: results per case, memory peaks, the run's JSON,
-the gate against a reference run, saving, and the terminal report."""
+the gate, saving, and the terminal report."""
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
+from threadpoolctl import threadpool_limits
 
+from engines import ENGINES
 from mlexec import baselines
-from . import gate, summary
+from . import basecode, gate, summary
+from .grid import MATRICES, workload_version
+from .ratio import interleave
 
-RESULTS = pytest.StashKey[dict]()    # (case id, engine) -> {"median", "peak", "err"}
-VERDICT = pytest.StashKey[tuple]()   # (label, gate.Verdict) or (label, error message)
+RESULTS = pytest.StashKey[dict]()      # (case id, engine) -> {"median", "peak", "held", "err", ...}
+VERDICT = pytest.StashKey[tuple]()     # (label, gate.Verdict | error message)
 SAVED = pytest.StashKey[Path]()
+# Engine name -> reference engine name, for throw-away engines that exist only in this run.
+BASE_ALIASES = pytest.StashKey[dict]()
+REPO = Path(__file__).resolve().parents[2]
 
 
 def record(config, case_id: str, engine: str, **fields) -> None:
@@ -50,37 +59,100 @@ def current_run(config) -> dict | None:
     return run
 
 
-def _reference(config, machine: str):
+def _reference_run(config, machine: str):
     choice = config.getoption("mlexec_compare")
     if choice == "off":
         return None
     if choice != "auto":
         return choice, baselines.load_run(choice)
     runs = baselines.iter_runs(config.getoption("mlexec_baselines"), machine_id=machine)
-    if not runs:
-        return None
-    path, run = runs[-1]
-    return str(path), run
+    return (str(runs[-1][0]), runs[-1][1]) if runs else None
+
+
+def _head_commit() -> tuple[str | None, bool]:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "engines"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return head, bool(dirty)
+    except (OSError, subprocess.CalledProcessError):
+        return None, True
+
+
+def _latency_ab(config, source: str, verdict: gate.Verdict) -> None:
+    """Every timed benchmark of this run, current engine against the reference code's."""
+    head, dirty = _head_commit()
+    if head and not dirty and head.startswith(source):
+        verdict.notes.append(f"latency: the reference code is this commit ({source}); nothing to compare")
+        return
+    try:
+        label, directory = basecode.resolve(source, REPO)
+        base = basecode.load(directory)
+    except basecode.BaseCodeError as exc:
+        verdict.notes.append(f"latency not gated: {exc}")
+        return
+    aliases = config.stash.get(BASE_ALIASES, {})
+    timed = {key for key, r in config.stash.get(RESULTS, {}).items() if r.get("median") is not None}
+    cases = {c.id: c for c in MATRICES[config.getoption("mlexec_matrix")]}
+    rounds = config.getoption("mlexec_rounds")
+    for case_id in dict.fromkeys(case for case, _ in timed):
+        case = cases[case_id]
+        model = case.build()
+        try:
+            base_model = base.MODELS[case.model](**case.model_kwargs, seed=0)
+        except (KeyError, TypeError, ValueError):
+            base_model = None
+        x = model.random_input(case.batch, rng=12345)
+        for engine in [e for c, e in timed if c == case_id]:
+            name = f"{engine}-{case_id}"
+            base_cls = base.ENGINES.get(aliases.get(engine, engine))
+            if base_model is None or base_cls is None:
+                verdict.notes.append(f"latency: {name} has no counterpart in {label}")
+                continue
+            if workload_version(case_id, base_model) != case.version:
+                verdict.stale.append(name)
+                continue
+            current, reference = ENGINES[engine](model, case.batch), base_cls(base_model, case.batch)
+            with threadpool_limits(1):
+                finding = gate.latency_finding(name, lambda: interleave(
+                    lambda: current.forward(x), lambda: reference.forward(x), rounds=rounds))
+            verdict.latency_compared += 1
+            if finding:
+                verdict.regressions.append(finding)
+    verdict.notes.insert(0, f"latency reference code: {label}")
 
 
 def finish(session, machine: str) -> None:
     config = session.config
-    run = current_run(config)
-    if run is None:
+    results = config.stash.get(RESULTS, {})
+    if not results:
         return
+    run = current_run(config)
     try:
-        reference = _reference(config, machine)
+        reference = _reference_run(config, machine)
     except baselines.BaselineError as exc:
         config.stash[VERDICT] = ("baseline", f"cannot gate: {exc}")
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return
-    if reference is not None:
-        label, ref_run = reference
-        verdict = gate.compare(ref_run, run)
+    source = config.getoption("mlexec_base") or (reference and reference[1]["commit_info"].get("id"))
+    if reference or source:
+        verdict = gate.Verdict()
+        label = reference[0] if reference else f"code at {source}"
+        if reference:
+            cases = {c.id: c for c in MATRICES[config.getoption("mlexec_matrix")]}
+            current = {key: {"peak": r.get("peak"), "version": cases[key[0]].version}
+                       for key, r in results.items() if key[0] in cases}
+            gate.memory_findings(reference[1], current, verdict)
+        if source:
+            _latency_ab(config, source, verdict)
         config.stash[VERDICT] = (label, verdict)
+        path = config.getoption("mlexec_verdict")
+        if path:
+            Path(path).write_text(json.dumps({"reference": label, **verdict.as_dict()}, indent=1))
         if verdict.failed:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    if config.getoption("mlexec_save") and session.exitstatus == 0:
+    if config.getoption("mlexec_save") and session.exitstatus == 0 and run is not None:
         name = (run["commit_info"].get("id") or "nocommit")[:12]
         if run["commit_info"].get("dirty"):
             name += "-dirty"
