@@ -67,8 +67,9 @@ def pytest_generate_tests(metafunc):
     if unknown:
         raise pytest.UsageError(f"--mlexec-engines: unknown {unknown}; expected some of {sorted(ENGINES)}")
     cases = MATRICES[config.getoption("mlexec_matrix")]
-    params = [pytest.param(e, c, id=f"{e}-{c.id}") for c in cases for e in engines]
-    metafunc.parametrize("engine_name, case", params)
+    # Plain strings as parameters: they land in the saved JSON's "params".
+    params = [pytest.param(e, c.id, id=f"{e}-{c.id}") for c in cases for e in engines]
+    metafunc.parametrize("engine_name, case_id", params)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -81,13 +82,13 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
     # One case at a time, latency then memory, so each model is built once and dropped after.
-    order = {id(c): i for i, c in enumerate(MATRICES[config.getoption("mlexec_matrix")])}
+    order = {c.id: i for i, c in enumerate(MATRICES[config.getoption("mlexec_matrix")])}
 
     def key(item):
         callspec = getattr(item, "callspec", None)
-        if callspec is None or "case" not in callspec.params:
+        if callspec is None or "case_id" not in callspec.params:
             return (-1, 0)
-        return (order.get(id(callspec.params["case"]), 0), getattr(item, "originalname", "") == "test_peak_memory")
+        return (order[callspec.params["case_id"]], getattr(item, "originalname", "") == "test_peak_memory")
     items[:] = sorted(keep, key=key)
 
 
@@ -118,6 +119,11 @@ class _Workbench:
 @pytest.fixture(scope="session")
 def _workbenches():
     return {}
+
+
+@pytest.fixture
+def case(case_id, request) -> Case:
+    return next(c for c in MATRICES[request.config.getoption("mlexec_matrix")] if c.id == case_id)
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ def record_peak(item) -> None:
     result = manager.results.get(item.nodeid) if manager else None
     if result is not None:
         params = item.callspec.params
-        record(item.config, params["case"].id, params["engine_name"], peak=result.peak_memory)
+        record(item.config, params["case_id"], params["engine_name"], peak=result.peak_memory)
 
 
 def attach_peaks(config, output_json: dict) -> None:

@@ -1,0 +1,115 @@
+"""The regression gate: its rules on hand-made figures, then end to end with planted regressions."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, subprocess_env
+from mlexec import baselines
+from mlexec.suite import gate
+from mlexec.suite.ratio import Interleaved
+
+
+def run_with(peak, version="v1", case="mlp-b1-d256", engine="static"):
+    return {"benchmarks": [{"name": f"test_forward[{engine}-{case}]", "fullname": "x",
+                            "extra_info": {"case": case, "engine": engine, "version": version,
+                                           "peak_bytes": peak}}]}
+
+
+@pytest.mark.parametrize("before, after, regressed", [
+    (72, 72, False), (72, 72 + 1023, False), (72, 72 + 1024, True), (4096, 2048, False),
+])
+def test_memory_growth_of_one_kib_fails(before, after, regressed):
+    verdict = gate.Verdict()
+    gate.memory_findings(run_with(before), {("mlp-b1-d256", "static"): {"peak": after, "version": "v1"}}, verdict)
+    assert verdict.failed is regressed and verdict.memory_compared == 1
+    if regressed:
+        (finding,) = verdict.regressions
+        assert (finding.name, finding.baseline, finding.current) == ("static-mlp-b1-d256", before, after)
+
+
+def test_other_workload_version_is_skipped_not_misread():
+    verdict = gate.Verdict()
+    gate.memory_findings(run_with(72, version="old"), {("mlp-b1-d256", "static"): {"peak": 10**6, "version": "new"}},
+                         verdict)
+    assert not verdict.failed and verdict.stale == ["static-mlp-b1-d256"] and verdict.memory_compared == 0
+
+
+def measurements(*ratios, base=1e-3, rounds=15):
+    """Fake A/B measurements: each with the given current/reference ratio and a little spread."""
+    it = iter(ratios)
+
+    def measure():
+        r = next(it)
+        b = tuple(base * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(rounds))
+        return Interleaved(tuple(t * r for t in b), b, 1)
+    return measure
+
+
+def test_persistent_slowdown_is_a_latency_regression():
+    finding = gate.latency_finding("static-mlp-b1-d256", measurements(1.25, 1.25, 1.25))
+    assert finding and finding.kind == "latency" and finding.ratio == pytest.approx(1.25, rel=0.01)
+    assert finding.p_value < gate.ALPHA
+
+
+@pytest.mark.parametrize("ratios", [(1.0,), (1.09,), (1.3, 1.0), (1.3, 1.3, 1.02)])
+def test_noise_bursts_and_small_drifts_pass(ratios):
+    assert gate.latency_finding("static-mlp-b1-d256", measurements(*ratios)) is None
+
+
+# --- end to end: pytest benchmarks/ in a subprocess ---------------------------
+
+def bench(tmp_path, plant, *args):
+    env = dict(subprocess_env(), MLEXEC_PLANT=plant)
+    verdict = tmp_path / f"verdict-{plant}.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "benchmarks/", "-q", "-p", "no:cacheprovider", "-p", "mlexec.suite.plants",
+         "--mlexec-engines=static,planted", "-k", "mlp-b32-d256", "--benchmark-max-time=0.05",
+         f"--mlexec-verdict={verdict}", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    found = json.loads(verdict.read_text()) if verdict.exists() else None
+    return proc, found
+
+
+def test_planted_slowdown_fails_the_gate_and_unchanged_code_passes(tmp_path):
+    proc, verdict = bench(tmp_path, "none", "--mlexec-pass=time", "--mlexec-compare=off", "--mlexec-base=.")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert verdict["latency_compared"] == 2 and not verdict["failed"]
+
+    proc, verdict = bench(tmp_path, "slow", "--mlexec-pass=time", "--mlexec-compare=off", "--mlexec-base=.")
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert [f["name"] for f in verdict["regressions"]] == ["planted-mlp-b32-d256"]
+    assert verdict["regressions"][0]["kind"] == "latency" and verdict["regressions"][0]["ratio"] > 1.1
+    assert "planted-mlp-b32-d256  latency" in proc.stdout      # the table names it
+
+
+def test_planted_temporary_fails_the_gate(tmp_path):
+    store = tmp_path / "baselines"
+    proc, _ = bench(tmp_path, "none", f"--mlexec-baselines={store}", "--mlexec-save")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    [(path, saved)] = baselines.iter_runs(store)
+    peaks = {b["extra_info"]["engine"]: b["extra_info"]["peak_bytes"] for b in saved["benchmarks"]}
+    assert peaks["planted"] == peaks["static"] < 1024
+
+    proc, verdict = bench(tmp_path, "temp", f"--mlexec-baselines={store}", "--mlexec-pass=memory",
+                          "--mlexec-base=.")
+    assert proc.returncode == 1
+    (finding,) = [f for f in verdict["regressions"] if f["kind"] == "memory"]
+    assert finding["name"] == "planted-mlp-b32-d256"
+    assert finding["current"] >= 32 * 256 * 4 > finding["baseline"]    # one (batch, dim) float32 copy
+    assert "test_peak_memory[planted-mlp-b32-d256]" in proc.stdout     # the memray limit failed too
+    assert baselines.iter_runs(store) == [(path, saved)]                # nothing overwritten
+
+
+def test_corrupt_baseline_is_a_clear_error(tmp_path):
+    machine = subprocess.run([sys.executable, "-c", "import conftest; print(conftest.machine_id())"], cwd=ROOT,
+                             env=subprocess_env(), capture_output=True, text=True, check=True).stdout.strip()
+    bad = tmp_path / "baselines" / machine / "0001_deadbeef.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"machine_info": {}, "benchmarks": [')
+    proc, _ = bench(tmp_path, "none", f"--mlexec-baselines={tmp_path / 'baselines'}", "--mlexec-pass=time")
+    assert proc.returncode == 4
+    assert f"cannot gate: {bad}: invalid JSON (truncated?)" in proc.stdout
+    assert bad.read_text() == '{"machine_info": {}, "benchmarks": ['
