@@ -23,8 +23,9 @@ def pytest_addoption(parser):
     group = parser.getgroup("mlexec", "ML execution benchmarks (pytest benchmarks/)")
     group.addoption("--mlexec-matrix", choices=sorted(MATRICES), default="quick", metavar="NAME",
                     help="which grid to run: quick (<3 min on 2 cores) or full. Default: %(default)r")
-    group.addoption("--mlexec-engines", default=",".join(ENGINES), metavar="LIST",
-                    help="comma-separated engines to run. Default: every registered engine")
+    group.addoption("--mlexec-engines", default="all", metavar="LIST",
+                    help="comma-separated engines to run, or all: every engine in engines.ENGINES "
+                         "when tests are collected. Default: %(default)r")
     group.addoption("--mlexec-pass", choices=["both", "time", "memory"], default="both", metavar="PASS",
                     help="time (pytest-benchmark), memory (memray limits) or both. Default: %(default)r")
     group.addoption("--mlexec-rounds", type=int, default=15, metavar="N",
@@ -62,7 +63,8 @@ def pytest_generate_tests(metafunc):
     if "engine_name" not in metafunc.fixturenames:
         return
     config = metafunc.config
-    engines = [e.strip() for e in config.getoption("mlexec_engines").split(",") if e.strip()]
+    chosen = config.getoption("mlexec_engines")
+    engines = list(ENGINES) if chosen == "all" else [e.strip() for e in chosen.split(",") if e.strip()]
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
         raise pytest.UsageError(f"--mlexec-engines: unknown {unknown}; expected some of {sorted(ENGINES)}")

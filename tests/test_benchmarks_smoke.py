@@ -1,0 +1,28 @@
+"""Smoke mode: every benchmark of the quick matrix runs once, so a broken benchmark fails CI."""
+import re
+import subprocess
+import sys
+
+from conftest import ROOT, subprocess_env
+from engines import ENGINES
+from mlexec.suite.grid import HEADLINE, QUICK
+
+
+def test_every_benchmark_runs_once_and_the_summary_prints():
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "benchmarks/", "--benchmark-disable", "--mlexec-compare=off",
+         "-p", "mlexec.suite.plants", "-p", "no:cacheprovider", "-v", "-rs"],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    outcomes = dict(re.findall(r"::(test_\w+\[[^\]]+\]) (PASSED|SKIPPED|FAILED|ERROR)", proc.stdout))
+    # every registered engine, a plugin's included, on every case, in both passes, with readable ids
+    for engine in [*ENGINES, "planted"]:
+        for case in QUICK:
+            for test in ("test_forward", "test_peak_memory"):
+                assert f"{test}[{engine}-{case.id}]" in outcomes, f"{test}[{engine}-{case.id}] not run"
+    skipped = [name for name, outcome in outcomes.items() if outcome == "SKIPPED"]
+    for line in re.findall(r"SKIPPED \[\d+\] .*", proc.stdout):
+        assert "unavailable:" in line        # only engines whose optional package is missing
+    assert len(skipped) < len(outcomes)
+    assert "engines compared" in proc.stdout
+    assert f"headline, the seed's model ({HEADLINE.id}): naive" in proc.stdout
