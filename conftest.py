@@ -16,7 +16,6 @@ from engines import ENGINES, EngineUnavailable
 from mlexec.suite import session as suite_session
 from mlexec.suite.grid import MATRICES, Case
 
-BENCH_DIR = os.path.join(os.path.dirname(__file__), "benchmarks")
 
 
 def pytest_addoption(parser):
@@ -60,7 +59,7 @@ def machine_id() -> str:
 # --- parametrization: every engine x every case, readable ids -----------------
 
 def pytest_generate_tests(metafunc):
-    if "engine_name" not in metafunc.fixturenames:
+    if "case_id" not in metafunc.fixturenames:
         return
     config = metafunc.config
     chosen = config.getoption("mlexec_engines")

@@ -14,19 +14,9 @@ from engines import ENGINES, MODELS
 
 from .analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
 from .baselines import BaselineError
+from .units import fmt_bytes, fmt_time
 
 
-def _fmt_time(s):
-    return "-" if s is None else f"{s * 1e3:.4f} ms"
-
-
-def _fmt_bytes(n):
-    if n is None:
-        return "-"
-    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -45,17 +35,17 @@ def format_result(result: dict) -> str:
         if not e["available"]:
             rows.append([e["name"], "unavailable: " + e["reason"], *[""] * 7])
             continue
-        rows.append([e["name"], _fmt_time(e["median_s"]),
+        rows.append([e["name"], fmt_time(e["median_s"]),
                      "-" if e["speedup_vs_naive"] is None else f"{e['speedup_vs_naive']:.2f}x",
-                     _fmt_bytes(e["peak_bytes"]), _fmt_bytes(e["activation_bytes"]), _fmt_bytes(e["weight_bytes"]),
+                     fmt_bytes(e["peak_bytes"]), fmt_bytes(e["activation_bytes"]), fmt_bytes(e["weight_bytes"]),
                      "-" if e["memory_saved_pct"] is None else f"{e['memory_saved_pct']:.1f}%",
                      f"{e['max_abs_error']:.2e}", "pass" if e["passed"] else f"FAIL (> {result['tolerance']:g})"])
     out.append(_table(rows))
     out += ["", "naive run, per op (* = among the slowest):"]
     ops = [["op", "kind", "median", "share", "output"]]
     for o in result["ops"]:
-        ops.append([("* " if o["slowest"] else "  ") + o["name"], o["kind"], _fmt_time(o["median_s"]),
-                    f"{o['share_pct']:.1f}%", _fmt_bytes(o["bytes"])])
+        ops.append([("* " if o["slowest"] else "  ") + o["name"], o["kind"], fmt_time(o["median_s"]),
+                    f"{o['share_pct']:.1f}%", fmt_bytes(o["bytes"])])
     out.append(_table(ops))
     return "\n".join(out)
 

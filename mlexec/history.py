@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .baselines import iter_runs
+from .units import fmt_bytes, fmt_time
 
 DEFAULT_THRESHOLD = 0.2
 DEFAULT_WINDOW = 3
@@ -106,18 +107,6 @@ def find_steps(points: list[Point], threshold: float = DEFAULT_THRESHOLD, window
             points[i].step[metric] = direction
 
 
-def _time(seconds: float) -> str:
-    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g}{unit}"
-    return f"{seconds / 1e-9:.3g}ns"
-
-
-def _bytes(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return f"{n}B"
 
 
 _MARK = {"up": "^", "down": "v", "new-up": "^?", "new-down": "v?"}
@@ -131,9 +120,9 @@ def format_table(commits: list[str], series: list[Series]) -> str:
         by_commit = {}
         previous = None
         for p in s.points:
-            cell = _time(p.median) + _MARK.get(p.step.get("median"), "")
+            cell = fmt_time(p.median) + _MARK.get(p.step.get("median"), "")
             if p.peak_bytes is not None:
-                cell += " / " + _bytes(p.peak_bytes) + _MARK.get(p.step.get("peak_bytes"), "")
+                cell += " / " + fmt_bytes(p.peak_bytes) + _MARK.get(p.step.get("peak_bytes"), "")
             if previous is not None and p.version != previous:
                 cell += f" [v{p.version}]"
             previous = p.version

@@ -52,6 +52,6 @@ def test_collect_fixtures_table_and_charts(tmp_path):
     assert steps(by_engine["naive"].points) == {}   # its last point has a new workload version
     assert [p.peak_bytes for p in by_engine["naive"].points] == [4096] * 5
     table = format_table(commits, series)
-    assert "300us" in table and "v / 64B" in table and "[v2]" in table
+    assert "300.0 us" in table and "v / 64 B" in table and "[v2]" in table
     paths = render_charts(series, tmp_path, fmt="svg")
     assert len(paths) == 1 and "<svg" in paths[0].read_text()

@@ -2,23 +2,9 @@
 from __future__ import annotations
 
 from .grid import HEADLINE
+from ..units import fmt_bytes, fmt_time
 
 
-def _bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-def _time(seconds) -> str:
-    if seconds is None:
-        return "-"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} us"
 
 
 def rows(results: dict) -> list[dict]:
@@ -50,8 +36,8 @@ def format_table(results: dict) -> str:
         speed = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         saved = f"{r['saved']:.1f}%" if r["saved"] is not None else "-"
         err = "-" if r["err"] is None else f"{'yes' if r['err'] < 1e-4 else 'NO'} ({r['err']:.0e})"
-        lines.append(f"{r['case']:28} {r['engine']:14} {_bytes(r['peak']):>11} {_bytes(r['held']):>11} "
-                     f"{_time(r['median']):>11} "
+        lines.append(f"{r['case']:28} {r['engine']:14} {fmt_bytes(r['peak']):>11} {fmt_bytes(r['held']):>11} "
+                     f"{fmt_time(r['median']):>11} "
                      f"{speed:>8} {saved:>10}  {err}")
     lines.append(headline(results))
     return "\n".join(lines)
@@ -64,6 +50,6 @@ def headline(results: dict) -> str:
     if not naive or not best:
         return f"headline ({HEADLINE.id}): not measured in this run"
     peak, engine = min(best)
-    return (f"headline, the seed's model ({HEADLINE.id}): naive {_bytes(naive)} -> {engine} {_bytes(peak)} "
+    return (f"headline, the seed's model ({HEADLINE.id}): naive {fmt_bytes(naive)} -> {engine} {fmt_bytes(peak)} "
             f"per forward, {(1 - peak / naive) * 100:.2f}% saved. The seed reported 1300 KB -> 33 KB (97.5%); "
             f"its 33 KB was NumPy's ufunc buffer for a broadcast bias add, which static and arena avoid.")

@@ -19,6 +19,7 @@ from engines import ENGINES, MODELS
 
 from ..analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
 from ..baselines import BaselineError
+from ..units import fmt_bytes
 
 # Room for the largest accepted input text plus the other form fields and encoding overhead.
 MAX_REQUEST_BYTES = LIMITS["max_input_bytes"] + 64 * 1024
@@ -29,14 +30,6 @@ API_KEYS = {"values", "model", "dim", "batch", "engines", "repeat", "seed"}
 
 log = logging.getLogger("mlexec.web")
 
-
-def _fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def _form_page(form: dict, error: str, status: int = 400):
@@ -58,7 +51,7 @@ def create_app(config: dict | None = None) -> Flask:
         DEBUG=False,
     )
     app.config.update(config or {})
-    app.jinja_env.filters["bytes"] = _fmt_bytes
+    app.jinja_env.filters["bytes"] = fmt_bytes
     app.jinja_env.filters["ms"] = lambda s: "-" if s is None else f"{s * 1e3:.4f} ms"
 
     @app.get("/")
