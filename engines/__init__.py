@@ -6,12 +6,19 @@ from .arena import ArenaEngine
 from .base import Engine, EngineUnavailable
 from .models import MODELS, Model, Op
 from .naive import NaiveEngine
+from .onnxrt import OnnxRuntimeEngine
 from .static import StaticEngine
+from .torch_compile import TorchCompileEngine
+from .torch_eager import TorchEngine
 
 ENGINES: dict[str, type[Engine]] = {
     "naive": NaiveEngine,
     "static": StaticEngine,
     "arena": ArenaEngine,
+    # peers (optional extra "peers"): raise EngineUnavailable when their package is missing
+    "onnxruntime": OnnxRuntimeEngine,
+    "torch": TorchEngine,
+    "torch-compile": TorchCompileEngine,
 }
 
 __all__ = ["ENGINES", "MODELS", "Engine", "EngineUnavailable", "Model", "Op"]
