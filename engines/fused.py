@@ -28,12 +28,13 @@ call. The gemms run on SciPy's BLAS (extra ``fast``).
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 
 from .base import Engine, EngineUnavailable
 from .models import Model
-from .ops import GELU_C, OPS
+from .ops import GELU_C, OPS, tile
 
 _F32 = np.dtype(np.float32)
 
@@ -54,6 +55,10 @@ class FusedEngine(Engine):
     name = "fused"
     returns_view = True
     zero_alloc = True
+    # Up to this many rows a linear is one SciPy BLAS call with the bias fused (beta=1); above it,
+    # NumPy's matmul plus a tiled bias add: at large shapes the bias pass is noise, and staying on
+    # NumPy's BLAS keeps one thread pool busy instead of two competing for the cores.
+    blas_max_rows = 16
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
@@ -61,8 +66,8 @@ class FusedEngine(Engine):
         self._sample_shape = tuple(model.shapes[model.input])
         self.shapes: dict[str, tuple[int, ...]] = {}   # per-sample shape of every engine buffer
         self.steps = self._lower(model)                 # [(kind, output, inputs, operands, attrs)]
-        self.weight_bytes = sum(a.nbytes for *_, operands, _ in self.steps for a in operands
-                                if isinstance(a, np.ndarray))
+        self.weight_bytes = sum(a.nbytes for _, _, inputs, operands, _ in self.steps
+                                for a in (*inputs, *operands) if isinstance(a, np.ndarray))
         self._buffers = {t: np.empty(max_batch * math.prod(s), dtype=np.float32) for t, s in self.shapes.items()}
         self.activation_bytes = sum(b.nbytes for b in self._buffers.values())
         self._ones = np.ones(max_batch * math.prod(self._sample_shape[:-1]), dtype=np.float32)
@@ -119,20 +124,21 @@ class FusedEngine(Engine):
                     w[:, :width] *= scale
                     b[:width] *= scale
                 w32, b32 = np.ascontiguousarray(w, dtype=np.float32), b.astype(np.float32)
+                operands = (w32, b32, tile(b32, self.max_batch * math.prod(out_shape[:-1])))
                 src = where[op.inputs[0]]
                 if nxt is not None and nxt.kind == "relu" and ops[i + 1] is nxt:
                     skip.add(i + 1)
                     where[op.output] = where[nxt.output] = self._buffer(nxt.output, out_shape)
-                    steps.append(("linear_relu", nxt.output, (src,), (w32, b32), {}))
+                    steps.append(("linear_relu", nxt.output, (src,), operands, {}))
                 elif (nxt is not None and nxt.kind == "add" and ops[i + 1] is nxt
                       and nxt.inputs.count(op.output) == 1):
                     skip.add(i + 1)
                     residual = where[nxt.inputs[1] if nxt.inputs[0] == op.output else nxt.inputs[0]]
                     where[nxt.output] = self._buffer(nxt.output, out_shape)
-                    steps.append(("linear_add", nxt.output, (src, residual), (w32, b32), {}))
+                    steps.append(("linear_add", nxt.output, (src, residual), operands, {}))
                 else:
                     where[op.output] = self._buffer(op.output, out_shape)
-                    steps.append(("linear", op.output, (src,), (w32, b32), {}))
+                    steps.append(("linear", op.output, (src,), operands, {}))
             elif op.kind == "attn_scores" and op.inputs[0] in where:
                 where[op.output] = self._buffer(op.output, out_shape)
                 steps.append(("attn_scores", op.output, (where[op.inputs[0]],), (), dict(op.attrs)))
@@ -174,17 +180,23 @@ class FusedEngine(Engine):
             y = self._view(out, batch)
             ins = [self._view(t, batch) for t in inputs]
             if kind in ("linear", "linear_relu", "linear_add"):
-                w, b = operands
+                w, b, b_tiled = operands
                 x2, y2 = _rows(ins[0]), _rows(y)
-                calls.append((np.copyto, (y2, b)))                 # broadcast without a ufunc buffer
-                if kind == "linear_add":
-                    calls.append((np.add, (y2, _rows(ins[1]), y2)))
-                if y2.shape[0] == 1:                               # one row: y += W.T @ x
-                    calls.append((sgemv, (1.0, w.T, x2[0], 1.0, y2[0], 0, 1, 0, 1, 0, 1)))
-                else:                                              # y.T += W.T @ x.T, all Fortran views
-                    calls.append((sgemm, (1.0, w.T, x2.T, 1.0, y2.T, 0, 0, 1)))
+                if y2.shape[0] > self.blas_max_rows:               # NumPy's matmul, then a tiled bias
+                    calls.append((np.matmul, (x2, w, y2)))
+                    calls += _tiled(np.add, y2, b_tiled)
+                    if kind == "linear_add":
+                        calls.append((np.add, (y2, _rows(ins[1]), y2)))
+                else:
+                    calls.append((np.copyto, (y2, b)))             # broadcast without a ufunc buffer
+                    if kind == "linear_add":
+                        calls.append((np.add, (y2, _rows(ins[1]), y2)))
+                    if y2.shape[0] == 1:                           # one row: y += W.T @ x
+                        calls.append((sgemv, (1.0, w.T, x2[0], 1.0, y2[0], 0, 1, 0, 1, 0, 1)))
+                    else:                                          # y.T += W.T @ x.T, all Fortran views
+                        calls.append((sgemm, (1.0, w.T, x2.T, 1.0, y2.T, 0, 0, 1)))
                 if kind == "linear_relu":
-                    calls.append((np.maximum, (y2, 0.0, y2)))
+                    calls.append((partial(np.maximum, out=y2), (y2, 0.0)))   # NaN-propagating, like naive
             elif kind == "standardize":
                 x, tmp, stat = (_rows(a) for a in ins)
                 y2 = _rows(y)
@@ -241,6 +253,12 @@ class FusedEngine(Engine):
         for fn, args in bound[1]:
             fn(*args)
         return bound[2]
+
+
+def _tiled(ufunc, y: np.ndarray, tiled: np.ndarray) -> list:
+    """Calls doing y[r] = ufunc(y[r], v) for every row, over row blocks the pre-tiled vector covers."""
+    step = tiled.shape[0]
+    return [(ufunc, (y[i:i + step], tiled[:len(y[i:i + step])], y[i:i + step])) for i in range(0, len(y), step)]
 
 
 def _with_attrs(kernel, attrs):

@@ -1,0 +1,118 @@
+"""fused: correct against float64 on every model and batch, allocation-free, returns a read-only view."""
+import gc
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from engines import ENGINES, MODELS, EngineUnavailable
+
+MAX_BATCH = 9
+CASES = {
+    "mlp": dict(dim=64),
+    "mlp-wide": dict(dim=48, hidden=96, out_dim=24),
+    "mlp-deep": dict(dim=64),
+    "transformer": dict(dim=64, seq=16),
+}
+
+
+def model_of(case):
+    return MODELS["mlp" if case == "mlp-wide" else case](**CASES[case], seed=3)
+
+
+def fused(model, max_batch=MAX_BATCH):
+    try:
+        return ENGINES["fused"](model, max_batch)
+    except EngineUnavailable as exc:
+        pytest.skip(f"fused unavailable: {exc}")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_reference_every_batch(case):
+    model = model_of(case)
+    eng = fused(model)
+    for batch in range(1, MAX_BATCH + 1):
+        x = model.random_input(batch, rng=batch)
+        y = eng.forward(x)
+        ref = model.reference(x)
+        assert y.shape == ref.shape
+        assert np.abs(y - ref).max() < 1e-4, batch
+        assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5, batch
+
+
+def test_large_rows_path_matches_reference():
+    """Above blas_max_rows a linear takes the matmul + tiled-bias path."""
+    model = MODELS["mlp"](dim=32, seed=4)
+    eng = fused(model, max_batch=200)
+    for batch in (eng.blas_max_rows, eng.blas_max_rows + 1, 200):
+        x = model.random_input(batch, rng=batch)
+        np.testing.assert_allclose(eng.forward(x), model.reference(x), atol=1e-4, rtol=0)
+
+
+def test_returns_read_only_view_overwritten_by_next_call():
+    model = model_of("mlp")
+    eng = fused(model)
+    assert eng.returns_view and eng.zero_alloc
+    a = eng.forward(model.random_input(2, rng=0)).copy()
+    y = eng.forward(model.random_input(2, rng=0))
+    assert not y.flags.writeable and not y.flags.owndata
+    with pytest.raises(ValueError):
+        y[...] = 0
+    np.testing.assert_array_equal(a, y)
+    z = eng.forward(model.random_input(2, rng=1))
+    assert np.shares_memory(y, z)                 # the same engine memory, rewritten
+
+
+def test_input_checks_match_base():
+    model = model_of("mlp")
+    eng = fused(model)
+    x = model.random_input(3, rng=0)
+    with pytest.raises(TypeError):
+        eng.forward(x.astype(np.float64))
+    with pytest.raises(TypeError):
+        eng.forward(x.tolist())
+    with pytest.raises(ValueError):
+        eng.forward(model.random_input(MAX_BATCH + 1))
+    with pytest.raises(ValueError):
+        eng.forward(np.asfortranarray(model.random_input(3)[:, :8].repeat(8, axis=1)))
+    with pytest.raises(ValueError):
+        eng.forward(x[None])
+    with pytest.raises(ValueError):
+        eng.forward(x[:0])
+
+
+def forward_peak(eng, x, calls=5) -> int:
+    """The smallest tracemalloc peak of a forward over a few calls (a lone call can catch
+    the interpreter refilling a free list, which is not the forward's allocation)."""
+    eng.forward(x)
+    eng.forward(x)                                # two warm-ups: bind, and first-call caches
+    gc.collect()
+    tracemalloc.start()
+    try:
+        peaks = []
+        for _ in range(calls):
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            eng.forward(x)
+            peaks.append(tracemalloc.get_traced_memory()[1] - before)
+        return min(peaks)
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("case", ["mlp", "mlp-deep", "transformer"])
+def test_forward_allocates_nothing(case):
+    model = MODELS[case](**CASES[case], seed=3)
+    eng = fused(model, max_batch=64)
+    small = forward_peak(eng, model.random_input(1, rng=0))
+    large = forward_peak(eng, model.random_input(64, rng=0))
+    assert small <= 4096 and large <= 4096, (small, large)
+    assert abs(small - large) <= 256, (small, large)
+
+
+def test_folds_keep_model_untouched():
+    model = model_of("transformer")
+    before = {k: v.copy() for k, v in model.params.items()}
+    fused(model)
+    for k, v in model.params.items():
+        np.testing.assert_array_equal(v, before[k])
