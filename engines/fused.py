@@ -55,10 +55,12 @@ class FusedEngine(Engine):
     name = "fused"
     returns_view = True
     zero_alloc = True
-    # Up to this many rows a linear is one SciPy BLAS call with the bias fused (beta=1); above it,
-    # NumPy's matmul plus a tiled bias add: at large shapes the bias pass is noise, and staying on
-    # NumPy's BLAS keeps one thread pool busy instead of two competing for the cores.
-    blas_max_rows = 16
+    # A one-row linear is SciPy's sgemv (streams the weights once). Up to this many multiply-adds
+    # (rows * in * out) a linear is one SciPy sgemm with the bias fused (beta=1): there the calls,
+    # not the flops, are the cost. Above it, NumPy's matmul plus a tiled bias add: the bias pass is
+    # noise, NumPy's OpenBLAS was faster than SciPy's on large skinny gemms here, and staying on
+    # one BLAS keeps one thread pool busy instead of two competing for the cores.
+    blas_max_work = 1 << 21
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
@@ -182,7 +184,8 @@ class FusedEngine(Engine):
             if kind in ("linear", "linear_relu", "linear_add"):
                 w, b, b_tiled = operands
                 x2, y2 = _rows(ins[0]), _rows(y)
-                if y2.shape[0] > self.blas_max_rows:               # NumPy's matmul, then a tiled bias
+                rows = y2.shape[0]
+                if rows > 1 and rows * w.size > self.blas_max_work:   # NumPy's matmul, then a tiled bias
                     calls.append((np.matmul, (x2, w, y2)))
                     calls += _tiled(np.add, y2, b_tiled)
                     if kind == "linear_add":
@@ -191,7 +194,7 @@ class FusedEngine(Engine):
                     calls.append((np.copyto, (y2, b)))             # broadcast without a ufunc buffer
                     if kind == "linear_add":
                         calls.append((np.add, (y2, _rows(ins[1]), y2)))
-                    if y2.shape[0] == 1:                           # one row: y += W.T @ x
+                    if rows == 1:                                  # one row: y += W.T @ x
                         calls.append((sgemv, (1.0, w.T, x2[0], 1.0, y2[0], 0, 1, 0, 1, 0, 1)))
                     else:                                          # y.T += W.T @ x.T, all Fortran views
                         calls.append((sgemm, (1.0, w.T, x2.T, 1.0, y2.T, 0, 0, 1)))

@@ -40,11 +40,12 @@ def test_matches_reference_every_batch(case):
         assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5, batch
 
 
-def test_large_rows_path_matches_reference():
-    """Above blas_max_rows a linear takes the matmul + tiled-bias path."""
-    model = MODELS["mlp"](dim=32, seed=4)
+def test_every_linear_path_matches_reference():
+    """sgemv (one row), sgemm with the bias fused (small work), matmul + tiled bias (large work)."""
+    model = MODELS["mlp"](dim=128, seed=4)
     eng = fused(model, max_batch=200)
-    for batch in (eng.blas_max_rows, eng.blas_max_rows + 1, 200):
+    boundary = eng.blas_max_work // (128 * 128)
+    for batch in (1, 2, boundary, boundary + 1, 200):
         x = model.random_input(batch, rng=batch)
         np.testing.assert_allclose(eng.forward(x), model.reference(x), atol=1e-4, rtol=0)
 
