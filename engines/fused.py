@@ -17,7 +17,8 @@ engine-owned buffers once per batch size (as ``compiled`` does). The steps:
   (``W' = diag(gamma) W``, ``b' = beta W + b``, in float64), leaving a
   standardize-only step; **attention's 1/sqrt(head_dim) folds into the q
   columns** of the qkv weights, so the scores matmul needs no scaling pass.
-- **gelu** (tanh form) as ``x * sigmoid(2u)``: seven in-place passes.
+- **gelu** (tanh form) in place as ``x * (1 + tanh(u))``, seven passes; its 0.5
+  folds into the next linear's weights when a linear reads it.
 - anything else runs its ``engines.ops`` kernel.
 
 The input is copied into an engine buffer first so every call is bound in
@@ -99,6 +100,7 @@ class FusedEngine(Engine):
                 qk_scale[op.inputs[0]] = (width, 1.0 / math.sqrt(width // op.attrs["heads"]))
 
         steps, skip = [], set()
+        doubled: set[str] = set()                                 # tensors stored as 2x their value
         for i, op in enumerate(ops):
             if i in skip:
                 continue
@@ -121,6 +123,8 @@ class FusedEngine(Engine):
                     gamma, beta = (v.astype(np.float64) for v in folded_ln[op.inputs[0]])
                     b = beta @ w + b
                     w = gamma[:, None] * w
+                if op.inputs[0] in doubled:                        # gelu stored 2·gelu(x)
+                    w *= 0.5
                 if op.output in qk_scale:                          # attention scale, into q columns
                     width, scale = qk_scale[op.output]
                     w[:, :width] *= scale
@@ -146,8 +150,11 @@ class FusedEngine(Engine):
                 steps.append(("attn_scores", op.output, (where[op.inputs[0]],), (), dict(op.attrs)))
             elif op.kind == "gelu" and only_reader.get(op.inputs[0]) is op and where[op.inputs[0]] != "input":
                 where[op.output] = where[op.inputs[0]]             # in place
+                halve = nxt is None or nxt.kind != "linear"
+                if not halve:
+                    doubled.add(op.output)                         # the reader's weights take the 0.5
                 steps.append(("gelu", where[op.output], (where[op.inputs[0]],
-                              self._buffer(op.output + ".tmp", out_shape)), (), {}))
+                              self._buffer(op.output + ".tmp", out_shape)), (), {"halve": halve}))
             elif op.kind == "softmax" and only_reader.get(op.inputs[0]) is op and where[op.inputs[0]] != "input":
                 where[op.output] = where[op.inputs[0]]             # in place
                 scratch = (self._buffer(op.output + ".tmp", out_shape),
@@ -221,15 +228,17 @@ class FusedEngine(Engine):
                 q = split[:, :, 0].transpose(0, 2, 1, 3)
                 k_t = split[:, :, 1].transpose(0, 2, 3, 1)
                 calls.append((np.matmul, (q, k_t, y)))
-            elif kind == "gelu":                                   # x·sigmoid(2u), u = C(x + 0.044715x³)
+            elif kind == "gelu":                                   # 2·gelu = x·(1 + tanh(u)), u = Cx(1 + 0.044715x²)
                 x, t = ins
                 calls += [(np.multiply, (x, x, t)),
-                          (np.multiply, (t, -2 * GELU_C * 0.044715, t)),
-                          (np.add, (t, -2 * GELU_C, t)),
-                          (np.multiply, (t, x, t)),               # t = -2u
-                          (np.exp, (t, t)),
+                          (np.multiply, (t, GELU_C * 0.044715, t)),
+                          (np.add, (t, GELU_C, t)),
+                          (np.multiply, (t, x, t)),               # t = u
+                          (np.tanh, (t, t)),
                           (np.add, (t, 1.0, t)),
-                          (np.divide, (x, t, y))]
+                          (np.multiply, (x, t, y))]
+                if attrs["halve"]:
+                    calls.append((np.multiply, (y, 0.5, y)))
             else:                                                  # an engines.ops kernel
                 (kernel,) = operands
                 fn = kernel if not attrs else _with_attrs(kernel, attrs)
