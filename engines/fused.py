@@ -73,7 +73,6 @@ class FusedEngine(Engine):
                                 for a in (*inputs, *operands) if isinstance(a, np.ndarray))
         self._buffers = {t: np.empty(max_batch * math.prod(s), dtype=np.float32) for t, s in self.shapes.items()}
         self.activation_bytes = sum(b.nbytes for b in self._buffers.values())
-        self._ones = np.ones(max_batch * math.prod(self._sample_shape[:-1]), dtype=np.float32)
         self._bound: dict[int, tuple] = {}
 
     # --- lowering: ops -> fused steps, weights folded once --------------------
@@ -101,6 +100,7 @@ class FusedEngine(Engine):
 
         steps, skip = [], set()
         doubled: set[str] = set()                                 # tensors stored as 2x their value
+        scaled: set[str] = set()                                  # qkv tensors with q pre-scaled
         for i, op in enumerate(ops):
             if i in skip:
                 continue
@@ -125,7 +125,9 @@ class FusedEngine(Engine):
                     w = gamma[:, None] * w
                 if op.inputs[0] in doubled:                        # gelu stored 2·gelu(x)
                     w *= 0.5
-                if op.output in qk_scale:                          # attention scale, into q columns
+                if op.output in qk_scale and all(ops[r].kind in ("attn_scores", "attn_context")
+                                                 for r in readers[op.output]):   # 1/sqrt(d), into q columns
+                    scaled.add(op.output)
                     width, scale = qk_scale[op.output]
                     w[:, :width] *= scale
                     b[:width] *= scale
@@ -145,7 +147,7 @@ class FusedEngine(Engine):
                 else:
                     where[op.output] = self._buffer(op.output, out_shape)
                     steps.append(("linear", op.output, (src,), operands, {}))
-            elif op.kind == "attn_scores" and op.inputs[0] in where:
+            elif op.kind == "attn_scores" and op.inputs[0] in scaled:
                 where[op.output] = self._buffer(op.output, out_shape)
                 steps.append(("attn_scores", op.output, (where[op.inputs[0]],), (), dict(op.attrs)))
             elif op.kind == "gelu" and only_reader.get(op.inputs[0]) is op and where[op.inputs[0]] != "input":

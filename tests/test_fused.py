@@ -128,3 +128,39 @@ def test_large_inputs_no_overflow_warning():
         y = eng.forward(x)
     ref = model.reference(x)
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_unfusable_ops_fall_back_to_their_kernels():
+    """Attention over a relu'd qkv, a layernorm read twice, a gelu not read by a linear:
+    no fold applies, each op runs its own kernel, and the answer is unchanged."""
+    from engines import Model, Op
+
+    rng = np.random.default_rng(7)
+    seq, dim, heads = 8, 16, 2
+    params = {
+        "ln.g": 1 + 0.1 * rng.standard_normal(dim, dtype=np.float32),
+        "ln.b": 0.1 * rng.standard_normal(dim, dtype=np.float32),
+        "qkv.w": rng.standard_normal((dim, 3 * dim), dtype=np.float32) / np.float32(4),
+        "qkv.b": 0.1 * rng.standard_normal(3 * dim, dtype=np.float32),
+    }
+    ops = (
+        Op("layernorm", ("x",), "ln", ("ln.g", "ln.b"), {"eps": 1e-5}),
+        Op("linear", ("ln",), "qkv", ("qkv.w", "qkv.b")),
+        Op("relu", ("qkv",), "qkv_r"),
+        Op("attn_scores", ("qkv_r",), "scores", (), {"heads": heads}),
+        Op("softmax", ("scores",), "probs"),
+        Op("attn_context", ("probs", "qkv_r"), "ctx", (), {"heads": heads}),
+        Op("add", ("ctx", "ln"), "res"),
+        Op("gelu", ("res",), "out"),
+    )
+    shapes = {"x": (seq, dim), "ln": (seq, dim), "qkv": (seq, 3 * dim), "qkv_r": (seq, 3 * dim),
+              "scores": (heads, seq, seq), "probs": (heads, seq, seq), "ctx": (seq, dim),
+              "res": (seq, dim), "out": (seq, dim)}
+    model = Model("odd", ops, shapes, params)
+    eng = fused(model, max_batch=3)
+    for batch in (1, 3):
+        x = model.random_input(batch, rng=batch)
+        ref = model.reference(x)
+        y = eng.forward(x)
+        assert np.abs(y - ref).max() < 1e-4
+        assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5
