@@ -56,11 +56,11 @@ class FusedEngine(Engine):
     name = "fused"
     returns_view = True
     zero_alloc = True
-    # A one-row linear is SciPy's sgemv (streams the weights once). Up to this many multiply-adds
-    # (rows * in * out) a linear is one SciPy sgemm with the bias fused (beta=1): there the calls,
-    # not the flops, are the cost. Above it, NumPy's matmul plus a tiled bias add: the bias pass is
-    # noise, NumPy's OpenBLAS was faster than SciPy's on large skinny gemms here, and staying on
-    # one BLAS keeps one thread pool busy instead of two competing for the cores.
+    # Up to this many multiply-adds (rows * in * out) a linear is one SciPy BLAS call with the bias
+    # fused (beta=1; sgemv for one row): there the calls, not the flops, are the cost. Above it,
+    # NumPy's matmul plus a tiled bias add: the bias pass is noise, NumPy's OpenBLAS was faster than
+    # SciPy's on large skinny products here, and staying on one BLAS keeps one thread pool busy
+    # instead of two competing for the cores.
     blas_max_work = 1 << 21
 
     def __init__(self, model: Model, max_batch: int):
@@ -194,7 +194,7 @@ class FusedEngine(Engine):
                 w, b, b_tiled = operands
                 x2, y2 = _rows(ins[0]), _rows(y)
                 rows = y2.shape[0]
-                if rows > 1 and rows * w.size > self.blas_max_work:   # NumPy's matmul, then a tiled bias
+                if rows * w.size > self.blas_max_work:             # NumPy's matmul, then a tiled bias
                     calls.append((np.matmul, (x2, w, y2)))
                     calls += _tiled(np.add, y2, b_tiled)
                     if kind == "linear_add":

@@ -48,6 +48,10 @@ def test_every_linear_path_matches_reference():
     for batch in (1, 2, boundary, boundary + 1, 200):
         x = model.random_input(batch, rng=batch)
         np.testing.assert_allclose(eng.forward(x), model.reference(x), atol=1e-4, rtol=0)
+    eng.blas_max_work = 0                         # every linear on NumPy's matmul, one row included
+    eng._bound.clear()
+    x = model.random_input(1, rng=0)
+    np.testing.assert_allclose(eng.forward(x), model.reference(x), atol=1e-4, rtol=0)
 
 
 def test_returns_read_only_view_overwritten_by_next_call():
