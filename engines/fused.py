@@ -61,7 +61,7 @@ class FusedEngine(Engine):
     # NumPy's matmul plus a tiled bias add: the bias pass is noise, NumPy's OpenBLAS was faster than
     # SciPy's on large skinny products here, and staying on one BLAS keeps one thread pool busy
     # instead of two competing for the cores.
-    blas_max_work = 1 << 21
+    blas_max_work = 1 << 19          # 8 rows at dim 256; at 32 rows x 256 NumPy already won
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
