@@ -24,7 +24,9 @@ engine-owned buffers once per batch size (as ``compiled`` does). The steps:
 The input is copied into an engine buffer first so every call is bound in
 advance; the loop in forward is ``for fn, args in steps: fn(*args)``.
 forward returns a read-only view of the output buffer, valid until the next
-call. The gemms run on SciPy's BLAS (extra ``fast``).
+call. Small linears (``blas_max_work``) run on SciPy's BLAS (extra ``fast``)
+with the bias fused; large ones on NumPy's matmul plus a pre-tiled bias add,
+where the bias pass is noise next to the gemm.
 """
 from __future__ import annotations
 
