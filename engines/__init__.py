@@ -4,14 +4,23 @@ A new engine is one module with one ``Engine`` subclass and one line below.
 """
 from .arena import ArenaEngine
 from .base import Engine, EngineUnavailable
+from .fused import FusedEngine
 from .models import MODELS, Model, Op
 from .naive import NaiveEngine
+from .onnxrt import OnnxRuntimeEngine
 from .static import StaticEngine
+from .torch_compile import TorchCompileEngine
+from .torch_eager import TorchEngine
 
 ENGINES: dict[str, type[Engine]] = {
     "naive": NaiveEngine,
     "static": StaticEngine,
     "arena": ArenaEngine,
+    "fused": FusedEngine,       # optional extra "fast" (SciPy BLAS)
+    # peers (optional extra "peers"): raise EngineUnavailable when their package is missing
+    "onnxruntime": OnnxRuntimeEngine,
+    "torch": TorchEngine,
+    "torch-compile": TorchCompileEngine,
 }
 
 __all__ = ["ENGINES", "MODELS", "Engine", "EngineUnavailable", "Model", "Op"]

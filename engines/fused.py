@@ -1,0 +1,283 @@
+"""fused: fewer passes and less dispatch, with no allocation per forward.
+
+Strategy: at construction, rewrite the op list into fused steps and fold
+what can be folded into the weights, then bind every step to views of
+engine-owned buffers once per batch size (as ``compiled`` does). The steps:
+
+- **linear = bias copy + BLAS gemm with beta=1.** ``np.copyto`` broadcasts the
+  bias into the output (no ufunc buffer), then ``sgemm`` accumulates
+  ``x @ W`` onto it. Called on transposed views (a C-contiguous (rows, n)
+  output is a Fortran (n, rows) matrix: ``out.T = W.T @ x.T``) with
+  ``overwrite_c``, so f2py copies nothing. One row (batch 1 of an MLP) is a
+  ``sgemv``, which streams the weights once.
+- **linear + relu** is one step; the relu runs in place on the gemm output.
+- **linear + residual add** is one step: the output starts as bias + the
+  residual, and the gemm accumulates onto it.
+- **layernorm's gamma and beta fold into the linear that reads it**
+  (``W' = diag(gamma) W``, ``b' = beta W + b``, in float64), leaving a
+  standardize-only step; **attention's 1/sqrt(head_dim) folds into the q
+  columns** of the qkv weights, so the scores matmul needs no scaling pass.
+- **gelu** (tanh form) in place as ``x * (1 + tanh(u))``, seven passes; its 0.5
+  folds into the next linear's weights when a linear reads it.
+- anything else runs its ``engines.ops`` kernel.
+
+The input is copied into an engine buffer first so every call is bound in
+advance; the loop in forward is ``for fn, args in steps: fn(*args)``.
+forward returns a read-only view of the output buffer, valid until the next
+call. Small linears (``blas_max_work``) run on SciPy's BLAS (extra ``fast``)
+with the bias fused; large ones on NumPy's matmul plus a pre-tiled bias add,
+where the bias pass is noise next to the gemm.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import numpy as np
+
+from .base import Engine, EngineUnavailable
+from .models import Model
+from .ops import GELU_C, OPS, tile
+
+_F32 = np.dtype(np.float32)
+
+
+def _import_blas():
+    try:
+        from scipy.linalg.blas import sgemm, sgemv
+    except ImportError as exc:
+        raise EngineUnavailable(f"the fused engine needs SciPy's BLAS ({exc}); pip install -e .[fast]") from exc
+    return sgemm, sgemv
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1, a.shape[-1])
+
+
+class FusedEngine(Engine):
+    name = "fused"
+    returns_view = True
+    zero_alloc = True
+    # Up to this many multiply-adds (rows * in * out) a linear is one SciPy BLAS call with the bias
+    # fused (beta=1; sgemv for one row): there the calls, not the flops, are the cost. Above it,
+    # NumPy's matmul plus a tiled bias add: the bias pass is noise, NumPy's OpenBLAS was faster than
+    # SciPy's on large skinny products here, and staying on one BLAS keeps one thread pool busy
+    # instead of two competing for the cores.
+    blas_max_work = 1 << 19          # 8 rows at dim 256; at 32 rows x 256 NumPy already won
+
+    def __init__(self, model: Model, max_batch: int):
+        super().__init__(model, max_batch)
+        self._sgemm, self._sgemv = _import_blas()
+        self._sample_shape = tuple(model.shapes[model.input])
+        self.shapes: dict[str, tuple[int, ...]] = {}   # per-sample shape of every engine buffer
+        self.steps = self._lower(model)                 # [(kind, output, inputs, operands, attrs)]
+        self.weight_bytes = sum(a.nbytes for _, _, inputs, operands, _ in self.steps
+                                for a in (*inputs, *operands) if isinstance(a, np.ndarray))
+        self._buffers = {t: np.empty(max_batch * math.prod(s), dtype=np.float32) for t, s in self.shapes.items()}
+        self.activation_bytes = sum(b.nbytes for b in self._buffers.values())
+        self._bound: dict[int, tuple] = {}
+
+    # --- lowering: ops -> fused steps, weights folded once --------------------
+
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> str:
+        self.shapes[name] = tuple(shape)
+        return name
+
+    def _lower(self, model: Model):
+        ops = model.ops
+        readers: dict[str, list[int]] = {}
+        for i, op in enumerate(ops):
+            for t in op.inputs:
+                readers.setdefault(t, []).append(i)
+        only_reader = {t: ops[r[0]] if len(r) == 1 else None for t, r in readers.items()}
+
+        where = {model.input: "input"}         # model tensor -> engine buffer holding it
+        self._buffer("input", self._sample_shape)
+        folded_ln: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ln output -> (gamma, beta)
+        qk_scale: dict[str, tuple[int, float]] = {}               # qkv tensor -> (q width, scale)
+        for op in ops:
+            if op.kind == "attn_scores":
+                width = model.shapes[op.inputs[0]][-1] // 3
+                qk_scale[op.inputs[0]] = (width, 1.0 / math.sqrt(width // op.attrs["heads"]))
+
+        steps, skip = [], set()
+        doubled: set[str] = set()                                 # tensors stored as 2x their value
+        scaled: set[str] = set()                                  # qkv tensors with q pre-scaled
+        for i, op in enumerate(ops):
+            if i in skip:
+                continue
+            out_shape = model.shapes[op.output]
+            nxt = only_reader.get(op.output)
+            if op.kind == "layernorm" and nxt is not None and nxt.kind == "linear":
+                gamma, beta = (model.params[p] for p in op.params)
+                folded_ln[op.output] = (gamma, beta)
+                where[op.output] = self._buffer(op.output, out_shape)
+                width = out_shape[-1]
+                mean_col = np.full((width, 1), 1.0 / width, dtype=np.float32)
+                scratch = (self._buffer(op.output + ".tmp", out_shape),
+                           self._buffer(op.output + ".stat", out_shape[:-1] + (1,)))
+                steps.append(("standardize", op.output, (where[op.inputs[0]], *scratch),
+                              (mean_col,), {"eps": op.attrs["eps"]}))
+            elif op.kind == "linear":
+                w = model.params[op.params[0]].astype(np.float64)
+                b = model.params[op.params[1]].astype(np.float64)
+                if op.inputs[0] in folded_ln:                      # layernorm's affine, folded in
+                    gamma, beta = (v.astype(np.float64) for v in folded_ln[op.inputs[0]])
+                    b = beta @ w + b
+                    w = gamma[:, None] * w
+                if op.inputs[0] in doubled:                        # gelu stored 2·gelu(x)
+                    w *= 0.5
+                if op.output in qk_scale and all(ops[r].kind in ("attn_scores", "attn_context")
+                                                 for r in readers[op.output]):   # 1/sqrt(d), into q columns
+                    scaled.add(op.output)
+                    width, scale = qk_scale[op.output]
+                    w[:, :width] *= scale
+                    b[:width] *= scale
+                w32, b32 = np.ascontiguousarray(w, dtype=np.float32), b.astype(np.float32)
+                operands = (w32, b32, tile(b32, self.max_batch * math.prod(out_shape[:-1])))
+                src = where[op.inputs[0]]
+                if nxt is not None and nxt.kind == "relu" and ops[i + 1] is nxt:
+                    skip.add(i + 1)
+                    where[op.output] = where[nxt.output] = self._buffer(nxt.output, out_shape)
+                    steps.append(("linear_relu", nxt.output, (src,), operands, {}))
+                elif (nxt is not None and nxt.kind == "add" and ops[i + 1] is nxt
+                      and nxt.inputs.count(op.output) == 1):
+                    skip.add(i + 1)
+                    residual = where[nxt.inputs[1] if nxt.inputs[0] == op.output else nxt.inputs[0]]
+                    where[nxt.output] = self._buffer(nxt.output, out_shape)
+                    steps.append(("linear_add", nxt.output, (src, residual), operands, {}))
+                else:
+                    where[op.output] = self._buffer(op.output, out_shape)
+                    steps.append(("linear", op.output, (src,), operands, {}))
+            elif op.kind == "attn_scores" and op.inputs[0] in scaled:
+                where[op.output] = self._buffer(op.output, out_shape)
+                steps.append(("attn_scores", op.output, (where[op.inputs[0]],), (), dict(op.attrs)))
+            elif op.kind == "gelu" and only_reader.get(op.inputs[0]) is op and where[op.inputs[0]] != "input":
+                where[op.output] = where[op.inputs[0]]             # in place
+                halve = nxt is None or nxt.kind != "linear"
+                if not halve:
+                    doubled.add(op.output)                         # the reader's weights take the 0.5
+                steps.append(("gelu", where[op.output], (where[op.inputs[0]],
+                              self._buffer(op.output + ".tmp", out_shape)), (), {"halve": halve}))
+            elif op.kind == "softmax" and only_reader.get(op.inputs[0]) is op and where[op.inputs[0]] != "input":
+                where[op.output] = where[op.inputs[0]]             # in place
+                scratch = (self._buffer(op.output + ".tmp", out_shape),
+                           self._buffer(op.output + ".stat", out_shape[:-1] + (1,)))
+                steps.append(("kernel", where[op.output], (where[op.inputs[0]], *scratch),
+                              (OPS["softmax"].kernel,), {}))
+            else:                                                  # the op's own kernel
+                kind = OPS[op.kind]
+                max_rows = self.max_batch * math.prod(model.shapes[model.input][:-1])
+                params = [model.params[p] for p in op.params]
+                prepared = tuple(kind.prepare(*params, max_rows)) if kind.prepare else tuple(params)
+                scratch = tuple(self._buffer(f"{op.output}.scratch{j}", s) for j, s in
+                                enumerate(kind.scratch([model.shapes[t] for t in op.inputs]) if kind.scratch else ()))
+                where[op.output] = self._buffer(op.output, out_shape)
+                steps.append(("kernel", op.output, tuple(where[t] for t in op.inputs) + prepared + scratch,
+                              (kind.kernel,), dict(op.attrs)))
+        self._output = where[model.output]
+        return steps
+
+    # --- binding: every call of one batch size, made once -----------------------
+
+    def _view(self, name, batch: int) -> np.ndarray:
+        if not isinstance(name, str):
+            return name                                            # a prepared operand
+        shape = (batch, *self.shapes[name])
+        return self._buffers[name][:math.prod(shape)].reshape(shape)
+
+    def _bind(self, batch: int):
+        sgemm, sgemv = self._sgemm, self._sgemv
+        calls = []
+        for kind, out, inputs, operands, attrs in self.steps:
+            y = self._view(out, batch)
+            ins = [self._view(t, batch) for t in inputs]
+            if kind in ("linear", "linear_relu", "linear_add"):
+                w, b, b_tiled = operands
+                x2, y2 = _rows(ins[0]), _rows(y)
+                rows = y2.shape[0]
+                if rows * w.size > self.blas_max_work:             # NumPy's matmul, then a tiled bias
+                    calls.append((np.matmul, (x2, w, y2)))
+                    calls += _tiled(np.add, y2, b_tiled)
+                    if kind == "linear_add":
+                        calls.append((np.add, (y2, _rows(ins[1]), y2)))
+                else:
+                    calls.append((np.copyto, (y2, b)))             # broadcast without a ufunc buffer
+                    if kind == "linear_add":
+                        calls.append((np.add, (y2, _rows(ins[1]), y2)))
+                    if rows == 1:                                  # one row: y += W.T @ x
+                        calls.append((sgemv, (1.0, w.T, x2[0], 1.0, y2[0], 0, 1, 0, 1, 0, 1)))
+                    else:                                          # y.T += W.T @ x.T, all Fortran views
+                        calls.append((sgemm, (1.0, w.T, x2.T, 1.0, y2.T, 0, 0, 1)))
+                if kind == "linear_relu":
+                    calls.append((partial(np.maximum, out=y2), (y2, 0.0)))   # NaN-propagating, like naive
+            elif kind == "standardize":
+                x, tmp, stat = (_rows(a) for a in ins)
+                y2 = _rows(y)
+                (mean_col,) = operands
+                calls += [(np.matmul, (x, mean_col, stat)),       # row means as a matvec
+                          (np.copyto, (tmp, stat)),
+                          (np.subtract, (x, tmp, y2)),
+                          (np.multiply, (y2, y2, tmp)),
+                          (np.matmul, (tmp, mean_col, stat)),      # variance
+                          (np.add, (stat, attrs["eps"], stat)),
+                          (np.sqrt, (stat, stat)),
+                          (np.reciprocal, (stat, stat)),
+                          (np.copyto, (tmp, stat)),
+                          (np.multiply, (y2, tmp, y2))]
+            elif kind == "attn_scores":                            # scale already in q
+                qkv, heads = ins[0], attrs["heads"]
+                b_, seq, width = qkv.shape
+                split = qkv.reshape(b_, seq, 3, heads, width // (3 * heads))
+                q = split[:, :, 0].transpose(0, 2, 1, 3)
+                k_t = split[:, :, 1].transpose(0, 2, 3, 1)
+                calls.append((np.matmul, (q, k_t, y)))
+            elif kind == "gelu":                                   # 2·gelu = x·(1 + tanh(u)), u = Cx(1 + 0.044715x²)
+                x, t = ins
+                calls += [(np.multiply, (x, x, t)),
+                          (np.multiply, (t, GELU_C * 0.044715, t)),
+                          (np.add, (t, GELU_C, t)),
+                          (np.multiply, (t, x, t)),               # t = u
+                          (np.tanh, (t, t)),
+                          (np.add, (t, 1.0, t)),
+                          (np.multiply, (x, t, y))]
+                if attrs["halve"]:
+                    calls.append((np.multiply, (y, 0.5, y)))
+            else:                                                  # an engines.ops kernel
+                (kernel,) = operands
+                fn = kernel if not attrs else _with_attrs(kernel, attrs)
+                calls.append((fn, (y, *ins)))
+        result = self._view(self._output, batch)
+        result.flags.writeable = False
+        self._bound[batch] = (self._view("input", batch), tuple(calls), result)
+        return self._bound[batch]
+
+    # --- forward -------------------------------------------------------------
+
+    def forward(self, x) -> np.ndarray:
+        # The base checks, with a fast path for the common good input (same verdicts).
+        if not (type(x) is np.ndarray and x.dtype is _F32 and x.shape[1:] == self._sample_shape
+                and x.flags.c_contiguous and 1 <= x.shape[0] <= self.max_batch):
+            x = self.check_input(x)
+        return self._forward(x)
+
+    __call__ = forward
+
+    def _forward(self, x: np.ndarray) -> np.ndarray:
+        bound = self._bound.get(x.shape[0]) or self._bind(x.shape[0])
+        np.copyto(bound[0], x)
+        for fn, args in bound[1]:
+            fn(*args)
+        return bound[2]
+
+
+def _tiled(ufunc, y: np.ndarray, tiled: np.ndarray) -> list:
+    """Calls doing y[r] = ufunc(y[r], v) for every row, over row blocks the pre-tiled vector covers."""
+    step = tiled.shape[0]
+    return [(ufunc, (y[i:i + step], tiled[:len(y[i:i + step])], y[i:i + step])) for i in range(0, len(y), step)]
+
+
+def _with_attrs(kernel, attrs):
+    def call(*args):
+        return kernel(*args, **attrs)
+    return call

@@ -1,0 +1,100 @@
+"""torch: the op list run as eager PyTorch ops, a peer to compare with.
+
+Strategy: at construction, convert every parameter once to a torch tensor in
+the layout its op wants (linear weights transposed to (out, in) for
+``F.linear``) and bind one small function per op kind. forward wraps the
+caller's array without copying (``torch.from_numpy``), runs the ops under
+``torch.inference_mode()`` with as many intra-op threads as the BLAS pool
+NumPy uses, and returns the output as a fresh NumPy array, the caller's own.
+
+Note: torch's thread count is process-wide; building this engine sets it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import Engine, EngineUnavailable
+from .models import Model
+from .threads import blas_threads
+
+
+def import_torch():
+    try:
+        import torch
+    except ImportError as exc:
+        raise EngineUnavailable(f"the torch engines need PyTorch ({exc}); pip install -e .[peers]") from exc
+    return torch
+
+
+def op_functions(torch):
+    """One function per op kind: (inputs, params, attrs) -> tensor."""
+    F = torch.nn.functional
+
+    def heads(qkv, h):
+        # (B, S, 3·D) -> q, k, v each (B, H, S, hd)
+        b, s, width = qkv.shape
+        parts = qkv.view(b, s, 3, h, width // (3 * h)).permute(2, 0, 3, 1, 4)
+        return parts[0], parts[1], parts[2]
+
+    def attn_scores(qkv, *, heads: int):
+        q, k, _ = _heads(qkv, heads)
+        return torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+
+    def attn_context(probs, qkv, *, heads: int):
+        _, _, v = _heads(qkv, heads)
+        ctx = torch.matmul(probs, v)                      # (B, H, S, hd)
+        return ctx.transpose(1, 2).reshape(qkv.shape[0], qkv.shape[1], -1)
+
+    _heads = heads
+    return {
+        "linear": lambda x, w_t, b: F.linear(x, w_t, b),
+        "relu": lambda x: torch.relu(x),
+        "gelu": lambda x: F.gelu(x, approximate="tanh"),
+        "add": lambda a, b: a + b,
+        "layernorm": lambda x, g, b, *, eps: F.layer_norm(x, (x.shape[-1],), g, b, eps),
+        "softmax": lambda x: torch.softmax(x, dim=-1),
+        "attn_scores": attn_scores,
+        "attn_context": attn_context,
+    }
+
+
+class TorchEngine(Engine):
+    name = "torch"
+    returns_view = False
+    zero_alloc = False
+
+    def __init__(self, model: Model, max_batch: int):
+        super().__init__(model, max_batch)
+        torch = self.torch = import_torch()
+        self.threads = blas_threads()
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        fns = op_functions(torch)
+        self._program = []        # (fn, input names, param tensors, attrs, output name)
+        self.weight_bytes = 0
+        for op in model.ops:
+            params = []
+            for p in op.params:
+                array = model.params[p]
+                if op.kind == "linear" and array.ndim == 2:
+                    array = array.T                      # F.linear wants (out, in)
+                tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+                self.weight_bytes += tensor.numel() * tensor.element_size()
+                params.append(tensor)
+            self._program.append((fns[op.kind], op.inputs, tuple(params), dict(op.attrs), op.output))
+
+    def run(self, x):
+        """The model on a torch tensor; traceable by torch.compile."""
+        env = {self.model.input: x}
+        for fn, inputs, params, attrs, output in self._program:
+            env[output] = fn(*(env[t] for t in inputs), *params, **attrs)
+        return env[self.model.output]
+
+    def _forward(self, x: np.ndarray) -> np.ndarray:
+        with self.torch.inference_mode():
+            return self._call(self.torch.from_numpy(x)).numpy()
+
+    def _call(self, x):
+        return self.run(x)

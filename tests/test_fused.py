@@ -1,0 +1,170 @@
+"""fused: correct against float64 on every model and batch, allocation-free, returns a read-only view."""
+import gc
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from engines import ENGINES, MODELS, EngineUnavailable
+
+MAX_BATCH = 9
+CASES = {
+    "mlp": dict(dim=64),
+    "mlp-wide": dict(dim=48, hidden=96, out_dim=24),
+    "mlp-deep": dict(dim=64),
+    "transformer": dict(dim=64, seq=16),
+}
+
+
+def model_of(case):
+    return MODELS["mlp" if case == "mlp-wide" else case](**CASES[case], seed=3)
+
+
+def fused(model, max_batch=MAX_BATCH):
+    try:
+        return ENGINES["fused"](model, max_batch)
+    except EngineUnavailable as exc:
+        pytest.skip(f"fused unavailable: {exc}")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_reference_every_batch(case):
+    model = model_of(case)
+    eng = fused(model)
+    for batch in range(1, MAX_BATCH + 1):
+        x = model.random_input(batch, rng=batch)
+        y = eng.forward(x)
+        ref = model.reference(x)
+        assert y.shape == ref.shape
+        assert np.abs(y - ref).max() < 1e-4, batch
+        assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5, batch
+
+
+def test_every_linear_path_matches_reference():
+    """sgemv (one row), sgemm with the bias fused (small work), matmul + tiled bias (large work)."""
+    model = MODELS["mlp"](dim=128, seed=4)
+    eng = fused(model, max_batch=200)
+    boundary = eng.blas_max_work // (128 * 128)
+    for batch in (1, 2, boundary, boundary + 1, 200):
+        x = model.random_input(batch, rng=batch)
+        np.testing.assert_allclose(eng.forward(x), model.reference(x), atol=1e-4, rtol=0)
+    eng.blas_max_work = 0                         # every linear on NumPy's matmul, one row included
+    eng._bound.clear()
+    x = model.random_input(1, rng=0)
+    np.testing.assert_allclose(eng.forward(x), model.reference(x), atol=1e-4, rtol=0)
+
+
+def test_returns_read_only_view_overwritten_by_next_call():
+    model = model_of("mlp")
+    eng = fused(model)
+    assert eng.returns_view and eng.zero_alloc
+    a = eng.forward(model.random_input(2, rng=0)).copy()
+    y = eng.forward(model.random_input(2, rng=0))
+    assert not y.flags.writeable and not y.flags.owndata
+    with pytest.raises(ValueError):
+        y[...] = 0
+    np.testing.assert_array_equal(a, y)
+    z = eng.forward(model.random_input(2, rng=1))
+    assert np.shares_memory(y, z)                 # the same engine memory, rewritten
+
+
+def test_input_checks_match_base():
+    model = model_of("mlp")
+    eng = fused(model)
+    x = model.random_input(3, rng=0)
+    with pytest.raises(TypeError):
+        eng.forward(x.astype(np.float64))
+    with pytest.raises(TypeError):
+        eng.forward(x.tolist())
+    with pytest.raises(ValueError):
+        eng.forward(model.random_input(MAX_BATCH + 1))
+    with pytest.raises(ValueError):
+        eng.forward(np.asfortranarray(model.random_input(3)[:, :8].repeat(8, axis=1)))
+    with pytest.raises(ValueError):
+        eng.forward(x[None])
+    with pytest.raises(ValueError):
+        eng.forward(x[:0])
+
+
+def forward_peak(eng, x, calls=5) -> int:
+    """The smallest tracemalloc peak of a forward over a few calls (a lone call can catch
+    the interpreter refilling a free list, which is not the forward's allocation)."""
+    eng.forward(x)
+    eng.forward(x)                                # two warm-ups: bind, and first-call caches
+    gc.collect()
+    tracemalloc.start()
+    try:
+        peaks = []
+        for _ in range(calls):
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            eng.forward(x)
+            peaks.append(tracemalloc.get_traced_memory()[1] - before)
+        return min(peaks)
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("case", ["mlp", "mlp-deep", "transformer"])
+def test_forward_allocates_nothing(case):
+    model = MODELS[case](**CASES[case], seed=3)
+    eng = fused(model, max_batch=64)
+    small = forward_peak(eng, model.random_input(1, rng=0))
+    large = forward_peak(eng, model.random_input(64, rng=0))
+    assert small <= 4096 and large <= 4096, (small, large)
+    assert abs(small - large) <= 256, (small, large)
+
+
+def test_folds_keep_model_untouched():
+    model = model_of("transformer")
+    before = {k: v.copy() for k, v in model.params.items()}
+    fused(model)
+    for k, v in model.params.items():
+        np.testing.assert_array_equal(v, before[k])
+
+
+def test_large_inputs_no_overflow_warning():
+    """Wide activations reach gelu's far tails; the in-place gelu must neither overflow nor warn."""
+    model = model_of("transformer")
+    eng = fused(model)
+    x = model.random_input(2, rng=5) * np.float32(300)
+    with np.errstate(all="raise"):
+        y = eng.forward(x)
+    ref = model.reference(x)
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5
+
+
+def test_unfusable_ops_fall_back_to_their_kernels():
+    """Attention over a relu'd qkv, a layernorm read twice, a gelu not read by a linear:
+    no fold applies, each op runs its own kernel, and the answer is unchanged."""
+    from engines import Model, Op
+
+    rng = np.random.default_rng(7)
+    seq, dim, heads = 8, 16, 2
+    params = {
+        "ln.g": 1 + 0.1 * rng.standard_normal(dim, dtype=np.float32),
+        "ln.b": 0.1 * rng.standard_normal(dim, dtype=np.float32),
+        "qkv.w": rng.standard_normal((dim, 3 * dim), dtype=np.float32) / np.float32(4),
+        "qkv.b": 0.1 * rng.standard_normal(3 * dim, dtype=np.float32),
+    }
+    ops = (
+        Op("layernorm", ("x",), "ln", ("ln.g", "ln.b"), {"eps": 1e-5}),
+        Op("linear", ("ln",), "qkv", ("qkv.w", "qkv.b")),
+        Op("relu", ("qkv",), "qkv_r"),
+        Op("attn_scores", ("qkv_r",), "scores", (), {"heads": heads}),
+        Op("softmax", ("scores",), "probs"),
+        Op("attn_context", ("probs", "qkv_r"), "ctx", (), {"heads": heads}),
+        Op("add", ("ctx", "ln"), "res"),
+        Op("gelu", ("res",), "out"),
+    )
+    shapes = {"x": (seq, dim), "ln": (seq, dim), "qkv": (seq, 3 * dim), "qkv_r": (seq, 3 * dim),
+              "scores": (heads, seq, seq), "probs": (heads, seq, seq), "ctx": (seq, dim),
+              "res": (seq, dim), "out": (seq, dim)}
+    model = Model("odd", ops, shapes, params)
+    eng = fused(model, max_batch=3)
+    for batch in (1, 3):
+        x = model.random_input(batch, rng=batch)
+        ref = model.reference(x)
+        y = eng.forward(x)
+        assert np.abs(y - ref).max() < 1e-4
+        assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5

@@ -1,0 +1,79 @@
+"""Peer engines (onnxruntime, torch, torch-compile) against the float64 reference."""
+import numpy as np
+import pytest
+
+from engines import ENGINES, MODELS, EngineUnavailable
+
+MAX_BATCH = 4
+SMALL = {"mlp": dict(dim=64), "mlp-deep": dict(dim=64), "transformer": dict(dim=64, seq=16)}
+
+
+def build(engine, model):
+    try:
+        return ENGINES[engine](model, MAX_BATCH)
+    except EngineUnavailable as exc:
+        pytest.skip(f"{engine} unavailable: {exc}")
+
+
+def check(engine, model, batches=(1, 3, MAX_BATCH)):
+    for seed, batch in enumerate(batches):
+        x = model.random_input(batch, rng=100 + seed)
+        y = engine.forward(x)
+        ref = model.reference(x)
+        assert isinstance(y, np.ndarray) and y.dtype == np.float32 and y.shape == ref.shape
+        assert np.abs(y - ref).max() < 1e-4
+        assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5
+
+
+@pytest.mark.parametrize("model_name", list(SMALL))
+@pytest.mark.parametrize("engine", ["onnxruntime", "torch"])
+def test_peer_matches_reference(engine, model_name):
+    model = MODELS[model_name](**SMALL[model_name], seed=1)
+    check(build(engine, model), model)
+
+
+@pytest.mark.parametrize("engine", ["onnxruntime", "torch"])
+def test_peer_returns_fresh_arrays_and_checks_input(engine):
+    model = MODELS["mlp"](dim=32)
+    eng = build(engine, model)
+    assert eng.returns_view is False and eng.zero_alloc is False
+    x = model.random_input(2, rng=0)
+    a = eng.forward(x)
+    b = eng.forward(x)
+    assert not np.shares_memory(a, b) and not np.shares_memory(a, x)
+    a[...] = 0                                   # the caller's own: writable, and the engine unharmed
+    np.testing.assert_array_equal(eng.forward(x), b)
+    with pytest.raises(TypeError):
+        eng.forward(x.astype(np.float64))
+    with pytest.raises(ValueError):
+        eng.forward(model.random_input(MAX_BATCH + 1))
+
+
+def test_weight_bytes_reported():
+    model = MODELS["transformer"](**SMALL["transformer"])
+    for engine in ("onnxruntime", "torch"):
+        assert build(engine, model).weight_bytes == model.weight_bytes
+
+
+def test_torch_compile_small_mlp():
+    """One small model only: compiling takes seconds to tens of seconds on a 2-core CPU."""
+    model = MODELS["mlp"](dim=32, seed=2)
+    eng = build("torch-compile", model)
+    assert eng.compile_seconds > 0
+    check(eng, model, batches=(1, 3, MAX_BATCH, 2))
+
+
+def test_missing_package_raises_engine_unavailable(monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_peers(name, *args, **kwargs):
+        if name.split(".")[0] in {"onnx", "onnxruntime", "torch", "scipy"}:
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_peers)
+    model = MODELS["mlp"](dim=8)
+    for engine in ("onnxruntime", "torch", "torch-compile", "fused"):
+        with pytest.raises(EngineUnavailable, match=r"pip install -e \.\[(peers|fast)\]"):
+            ENGINES[engine](model, 2)
