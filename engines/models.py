@@ -85,6 +85,12 @@ class Model:
                         if last_read[t] == i and t != self.input)
         return peak
 
+    def no_reuse_peak_bytes(self, batch: int) -> int:
+        """Every intermediate alive at once, plus the largest op's eager temporaries."""
+        shape = lambda t: self.output_shape(batch)[:1] + self.shapes[t]  # noqa: E731
+        return (sum(self.tensor_bytes(op.output, batch) for op in self.ops)
+                + max(OPS[op.kind].eager_extra_bytes(shape(op.output)) for op in self.ops))
+
     def random_input(self, batch: int, rng: np.random.Generator | int | None = None) -> np.ndarray:
         rng = np.random.default_rng(rng)
         return rng.standard_normal(self.input_shape(batch), dtype=np.float32)

@@ -16,6 +16,10 @@ from .base import Engine
 class NaiveEngine(Engine):
     name = "naive"
     returns_view = False
+    peak_slack_bytes = 2048       # measured: 1,104 B above the eager bound
+
+    def forward_peak_bytes(self, batch: int) -> int:
+        return self.model.eager_peak_bytes(batch)
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
         return self.model.run_eager(x)

@@ -68,7 +68,7 @@ def main(argv=None) -> int:
               f"slowed: {len(planted)} planted flagged ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
 
     n = args.n
-    print(f"latency gate: > 1.10x in 3 interleaved A/B measurements and Mann-Whitney p < 0.002; "
+    print(f"latency gate: > 1.15x in 3 interleaved A/B measurements and Mann-Whitney p < 0.002; "
           f"quick matrix, engines {args.engines}, {compared} A/B comparisons")
     print(f"unchanged code passed:  {passed}/{n} runs")
     print(f"25% slowdown caught:    {caught}/{n} runs "

@@ -30,7 +30,7 @@ from scipy.stats import mannwhitneyu
 from .ratio import Interleaved
 
 MEMORY_GROWTH_BYTES = 1024
-LATENCY_FACTOR = 1.10
+LATENCY_FACTOR = 1.15
 CONFIRMATIONS = 2
 ALPHA = 0.002
 

@@ -80,6 +80,21 @@ def _head_commit() -> tuple[str | None, bool]:
         return None, True
 
 
+def _measurement(make_current, make_reference, x, rounds):
+    """Each measurement builds both engines afresh, in alternating order: where buffers land
+    (cache sets, page offsets) can make identical code differ by 10-15 % for the life of
+    an instance, and that must not persist into the confirmations the way a regression does."""
+    count = iter(range(1 << 30))
+
+    def measure():
+        if next(count) % 2:
+            reference, current = make_reference(), make_current()
+        else:
+            current, reference = make_current(), make_reference()
+        return interleave(lambda: current.forward(x), lambda: reference.forward(x), rounds=rounds)
+    return measure
+
+
 def _latency_ab(config, source: str, verdict: gate.Verdict) -> None:
     """Every timed benchmark of this run, current engine against the reference code's."""
     head, dirty = _head_commit()
@@ -113,10 +128,9 @@ def _latency_ab(config, source: str, verdict: gate.Verdict) -> None:
             if workload_version(case_id, base_model) != case.version:
                 verdict.stale.append(name)
                 continue
-            current, reference = ENGINES[engine](model, case.batch), base_cls(base_model, case.batch)
             with threadpool_limits(1):
-                finding = gate.latency_finding(name, lambda: interleave(
-                    lambda: current.forward(x), lambda: reference.forward(x), rounds=rounds))
+                finding = gate.latency_finding(name, _measurement(
+                    lambda: ENGINES[engine](model, case.batch), lambda: base_cls(base_model, case.batch), x, rounds))
             verdict.latency_compared += 1
             if finding:
                 verdict.regressions.append(finding)
