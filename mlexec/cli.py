@@ -1,4 +1,4 @@
-"""The ``mlexec`` command line: ``analyze`` (one analysis as a table or JSON) and ``history``.
+"""The ``mlexec`` command line: ``analyze`` (one analysis as a table or JSON), ``history`` and ``report``.
 
 Bad input prints one line, ``mlexec: error: ...``, to stderr and exits 2;
 never a traceback. Success exits 0.
@@ -14,6 +14,7 @@ from engines import ENGINES, MODELS
 
 from .analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
 from .baselines import BaselineError
+from .report import DEFAULT_ENGINES as REPORT_ENGINES, DEFAULT_MODELS as REPORT_MODELS, ReportError
 from .units import fmt_bytes, fmt_time
 
 
@@ -80,6 +81,22 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--machine", help="only this machine id")
     h.add_argument("--threshold", type=float, default=0.2, help="relative change that counts as a step (0.2)")
     h.add_argument("--format", choices=("png", "svg"), default="png", help="chart format (png)")
+
+    r = sub.add_parser("report", help="engine x shape table with ratios to naive, ONNX Runtime and the roofline")
+    r.add_argument("--quick", action="store_true", help="a few shapes only (seconds, not minutes)")
+    r.add_argument("--models", default=",".join(REPORT_MODELS),
+                   help=f"comma list from mlp, transformer (default {','.join(REPORT_MODELS)})")
+    r.add_argument("--engines", default=",".join(REPORT_ENGINES),
+                   help=f"comma list from {', '.join(ENGINES)} (default {','.join(REPORT_ENGINES)})")
+    r.add_argument("--shapes", help="instead of the built-in grid: BATCHxDIM (mlp) and BATCHxDIMxSEQ "
+                                    "(transformer) entries, e.g. 1x256,8x256,1x256x64")
+    r.add_argument("--rounds", type=int, default=9, help="interleaved rounds per shape (default 9)")
+    r.add_argument("--block-seconds", type=float, default=0.03,
+                   help="target duration of one engine's block of calls (default 0.03)")
+    r.add_argument("--threads", type=int, help="BLAS threads for every engine (default: as configured)")
+    r.add_argument("--out", type=Path, default=Path("reports/engines"),
+                   help="where report.md, report.json and the charts go (default reports/engines)")
+    r.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
 
@@ -140,11 +157,17 @@ def _history(args) -> int:
     return 0
 
 
+def _report(args) -> int:
+    from . import report
+
+    return report.main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _analyze(args) if args.command == "analyze" else _history(args)
-    except (AnalysisError, BaselineError) as exc:
+        return {"analyze": _analyze, "history": _history, "report": _report}[args.command](args)
+    except (AnalysisError, BaselineError, ReportError) as exc:
         print(f"mlexec: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

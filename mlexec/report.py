@@ -1,0 +1,408 @@
+"""``mlexec report``: every engine on a grid of shapes, as a table, a chart, Markdown and JSON.
+
+For every shape, each round times a block of calls per engine, in an order
+that rotates every round, so drift and neighbours' load fall on every engine
+alike. Per engine and shape the table gives:
+
+* the median time per call over rounds and the IQR as a percentage of it;
+* the ratio to ``naive`` and to ``onnxruntime``: the reference's median over
+  this engine's median (> 1: this engine is faster; "-" when the reference
+  did not run);
+* the fraction of the roofline reached: roofline time over measured time,
+  where roofline time = max(flops / peak matmul rate, weight bytes / copy
+  bandwidth) -- one forward must do its flops and stream its weights once.
+  The roofs come from :func:`mlexec.suite.roofs.calibrate`, measured in the
+  same process before the grid. A fraction above 1 means the weights were
+  served from cache, faster than the copy bandwidth of a 64 MiB buffer.
+
+An engine that cannot be built (a missing optional package) is listed once
+with the reason and skipped for the rest of the grid. An engine whose result
+disagrees with the float64 reference is not timed at that shape; the reason
+is kept with the row.
+
+    mlexec report                          # the MLP and transformer grids (minutes)
+    mlexec report --quick                  # a few points (seconds)
+    mlexec report --engines naive,fused,torch-compile --models mlp --shapes 1x256,32x1024
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from engines import ENGINES, MODELS, EngineUnavailable
+
+from .suite.roofs import Roofs, calibrate
+from .units import fmt_time
+
+DEFAULT_ENGINES = ("naive", "fused", "onnxruntime", "torch")
+DEFAULT_MODELS = ("mlp", "transformer")
+TOLERANCE = 1e-3          # max abs error against the float64 reference before an engine is not timed
+LIMITS = {"max_rounds": 200, "max_block_seconds": 10.0, "max_threads": 256, "max_batch": 1024, "max_dim": 8192,
+          "max_seq": 1024}
+
+
+@dataclass(frozen=True)
+class Shape:
+    model: str
+    batch: int
+    dim: int
+    seq: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"b{self.batch} d{self.dim}" + ("" if self.seq is None else f" s{self.seq}")
+
+    def build(self):
+        kwargs = {"dim": self.dim} if self.seq is None else {"dim": self.dim, "seq": self.seq}
+        return MODELS[self.model](**kwargs)
+
+
+GRIDS: dict[str, list[Shape]] = {
+    "mlp": [Shape("mlp", b, d) for d in (256, 1024, 4096) for b in (1, 8, 32, 128)],
+    "transformer": [Shape("transformer", b, d, s) for d in (256, 512) for s in (64, 128) for b in (1, 8)],
+}
+QUICK: dict[str, list[Shape]] = {
+    "mlp": [Shape("mlp", 1, 256), Shape("mlp", 8, 256), Shape("mlp", 32, 1024), Shape("mlp", 1, 4096)],
+    "transformer": [Shape("transformer", 1, 256, 64)],
+}
+_ARITY = {"mlp": 2, "transformer": 3}   # BATCHxDIM, BATCHxDIMxSEQ
+
+
+class ReportError(ValueError):
+    """Bad input to the report; the message says what was expected and what came."""
+
+
+# ---------------------------------------------------------------- input
+
+
+def parse_names(text: str, known: Iterable[str], what: str) -> list[str]:
+    known = list(known)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ReportError(f"expected at least one {what} from {', '.join(known)}, got {text!r}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ReportError(f"unknown {what} {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def parse_shapes(text: str, models: list[str]) -> dict[str, list[Shape]]:
+    """``"1x64,8x64,1x32x8"``: BATCHxDIM entries go to mlp, BATCHxDIMxSEQ to transformer."""
+    grid: dict[str, list[Shape]] = {m: [] for m in models}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        if not re.fullmatch(r"\d+(x\d+){1,2}", entry):
+            raise ReportError(f"expected shapes like 8x256 (mlp) or 1x256x64 (transformer), got {entry!r}")
+        parts = [int(p) for p in entry.split("x")]
+        model = next(m for m, n in _ARITY.items() if n == len(parts))
+        if model not in grid:
+            raise ReportError(f"shape {entry!r} is a {model} shape, but --models is {','.join(models)}")
+        grid[model].append(Shape(model, *parts))
+    for model, shapes in grid.items():
+        if not shapes:
+            form = "BATCHxDIM" if _ARITY[model] == 2 else "BATCHxDIMxSEQ"
+            raise ReportError(f"no --shapes for {model}; expected at least one {form}")
+    return grid
+
+
+def _check_shape(s: Shape) -> None:
+    for key, value, limit in (("batch", s.batch, LIMITS["max_batch"]), ("dim", s.dim, LIMITS["max_dim"]),
+                              ("seq", s.seq, LIMITS["max_seq"])):
+        if value is not None and not 1 <= value <= limit:
+            raise ReportError(f"expected {key} in 1..{limit}, got {value} in {s.model} {s.label}")
+    if s.model == "transformer" and s.dim % 8:
+        raise ReportError(f"expected a transformer dim divisible by 8 heads, got {s.dim}")
+
+
+def _check_range(name: str, value, low, high) -> None:
+    if not low <= value <= high:
+        raise ReportError(f"expected {name} in {low}..{high}, got {value}")
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def time_block(fn, x, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(x)
+    return (time.perf_counter() - start) / calls
+
+
+def _build(name, model, batch, unavailable: dict[str, str]):
+    try:
+        return ENGINES[name](model, batch)
+    except EngineUnavailable as exc:
+        unavailable[name] = str(exc)
+        return None
+
+
+def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
+            unavailable: dict[str, str]):
+    """(model, per engine the time per call of each round, engines that gave a wrong result)."""
+    model = shape.build()
+    x = model.random_input(shape.batch, rng=0)
+    expected = model.reference(x)
+    engines, wrong = {}, {}
+    for name in names:
+        if name in unavailable:
+            continue
+        eng = _build(name, model, shape.batch, unavailable)
+        if eng is None:
+            continue
+        eng.forward(x)                                 # warm up, then check it agrees
+        err = float(np.max(np.abs(eng.forward(x) - expected)))
+        if not err <= TOLERANCE:
+            wrong[name] = f"max abs error {err:.2e} > {TOLERANCE:g}; not timed"
+            continue
+        engines[name] = eng
+    if not engines:
+        return model, {}, wrong
+    probe = min(time_block(eng.forward, x, 1) for eng in engines.values())
+    calls = max(1, int(block_seconds / max(probe, 1e-7)))
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    order = list(engines)
+    for r in range(rounds):
+        k = r % len(order)
+        for name in order[k:] + order[:k]:
+            engines[name].forward(x)
+            times[name].append(time_block(engines[name].forward, x, calls))
+    return model, {name: np.array(t) for name, t in times.items()}, wrong
+
+
+def roofline_seconds(model, batch: int, roofs: Roofs) -> float:
+    """The least time one forward can take: its flops at peak rate, or its weights streamed once."""
+    return max(model.flops(batch) / (roofs.gflops * 1e9), model.weight_bytes / (roofs.gbytes_per_s * 1e9))
+
+
+def summarize(shape: Shape, times: dict[str, np.ndarray], roofline_s: float) -> list[dict]:
+    medians = {name: float(np.median(t)) for name, t in times.items()}
+    rows = []
+    for name, t in times.items():
+        q1, q3 = np.percentile(t, [25, 75])
+        med = medians[name]
+        rows.append({
+            "model": shape.model, "batch": shape.batch, "dim": shape.dim, "seq": shape.seq, "shape": shape.label,
+            "engine": name, "median_s": med, "iqr_pct": float(100 * (q3 - q1) / med),
+            "vs_naive": medians["naive"] / med if "naive" in medians else None,
+            "vs_onnxruntime": medians["onnxruntime"] / med if "onnxruntime" in medians else None,
+            "roofline_s": roofline_s, "roofline_fraction": roofline_s / med,
+            "rounds_s": [float(v) for v in t], "error": None,
+        })
+    return rows
+
+
+@contextlib.contextmanager
+def _blas_threads(threads: int | None):
+    if threads is None:
+        yield
+        return
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        raise ReportError("--threads needs threadpoolctl (pip install -e .[bench])") from None
+    with threadpool_limits(limits=threads, user_api="blas"):
+        yield
+
+
+def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = DEFAULT_ENGINES, *,
+               rounds: int = 9, block_seconds: float = 0.03, quick: bool = False,
+               grid: dict[str, list[Shape]] | None = None, threads: int | None = None,
+               roofs: Roofs | None = None, progress: Callable[[int, int, Shape], None] | None = None) -> dict:
+    """Measure the grid and return the report as a JSON-ready dict.
+
+    ``grid`` (model -> shapes) overrides the built-in grids; ``roofs`` skips
+    the calibration (tests pass their own).
+    """
+    models, names = list(models), list(engines)
+    unknown = [n for n in names if n not in ENGINES]
+    if unknown:
+        raise ReportError(f"unknown engine {', '.join(map(repr, unknown))}; choose from {', '.join(ENGINES)}")
+    if grid is None:
+        bad = [m for m in models if m not in GRIDS]
+        if bad:
+            raise ReportError(f"unknown model {', '.join(map(repr, bad))}; choose from {', '.join(GRIDS)}")
+        grid = {m: (QUICK if quick else GRIDS)[m] for m in models}
+    shapes = [s for m in grid for s in grid[m]]
+    for s in shapes:
+        _check_shape(s)
+    _check_range("--rounds", rounds, 1, LIMITS["max_rounds"])
+    _check_range("--block-seconds", block_seconds, 1e-6, LIMITS["max_block_seconds"])
+    if threads is not None:
+        _check_range("--threads", threads, 1, LIMITS["max_threads"])
+
+    unavailable: dict[str, str] = {}
+    rows: list[dict] = []
+    with _blas_threads(threads):
+        roofs = roofs if roofs is not None else calibrate()
+        for i, shape in enumerate(shapes):
+            if progress is not None:
+                progress(i, len(shapes), shape)
+            model, times, wrong = measure(shape, names, rounds, block_seconds, unavailable)
+            here = summarize(shape, times, roofline_seconds(model, shape.batch, roofs)) if times else []
+            here += [{"model": shape.model, "batch": shape.batch, "dim": shape.dim, "seq": shape.seq,
+                      "shape": shape.label, "engine": name, "error": why} for name, why in wrong.items()]
+            rows += sorted(here, key=lambda r: names.index(r["engine"]))
+            del model
+        if progress is not None:
+            progress(len(shapes), len(shapes), None)
+        from engines.threads import blas_threads
+        used_threads = blas_threads()
+    return {
+        "engines": names, "models": list(grid), "shapes": [asdict(s) for s in shapes],
+        "rounds": rounds, "block_seconds": block_seconds, "threads": used_threads,
+        "roofs": {"gflops": roofs.gflops, "gbytes_per_s": roofs.gbytes_per_s},
+        "rows": rows,
+        "unavailable": [{"engine": n, "reason": unavailable[n]} for n in names if n in unavailable],
+    }
+
+
+# ---------------------------------------------------------------- output
+
+
+def _ratio(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+_HEADER = ["model", "shape", "engine", "median", "IQR %", "× naive", "× onnxruntime", "of roofline"]
+
+
+def _cells(row: dict) -> list[str]:
+    head = [row["model"], row["shape"], row["engine"]]
+    if row.get("error"):
+        return head + [row["error"], "", "", "", ""]
+    return head + [fmt_time(row["median_s"]), f"{row['iqr_pct']:.0f}", _ratio(row["vs_naive"]),
+                   _ratio(row["vs_onnxruntime"]), f"{100 * row['roofline_fraction']:.0f}%"]
+
+
+def _preamble(report: dict) -> list[str]:
+    r = report["roofs"]
+    return [f"roofs: matmul {r['gflops']:.0f} GFLOP/s, copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
+            f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape",
+            "× naive, × onnxruntime: their median over this engine's (> 1: faster); "
+            "of roofline: max(flops / matmul roof, weight bytes / copy roof) over the median"]
+
+
+def format_table(report: dict) -> str:
+    rows = [_HEADER] + [_cells(r) for r in report["rows"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_HEADER))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    out = _preamble(report) + [""] + lines
+    out += [f"unavailable: {u['engine']}: {u['reason']}" for u in report["unavailable"]]
+    return "\n".join(out)
+
+
+def format_markdown(report: dict) -> str:
+    out = ["# Engine report", ""] + [line + "  " for line in _preamble(report)] + [""]
+    out.append("| " + " | ".join(_HEADER) + " |")
+    out.append("|" + "---|" * len(_HEADER))
+    out += ["| " + " | ".join(c or " " for c in _cells(r)) + " |" for r in report["rows"]]
+    if report["unavailable"]:
+        out += ["", "Unavailable:", ""] + [f"- `{u['engine']}`: {u['reason']}" for u in report["unavailable"]]
+    return "\n".join(out) + "\n"
+
+
+def _figure(report: dict, model: str):
+    from matplotlib.figure import Figure   # no pyplot: no global state
+    from matplotlib.lines import Line2D
+
+    rows = [r for r in report["rows"] if r["model"] == model and not r.get("error")]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    names = [n for n in report["engines"] if any(r["engine"] == n for r in rows)]
+    fig = Figure(figsize=(max(6.0, 1.1 * len(shapes) * max(1, len(names)) ** 0.5 + 2), 4.5))
+    ax = fig.subplots()
+    roof_ax = ax.twinx()
+    width = 0.8 / max(1, len(names))
+    cell = {(r["shape"], r["engine"]): r for r in rows}
+    for k, name in enumerate(names):
+        xs = [i + (k - (len(names) - 1) / 2) * width for i, s in enumerate(shapes) if (s, name) in cell]
+        got = [cell[(s, name)] for s in shapes if (s, name) in cell]
+        color = f"C{k % 10}"
+        ax.bar(xs, [r["vs_naive"] or 0.0 for r in got], width, label=name, color=color)
+        roof_ax.plot(xs, [100 * r["roofline_fraction"] for r in got], ls="", marker="D", ms=6, mfc=color,
+                     mec="black")
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set_xticks(range(len(shapes)), shapes, rotation=30, fontsize="small")
+    ax.set_ylabel("speedup vs naive (bars)")
+    roof_ax.set_ylabel("% of roofline (diamonds)")
+    top = max((100 * r["roofline_fraction"] for r in rows), default=1.0)
+    roof_ax.set_ylim(0, 1.1 * top)
+    handles, labels = ax.get_legend_handles_labels()
+    handles.append(Line2D([], [], ls="", marker="D", mfc="white", mec="black"))
+    labels.append("% of roofline")
+    fig.suptitle(f"{model}: speedup vs naive (bars) and fraction of the roofline (diamonds)", fontsize="medium")
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.94), ncol=min(len(labels), 6),
+               fontsize="small", frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    return fig
+
+
+def save(report: dict, out_dir) -> tuple[list[Path], str | None]:
+    """Write report.md, report.json and one <model>.png per model; returns (paths, why no chart)."""
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        paths = [out_dir / "report.md", out_dir / "report.json"]
+        paths[0].write_text(format_markdown(report), encoding="utf-8")
+        paths[1].write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return paths, "no chart: matplotlib is missing (pip install -e .[charts])"
+        for model in report["models"]:
+            if any(r["model"] == model and not r.get("error") for r in report["rows"]):
+                path = out_dir / f"{model}.png"
+                _figure(report, model).savefig(path, format="png", dpi=100)
+                paths.append(path)
+    except OSError as exc:
+        raise ReportError(f"cannot write the report into {str(out_dir)!r}: {exc.strerror or exc}") from None
+    return paths, None
+
+
+def _finite(obj):
+    """NaN/inf would make invalid JSON; none is expected, but never write one."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def main(args) -> int:
+    """The ``mlexec report`` subcommand, given its parsed arguments."""
+    import sys
+
+    models = parse_names(args.models, GRIDS, "model")
+    names = parse_names(args.engines, ENGINES, "engine")
+    grid = parse_shapes(args.shapes, models) if args.shapes else None
+
+    def progress(done, total, shape):
+        if not sys.stderr.isatty():
+            return
+        end = "\n" if shape is None else ""
+        what = "done" if shape is None else f"{shape.model} {shape.label}"
+        print(f"\rreport: {done}/{total} {what:<24}", end=end, file=sys.stderr, flush=True)
+
+    report = _finite(run_report(models, names, rounds=args.rounds, block_seconds=args.block_seconds,
+                                quick=args.quick, grid=grid, threads=args.threads, progress=progress))
+    paths, note = save(report, args.out)
+    if args.json:
+        print(json.dumps({**report, "files": [str(p) for p in paths]}, indent=2))
+    else:
+        print(format_table(report))
+        print("\nsaved: " + ", ".join(str(p) for p in paths))
+    if note:
+        print(f"mlexec: {note}", file=sys.stderr)
+    return 0

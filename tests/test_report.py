@@ -1,0 +1,161 @@
+"""``mlexec report``: the engine x shape table, its ratios, its files, and the command line.
+
+In-process on a tiny grid (mlp dim 64, batches 1 and 8, two rounds, a
+millisecond block), plus two subprocess runs. Nothing here asserts a duration
+or a speed: only that the ratios are the ones the measured medians give.
+"""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, subprocess_env
+from engines import EngineUnavailable
+from mlexec import report
+from mlexec.report import ReportError, Shape
+
+ENGINES = ["naive", "static", "fused", "onnxruntime", "torch", "ghost"]
+GRID = {"mlp": [Shape("mlp", 1, 64), Shape("mlp", 8, 64)]}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+class GhostEngine:
+    """Stands for a peer whose package is missing."""
+
+    def __init__(self, model, max_batch):
+        raise EngineUnavailable("ghost needs the 'ghost' package")
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(report.ENGINES, "ghost", GhostEngine)
+        built = report.run_report(["mlp"], ENGINES, grid=GRID, rounds=2, block_seconds=0.001)
+    out = tmp_path_factory.mktemp("report")
+    paths, note = report.save(built, out)
+    return built, paths, note
+
+
+def measured(built):
+    return [r for r in built["rows"] if not r.get("error")]
+
+
+def test_every_available_engine_has_a_row_per_shape(result):
+    built, _, _ = result
+    missing = {u["engine"] for u in built["unavailable"]}
+    assert "ghost" in missing
+    ghosts = [u for u in built["unavailable"] if u["engine"] == "ghost"]
+    assert len(ghosts) == 1 and ghosts[0]["reason"] == "ghost needs the 'ghost' package"   # once, not per shape
+    expected = [(s.label, e) for s in GRID["mlp"] for e in ENGINES if e not in missing]
+    assert [(r["shape"], r["engine"]) for r in built["rows"]] == expected
+    assert all(not r.get("error") for r in built["rows"]), built["rows"]
+    table = report.format_table(built)
+    assert table.count("unavailable: ghost: ghost needs") == 1
+    for shape, engine in expected:
+        assert any(line.split()[:4] == ["mlp", *shape.split(), engine] for line in table.splitlines())
+
+
+def test_ratios_come_from_the_measured_medians(result):
+    built, _, _ = result
+    for shape in GRID["mlp"]:
+        rows = {r["engine"]: r for r in measured(built) if r["shape"] == shape.label}
+        for r in rows.values():
+            assert len(r["rounds_s"]) == 2
+            assert r["median_s"] == pytest.approx(float(np.median(r["rounds_s"])), rel=1e-12)
+            assert r["vs_naive"] == pytest.approx(rows["naive"]["median_s"] / r["median_s"], rel=1e-12)
+            if "onnxruntime" in rows:
+                assert r["vs_onnxruntime"] == pytest.approx(rows["onnxruntime"]["median_s"] / r["median_s"],
+                                                            rel=1e-12)
+            else:
+                assert r["vs_onnxruntime"] is None
+            assert r["iqr_pct"] >= 0
+        assert rows["naive"]["vs_naive"] == 1.0
+        if "onnxruntime" in rows:
+            assert rows["onnxruntime"]["vs_onnxruntime"] == 1.0
+
+
+def test_roofline_fraction(result):
+    built, _, _ = result
+    roofs = report.Roofs(**built["roofs"])
+    for r in measured(built):
+        model = report.MODELS["mlp"](dim=r["dim"])
+        roof_s = max(model.flops(r["batch"]) / (roofs.gflops * 1e9), model.weight_bytes / (roofs.gbytes_per_s * 1e9))
+        assert r["roofline_s"] == pytest.approx(roof_s, rel=1e-12)
+        assert r["roofline_fraction"] == pytest.approx(roof_s / r["median_s"], rel=1e-12)
+        assert 0 < r["roofline_fraction"] <= 1.5, r
+
+
+def test_files_png_markdown_json(result):
+    built, paths, note = result
+    names = {p.name for p in paths}
+    assert {"report.md", "report.json"} <= names
+    if note is None:                 # matplotlib installed (the "charts" extra)
+        assert "mlp.png" in names
+        assert next(p for p in paths if p.name == "mlp.png").read_bytes()[:8] == PNG_MAGIC
+    md = next(p for p in paths if p.name == "report.md").read_text()
+    assert md.count("| mlp | b1 d64 |") == md.count("| mlp | b8 d64 |") == len(measured(built)) // 2
+    assert "`ghost`: ghost needs" in md
+    saved = json.loads(next(p for p in paths if p.name == "report.json").read_text())
+    assert saved["rows"] == json.loads(json.dumps(built["rows"]))
+
+
+def test_parse_shapes_and_names():
+    grid = report.parse_shapes("1x64, 8x64,2x32x8", ["mlp", "transformer"])
+    assert grid == {"mlp": [Shape("mlp", 1, 64), Shape("mlp", 8, 64)], "transformer": [Shape("transformer", 2, 32, 8)]}
+    for text, models in [("1x64x8", ["mlp"]), ("1x", ["mlp"]), ("8x64", ["mlp", "transformer"])]:
+        with pytest.raises(ReportError):
+            report.parse_shapes(text, models)
+    with pytest.raises(ReportError, match="unknown engine 'nope'"):
+        report.parse_names("naive,nope", report.ENGINES, "engine")
+    with pytest.raises(ReportError, match="expected --rounds"):
+        report.run_report(["mlp"], ["naive"], grid=GRID, rounds=0)
+
+
+def mlexec(*args):
+    return subprocess.run([sys.executable, "-m", "mlexec", "report", *args], cwd=ROOT, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_quick_report(tmp_path):
+    proc = mlexec("--quick", "--models", "mlp", "--engines", "naive,fused", "--shapes", "1x64,8x64",
+                  "--rounds", "1", "--block-seconds", "0.001", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("roofs: matmul ")
+    rows = [line.split() for line in lines if line.startswith("mlp ")]
+    expected = [(s, e) for s in ("b1 d64", "b8 d64") for e in ("naive", "fused")]
+    assert [(r[1] + " " + r[2], r[3]) for r in rows] == expected
+    assert lines[-1].startswith("saved: ") and str(tmp_path / "report.md") in lines[-1]
+    assert (tmp_path / "report.md").exists() and (tmp_path / "report.json").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engines", "nope"], "unknown engine 'nope'"),
+    (["--models", "mlp,resnet"], "unknown model 'resnet'"),
+    (["--models", "mlp", "--shapes", "1x64x8"], "transformer shape"),
+])
+def test_cli_bad_input_is_one_line(args, message):
+    proc = mlexec("--quick", *args)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("mlexec: error: ") and message in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_wrong_result_is_reported_not_timed(monkeypatch):
+    class Broken:
+        def __init__(self, model, max_batch):
+            self.shape = model.output_shape(max_batch)
+
+        def forward(self, x):
+            return np.zeros(self.shape, dtype=np.float32)
+
+    monkeypatch.setitem(report.ENGINES, "broken", Broken)
+    built = report.run_report(["mlp"], ["naive", "broken"], grid={"mlp": [Shape("mlp", 1, 16)]}, rounds=1,
+                              block_seconds=0.001, roofs=report.Roofs(gflops=100.0, gbytes_per_s=10.0))
+    rows = {r["engine"]: r for r in built["rows"]}
+    assert rows["naive"]["vs_naive"] == 1.0 and rows["naive"]["vs_onnxruntime"] is None
+    assert "max abs error" in rows["broken"]["error"] and "median_s" not in rows["broken"]
+    assert "max abs error" in report.format_table(built) and "max abs error" in report.format_markdown(built)
