@@ -68,8 +68,15 @@ def pytest_generate_tests(metafunc):
     if unknown:
         raise pytest.UsageError(f"--mlexec-engines: unknown {unknown}; expected some of {sorted(ENGINES)}")
     cases = MATRICES[config.getoption("mlexec_matrix")]
+    # Engines that compile for many seconds per model would blow the quick matrix's
+    # 3-minute budget; they run in the full matrix or when named.
+    skip_slow = chosen == "all" and config.getoption("mlexec_matrix") == "quick"
+    slow = pytest.mark.skip(reason="compiles for many seconds per model: runs in --mlexec-matrix full, "
+                                   "or name it in --mlexec-engines")
     # Plain strings as parameters: they land in the saved JSON's "params".
-    params = [pytest.param(e, c.id, id=f"{e}-{c.id}") for c in cases for e in engines]
+    params = [pytest.param(e, c.id, id=f"{e}-{c.id}",
+                           marks=[slow] if skip_slow and ENGINES[e].slow_build else [])
+              for c in cases for e in engines]
     metafunc.parametrize("engine_name, case_id", params)
 
 

@@ -17,6 +17,7 @@ from .torch_eager import TorchEngine
 
 class TorchCompileEngine(TorchEngine):
     name = "torch-compile"
+    slow_build = True             # 10-50 s of compilation per model on 2 cores
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)

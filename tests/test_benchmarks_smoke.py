@@ -22,7 +22,8 @@ def test_every_benchmark_runs_once_and_the_summary_prints():
                 assert f"{test}[{engine}-{case.id}]" in outcomes, f"{test}[{engine}-{case.id}] not run"
     skipped = [name for name, outcome in outcomes.items() if outcome == "SKIPPED"]
     for line in re.findall(r"SKIPPED \[\d+\] .*", proc.stdout):
-        assert "unavailable:" in line        # only engines whose optional package is missing
+        # only engines whose optional package is missing, or that compile for long (quick matrix)
+        assert "unavailable:" in line or "compiles for many seconds" in line, line
     assert len(skipped) < len(outcomes)
     assert "engines compared" in proc.stdout
     assert f"headline, the seed's model ({HEADLINE.id}): naive" in proc.stdout
