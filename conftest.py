@@ -28,7 +28,8 @@ def pytest_addoption(parser):
     group.addoption("--mlexec-pass", choices=["both", "time", "memory"], default="both", metavar="PASS",
                     help="time (pytest-benchmark), memory (memray limits) or both. Default: %(default)r")
     group.addoption("--mlexec-rounds", type=int, default=15, metavar="N",
-                    help="interleaved current/reference rounds per latency A/B. Default: %(default)r")
+                    help="fewest interleaved current/reference call pairs per latency A/B measurement "
+                         "(more are run while they fit in 0.25 s). Default: %(default)r")
     group.addoption("--mlexec-baselines", default="baselines", metavar="DIR",
                     help="where saved runs live, one folder per machine. Default: %(default)r")
     group.addoption("--mlexec-compare", default="auto", metavar="auto|off|FILE",

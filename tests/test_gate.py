@@ -44,7 +44,7 @@ def measurements(*ratios, base=1e-3, rounds=15):
     def measure():
         r = next(it)
         b = tuple(base * (1 + 0.01 * ((i * 7) % 5 - 2)) for i in range(rounds))
-        return Interleaved(tuple(t * r for t in b), b, 1)
+        return Interleaved(tuple(t * r for t in b), b)
     return measure
 
 

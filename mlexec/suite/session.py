@@ -91,7 +91,7 @@ def _measurement(make_current, make_reference, x, rounds):
             reference, current = make_reference(), make_current()
         else:
             current, reference = make_current(), make_reference()
-        return interleave(lambda: current.forward(x), lambda: reference.forward(x), rounds=rounds)
+        return interleave(lambda: current.forward(x), lambda: reference.forward(x), min_rounds=rounds)
     return measure
 
 
