@@ -90,8 +90,9 @@ def relu_kernel(out, x):
 
 
 def gelu_eager(x):
-    # tanh approximation, as in GPT-2 / BERT
-    return 0.5 * x * (1 + np.tanh(GELU_C * (x + 0.044715 * x**3)))
+    # tanh approximation, as in GPT-2 / BERT. x * x * x, not x**3: NumPy's float32 power
+    # took 47 of naive's 67 ms on transformer-b8-d256-s64 (mlexec analyze's per-op table).
+    return 0.5 * x * (1 + np.tanh(GELU_C * (x + 0.044715 * (x * x * x))))
 
 
 def gelu_kernel(out, x):
