@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from memray import FileReader
 from threadpoolctl import threadpool_limits
 
 from engines import ENGINES
@@ -28,12 +29,18 @@ def record(config, case_id: str, engine: str, **fields) -> None:
 
 
 def record_peak(item) -> None:
-    """Copy pytest-memray's measured peak of a memory test into the results."""
+    """The memory test's peak, counted as its limit_memory marker counts it (same threads)."""
     manager = item.config.pluginmanager.get_plugin("memray_manager")
     result = manager.results.get(item.nodeid) if manager else None
-    if result is not None:
-        params = item.callspec.params
-        record(item.config, params["case_id"], params["engine_name"], peak=result.peak_memory)
+    marker = item.get_closest_marker("limit_memory")
+    if result is None or marker is None:
+        return
+    main_only = marker.kwargs.get("current_thread_only", False)
+    reader = FileReader(result.result_file)
+    peak = sum(r.size for r in reader.get_high_watermark_allocation_records(merge_threads=not main_only)
+               if not main_only or r.tid == reader.metadata.main_thread_id)
+    params = item.callspec.params
+    record(item.config, params["case_id"], params["engine_name"], peak=peak)
 
 
 def attach_peaks(config, output_json: dict) -> None:
