@@ -6,16 +6,21 @@ logic lives in ``mlexec.suite``; this file wires it into pytest.
 """
 from __future__ import annotations
 
-import os
-import platform
-import re
+import argparse
 
 import pytest
 
 from engines import ENGINES, EngineUnavailable
 from mlexec.suite import session as suite_session
+from mlexec.baselines import machine_id
 from mlexec.suite.grid import MATRICES, Case
 
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
 
 
 def pytest_addoption(parser):
@@ -27,7 +32,7 @@ def pytest_addoption(parser):
                          "when tests are collected. Default: %(default)r")
     group.addoption("--mlexec-pass", choices=["both", "time", "memory"], default="both", metavar="PASS",
                     help="time (pytest-benchmark), memory (memray limits) or both. Default: %(default)r")
-    group.addoption("--mlexec-rounds", type=int, default=15, metavar="N",
+    group.addoption("--mlexec-rounds", type=_positive_int, default=15, metavar="N",
                     help="fewest interleaved current/reference call pairs per latency A/B measurement "
                          "(more are run while they fit in 0.25 s). Default: %(default)r")
     group.addoption("--mlexec-baselines", default="baselines", metavar="DIR",
@@ -42,19 +47,6 @@ def pytest_addoption(parser):
                     help="write the gate's verdict as JSON to FILE")
     group.addoption("--mlexec-save", action="store_true",
                     help="save this run into --mlexec-baselines, named by commit")
-
-
-def machine_id() -> str:
-    """pytest-benchmark's id (OS, Python, bits) plus what it leaves out: CPU model and count."""
-    from pytest_benchmark.utils import get_machine_id
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1] for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", cpu or "unknown-cpu").strip("-")
-    return f"{get_machine_id()}-{slug}-{os.cpu_count()}cpu"
 
 
 # --- parametrization: every engine x every case, readable ids -----------------

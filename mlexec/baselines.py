@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import tempfile
 from pathlib import Path
@@ -19,6 +20,19 @@ _TOP = {"machine_info": dict, "commit_info": dict, "benchmarks": list, "datetime
 _STATS = ("min", "max", "mean", "stddev", "median", "iqr", "rounds")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _NUMBERED = re.compile(r"^(\d{4,})_")
+
+
+def machine_id() -> str:
+    """pytest-benchmark's id (OS, Python, bits) plus what it leaves out: CPU model and count."""
+    from pytest_benchmark.utils import get_machine_id
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1] for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", cpu or "unknown-cpu").strip("-")
+    return f"{get_machine_id()}-{slug}-{os.cpu_count()}cpu"
 
 
 class BaselineError(ValueError):

@@ -104,9 +104,7 @@ def test_planted_temporary_fails_the_gate(tmp_path):
 
 
 def test_corrupt_baseline_is_a_clear_error(tmp_path):
-    machine = subprocess.run([sys.executable, "-c", "import conftest; print(conftest.machine_id())"], cwd=ROOT,
-                             env=subprocess_env(), capture_output=True, text=True, check=True).stdout.strip()
-    bad = tmp_path / "baselines" / machine / "0001_deadbeef.json"
+    bad = tmp_path / "baselines" / baselines.machine_id() / "0001_deadbeef.json"
     bad.parent.mkdir(parents=True)
     bad.write_text('{"machine_info": {}, "benchmarks": [')
     proc, _ = bench(tmp_path, "none", f"--mlexec-baselines={tmp_path / 'baselines'}", "--mlexec-pass=time")
