@@ -7,6 +7,7 @@ logic lives in ``mlexec.suite``; this file wires it into pytest.
 from __future__ import annotations
 
 import argparse
+import time
 
 import pytest
 
@@ -104,13 +105,16 @@ class _Workbench:
         self.x = self.model.random_input(case.batch, rng=12345)   # fresh random, never zeros
         self.reference = self.model.reference(self.x)
         self.engines: dict = {}
+        self.build_seconds: dict[str, float] = {}
 
     def engine(self, name):
         if name not in self.engines:
+            start = time.perf_counter()
             try:
                 self.engines[name] = ENGINES[name](self.model, self.case.batch)
             except EngineUnavailable as exc:
                 self.engines[name] = exc
+            self.build_seconds[name] = time.perf_counter() - start   # torch-compile: its compile time
         found = self.engines[name]
         if isinstance(found, EngineUnavailable):
             pytest.skip(f"engine {name!r} unavailable: {found}")
