@@ -73,3 +73,26 @@ def test_gate_command_leaves_summary_run_and_memray_report(tmp_path):
     assert summary.startswith("### Benchmark gate: no regression")     # latency unchanged vs "."
     reports = list((out / "memray-reports").glob("*.html"))
     assert len(reports) == 1 and "planted-mlp-b32-d256" in reports[0].name
+
+
+def test_push_history_commits_new_runs_to_the_history_branch(tmp_path):
+    git = lambda *args, cwd: subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,  # noqa: E731
+                                            text=True).stdout
+    origin, work = tmp_path / "origin.git", tmp_path / "work"
+    git("init", "-q", "--bare", str(origin), cwd=tmp_path)
+    git("clone", "-q", str(origin), str(work), cwd=tmp_path)
+    (work / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "push-history", work / "scripts" / "push-history")
+    (work / "baselines" / "m").mkdir(parents=True)
+    (work / "baselines" / "m" / "0001_old.json").write_text("{}")
+    git("add", ".", cwd=work)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init", cwd=work)
+    git("push", "-q", "origin", "HEAD:main", cwd=work)
+    for new in ("0002_abc.json", "0003_def.json"):          # two pushes to main, one run each
+        (work / "baselines" / "m" / new).write_text('{"run": "%s"}' % new)
+        subprocess.run(["bash", "scripts/push-history", "bench-history"], cwd=work, check=True)
+        (work / "baselines" / "m" / new).unlink()
+    listed = git("ls-tree", "-r", "--name-only", "bench-history", cwd=origin).split()
+    assert {"baselines/m/0002_abc.json", "baselines/m/0003_def.json"} <= set(listed)
+    assert git("show", "bench-history:baselines/m/0002_abc.json", cwd=origin) == '{"run": "0002_abc.json"}'
+    assert git("log", "--format=%s", "main", cwd=origin).split("\n")[0] == "init"   # main untouched
