@@ -37,7 +37,7 @@ import numpy as np
 
 from .base import Engine, EngineUnavailable
 from .models import Model
-from .ops import GELU_C, OPS, tile
+from .ops import GELU_C, OPS, rows2d, tile
 
 _F32 = np.dtype(np.float32)
 
@@ -48,10 +48,6 @@ def _import_blas():
     except ImportError as exc:
         raise EngineUnavailable(f"the fused engine needs SciPy's BLAS ({exc}); pip install -e .[fast]") from exc
     return sgemm, sgemv
-
-
-def _rows(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1, a.shape[-1])
 
 
 class FusedEngine(Engine):
@@ -195,17 +191,17 @@ class FusedEngine(Engine):
             ins = [self._view(t, batch) for t in inputs]
             if kind in ("linear", "linear_relu", "linear_add"):
                 w, b, b_tiled = operands
-                x2, y2 = _rows(ins[0]), _rows(y)
+                x2, y2 = rows2d(ins[0]), rows2d(y)
                 rows = y2.shape[0]
                 if rows * w.size > self.blas_max_work:             # NumPy's matmul, then a tiled bias
                     calls.append((np.matmul, (x2, w, y2)))
                     calls += _tiled(np.add, y2, b_tiled)
                     if kind == "linear_add":
-                        calls.append((np.add, (y2, _rows(ins[1]), y2)))
+                        calls.append((np.add, (y2, rows2d(ins[1]), y2)))
                 else:
                     calls.append((np.copyto, (y2, b)))             # broadcast without a ufunc buffer
                     if kind == "linear_add":
-                        calls.append((np.add, (y2, _rows(ins[1]), y2)))
+                        calls.append((np.add, (y2, rows2d(ins[1]), y2)))
                     if rows == 1:                                  # one row: y += W.T @ x
                         calls.append((sgemv, (1.0, w.T, x2[0], 1.0, y2[0], 0, 1, 0, 1, 0, 1)))
                     else:                                          # y.T += W.T @ x.T, all Fortran views
@@ -213,8 +209,8 @@ class FusedEngine(Engine):
                 if kind == "linear_relu":
                     calls.append((partial(np.maximum, out=y2), (y2, 0.0)))   # NaN-propagating, like naive
             elif kind == "standardize":
-                x, tmp, stat = (_rows(a) for a in ins)
-                y2 = _rows(y)
+                x, tmp, stat = (rows2d(a) for a in ins)
+                y2 = rows2d(y)
                 (mean_col,) = operands
                 calls += [(np.matmul, (x, mean_col, stat)),       # row means as a matvec
                           (np.copyto, (tmp, stat)),

@@ -107,8 +107,6 @@ def export(model: Model, onnx):
 
 class OnnxRuntimeEngine(Engine):
     name = "onnxruntime"
-    returns_view = False
-    zero_alloc = False
     own_threads = True            # its intra-op pool: the memory pass counts every thread
 
     def __init__(self, model: Model, max_batch: int):

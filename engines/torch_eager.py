@@ -62,8 +62,6 @@ def op_functions(torch):
 
 class TorchEngine(Engine):
     name = "torch"
-    returns_view = False
-    zero_alloc = False
     own_threads = True            # its intra-op pool: the memory pass counts every thread
 
     def __init__(self, model: Model, max_batch: int):

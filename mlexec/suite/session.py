@@ -2,6 +2,7 @@
 the gate, saving, and the terminal report."""
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 from pathlib import Path
@@ -91,7 +92,7 @@ def _measurement(make_current, make_reference, x, rounds):
     """Each measurement builds both engines afresh, in alternating order: where buffers land
     (cache sets, page offsets) can make identical code differ by 10-15 % for the life of
     an instance, and that must not persist into the confirmations the way a regression does."""
-    count = iter(range(1 << 30))
+    count = itertools.count()
 
     def measure():
         if next(count) % 2:
