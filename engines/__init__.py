@@ -8,6 +8,7 @@ from .fused import FusedEngine
 from .models import MODELS, Model, Op
 from .naive import NaiveEngine
 from .onnxrt import OnnxRuntimeEngine
+from .packed import PackedEngine
 from .static import StaticEngine
 from .torch_compile import TorchCompileEngine
 from .torch_eager import TorchEngine
@@ -17,6 +18,7 @@ ENGINES: dict[str, type[Engine]] = {
     "static": StaticEngine,
     "arena": ArenaEngine,
     "fused": FusedEngine,       # optional extra "fast" (SciPy BLAS)
+    "packed": PackedEngine,     # optional extras "fast" and "mkl" (MKL's packed GEMM)
     # peers (optional extra "peers"): raise EngineUnavailable when their package is missing
     "onnxruntime": OnnxRuntimeEngine,
     "torch": TorchEngine,

@@ -183,31 +183,34 @@ class FusedEngine(Engine):
         shape = (batch, *self.shapes[name])
         return self._buffers[name][:math.prod(shape)].reshape(shape)
 
-    def _bind(self, batch: int):
+    def _linear_calls(self, x2, y2, w, b, b_tiled, residual) -> list:
+        """The calls for y2 = x2 @ w + b (+ residual), every array a 2-D view bound in advance."""
         sgemm, sgemv = self._sgemm, self._sgemv
+        rows = y2.shape[0]
+        if rows * w.size > self.blas_max_work:                 # NumPy's matmul, then a tiled bias
+            calls = [(np.matmul, (x2, w, y2))] + _tiled(np.add, y2, b_tiled)
+            if residual is not None:
+                calls.append((np.add, (y2, residual, y2)))
+            return calls
+        calls = [(np.copyto, (y2, b))]                         # broadcast without a ufunc buffer
+        if residual is not None:
+            calls.append((np.add, (y2, residual, y2)))
+        if rows == 1:                                          # one row: y += W.T @ x
+            calls.append((sgemv, (1.0, w.T, x2[0], 1.0, y2[0], 0, 1, 0, 1, 0, 1)))
+        else:                                                  # y.T += W.T @ x.T, all Fortran views
+            calls.append((sgemm, (1.0, w.T, x2.T, 1.0, y2.T, 0, 0, 1)))
+        return calls
+
+    def _bind(self, batch: int):
         calls = []
         for kind, out, inputs, operands, attrs in self.steps:
             y = self._view(out, batch)
             ins = [self._view(t, batch) for t in inputs]
             if kind in ("linear", "linear_relu", "linear_add"):
-                w, b, b_tiled = operands
-                x2, y2 = rows2d(ins[0]), rows2d(y)
-                rows = y2.shape[0]
-                if rows * w.size > self.blas_max_work:             # NumPy's matmul, then a tiled bias
-                    calls.append((np.matmul, (x2, w, y2)))
-                    calls += _tiled(np.add, y2, b_tiled)
-                    if kind == "linear_add":
-                        calls.append((np.add, (y2, rows2d(ins[1]), y2)))
-                else:
-                    calls.append((np.copyto, (y2, b)))             # broadcast without a ufunc buffer
-                    if kind == "linear_add":
-                        calls.append((np.add, (y2, rows2d(ins[1]), y2)))
-                    if rows == 1:                                  # one row: y += W.T @ x
-                        calls.append((sgemv, (1.0, w.T, x2[0], 1.0, y2[0], 0, 1, 0, 1, 0, 1)))
-                    else:                                          # y.T += W.T @ x.T, all Fortran views
-                        calls.append((sgemm, (1.0, w.T, x2.T, 1.0, y2.T, 0, 0, 1)))
+                residual = rows2d(ins[1]) if kind == "linear_add" else None
+                calls += self._linear_calls(rows2d(ins[0]), rows2d(y), *operands, residual)
                 if kind == "linear_relu":
-                    calls.append((partial(np.maximum, out=y2), (y2, 0.0)))   # NaN-propagating, like naive
+                    calls.append((partial(np.maximum, out=rows2d(y)), (rows2d(y), 0.0)))  # NaN-propagating
             elif kind == "standardize":
                 x, tmp, stat = (rows2d(a) for a in ins)
                 y2 = rows2d(y)

@@ -42,7 +42,7 @@ from engines import ENGINES, MODELS, EngineUnavailable
 from .suite.roofs import Roofs, calibrate
 from .units import fmt_time
 
-DEFAULT_ENGINES = ("naive", "fused", "onnxruntime", "torch")
+DEFAULT_ENGINES = ("naive", "fused", "packed", "onnxruntime", "torch")
 DEFAULT_MODELS = ("mlp", "transformer")
 TOLERANCE = 1e-3          # max abs error against the float64 reference before an engine is not timed
 LIMITS = {"max_rounds": 200, "max_block_seconds": 10.0, "max_threads": 256, "max_batch": 1024, "max_dim": 8192,

@@ -1,4 +1,5 @@
-"""fused: correct against float64 on every model and batch, allocation-free, returns a read-only view."""
+"""fused and packed (fused on MKL-packed weights): correct against float64 on every model and batch,
+allocation-free, returning a read-only view."""
 import gc
 import tracemalloc
 
@@ -20,15 +21,19 @@ def model_of(case):
     return MODELS["mlp" if case == "mlp-wide" else case](**CASES[case], seed=3)
 
 
-def fused(model, max_batch=MAX_BATCH):
-    try:
-        return ENGINES["fused"](model, max_batch)
-    except EngineUnavailable as exc:
-        pytest.skip(f"fused unavailable: {exc}")
+@pytest.fixture(params=["fused", "packed"])
+def fused(request):
+    """Builds the engine under test; skipped, with the reason, when its optional packages are absent."""
+    def build(model, max_batch=MAX_BATCH):
+        try:
+            return ENGINES[request.param](model, max_batch)
+        except EngineUnavailable as exc:
+            pytest.skip(f"{request.param} unavailable: {exc}")
+    return build
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_reference_every_batch(case):
+def test_matches_reference_every_batch(case, fused):
     model = model_of(case)
     eng = fused(model)
     for batch in range(1, MAX_BATCH + 1):
@@ -40,7 +45,7 @@ def test_matches_reference_every_batch(case):
         assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5, batch
 
 
-def test_every_linear_path_matches_reference():
+def test_every_linear_path_matches_reference(fused):
     """sgemv (one row), sgemm with the bias fused (small work), matmul + tiled bias (large work)."""
     model = MODELS["mlp"](dim=128, seed=4)
     eng = fused(model, max_batch=200)
@@ -54,7 +59,7 @@ def test_every_linear_path_matches_reference():
     np.testing.assert_allclose(eng.forward(x), model.reference(x), atol=1e-4, rtol=0)
 
 
-def test_returns_read_only_view_overwritten_by_next_call():
+def test_returns_read_only_view_overwritten_by_next_call(fused):
     model = model_of("mlp")
     eng = fused(model)
     assert eng.returns_view and eng.zero_alloc
@@ -68,7 +73,7 @@ def test_returns_read_only_view_overwritten_by_next_call():
     assert np.shares_memory(y, z)                 # the same engine memory, rewritten
 
 
-def test_input_checks_match_base():
+def test_input_checks_match_base(fused):
     model = model_of("mlp")
     eng = fused(model)
     x = model.random_input(3, rng=0)
@@ -106,7 +111,7 @@ def forward_peak(eng, x, calls=5) -> int:
 
 
 @pytest.mark.parametrize("case", ["mlp", "mlp-deep", "transformer"])
-def test_forward_allocates_nothing(case):
+def test_forward_allocates_nothing(case, fused):
     model = MODELS[case](**CASES[case], seed=3)
     eng = fused(model, max_batch=64)
     small = forward_peak(eng, model.random_input(1, rng=0))
@@ -115,7 +120,7 @@ def test_forward_allocates_nothing(case):
     assert abs(small - large) <= 256, (small, large)
 
 
-def test_folds_keep_model_untouched():
+def test_folds_keep_model_untouched(fused):
     model = model_of("transformer")
     before = {k: v.copy() for k, v in model.params.items()}
     fused(model)
@@ -123,7 +128,7 @@ def test_folds_keep_model_untouched():
         np.testing.assert_array_equal(v, before[k])
 
 
-def test_large_inputs_no_overflow_warning():
+def test_large_inputs_no_overflow_warning(fused):
     """Wide activations reach gelu's far tails; the in-place gelu must neither overflow nor warn."""
     model = model_of("transformer")
     eng = fused(model)
@@ -134,7 +139,7 @@ def test_large_inputs_no_overflow_warning():
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5
 
 
-def test_unfusable_ops_fall_back_to_their_kernels():
+def test_unfusable_ops_fall_back_to_their_kernels(fused):
     """Attention over a relu'd qkv, a layernorm read twice, a gelu not read by a linear:
     no fold applies, each op runs its own kernel, and the answer is unchanged."""
     from engines import Model, Op
@@ -168,3 +173,22 @@ def test_unfusable_ops_fall_back_to_their_kernels():
         y = eng.forward(x)
         assert np.abs(y - ref).max() < 1e-4
         assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5
+
+
+@pytest.mark.parametrize("one_thread_work", [0, 1 << 40], ids=["mkl-pool", "calling-thread"])
+def test_packed_weights_match_reference_on_either_thread_setting(one_thread_work):
+    """packed: every linear packed once; the packed gemm is right on MKL's pool and on the calling
+    thread alone, for row counts on both sides of the small-work boundary, residual adds included."""
+    try:
+        eng_cls = ENGINES["packed"]
+        model = model_of("transformer")
+        eng = eng_cls(model, max_batch=MAX_BATCH)
+    except EngineUnavailable as exc:
+        pytest.skip(f"packed unavailable: {exc}")
+    linears = [s for s in eng.steps if s[0].startswith("linear")]
+    assert len(eng._packs) == len(linears) == sum(op.kind == "linear" for op in model.ops)
+    eng.one_thread_work = one_thread_work
+    for batch in (1, 2, MAX_BATCH):              # rows = batch * 16: sgemv, SciPy sgemm, packed
+        x = model.random_input(batch, rng=batch)
+        y, ref = eng.forward(x), model.reference(x)
+        assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5, batch

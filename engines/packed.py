@@ -1,0 +1,151 @@
+"""packed: fused's steps, with every large linear on weights packed once for the GEMM kernel.
+
+Strategy: everything ``fused`` does (folded weights, bias fused into the
+gemm with beta=1, relu and residual in the same step, one bound call list per
+batch size, no allocation per forward), plus one change where the gemm is
+the cost. A BLAS gemm re-packs its operands into the kernel's blocked layout
+on every call; for a weight matrix that is a full read and write of the
+weights per forward, and OpenBLAS's kernels are slow on the short, wide
+products of small batches. ONNX Runtime avoids both by packing constant
+weights once when the session opens. This engine does the same with Intel
+MKL's packed GEMM (``cblas_sgemm_pack`` at construction,
+``cblas_sgemm_compute`` per call), called through ctypes on the engine's own
+NumPy buffers:
+
+- **Packed once.** Each linear's folded weight matrix is packed as the GEMM's
+  B operand at construction. The packed form does not depend on the number of
+  rows, so one pack serves every batch size.
+- **Which calls take it.** A linear runs on the packed weights when it has
+  more than one row and more than ``fused.blas_max_work`` multiply-adds. One
+  row stays on ``sgemv``, which streams the weights once and measured as fast;
+  small products stay on SciPy's ``sgemm``, where the call, not the kernel,
+  is the cost.
+- **Threads.** MKL's pool is sized like NumPy's BLAS pool when MKL is loaded,
+  and follows ``threadpoolctl`` limits after that. Small products
+  (``one_thread_work``, weights under ``one_thread_bytes``) run on the
+  calling thread only: waking the pool cost more than it saved there. The
+  choice is per call and thread-local (``MKL_Set_Num_Threads_Local``); the
+  last call of a forward hands the thread back to the pool setting.
+- **No spinning.** ``KMP_BLOCKTIME`` defaults to 0 before MKL's OpenMP runtime
+  loads, so its workers sleep between calls instead of spinning for 200 ms on
+  cores that other engines (and the other side of an interleaved comparison)
+  need.
+
+After a warm-up, ``cblas_sgemm_compute`` measured 0 native allocations per
+call under memray, threaded or not. The weights are held twice (the folded
+matrix for the small paths, the packed form for the large one).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import re
+from importlib import metadata
+
+import numpy as np
+
+from .base import EngineUnavailable
+from .fused import FusedEngine
+from .threads import blas_threads
+
+_ROW_MAJOR, _NO_TRANS, _PACKED, _B_MATRIX = 101, 111, 151, 162   # CBLAS enums (mkl_cblas.h)
+_LP64 = 0                                                         # 32-bit integers
+_ALIGN = 64
+_MKL = None
+
+
+def _find_mkl_rt() -> str | None:
+    """libmkl_rt from the ``mkl`` wheel's files, else wherever the system keeps it."""
+    try:
+        files = metadata.files("mkl") or ()
+    except metadata.PackageNotFoundError:
+        files = ()
+    for f in files:
+        if re.fullmatch(r"(lib)?mkl_rt(\.\d+)*\.(so(\.\d+)*|dll|dylib)", f.name):
+            return str(f.locate())
+    return ctypes.util.find_library("mkl_rt")
+
+
+def _load_mkl() -> ctypes.CDLL:
+    """MKL's runtime with the packed-GEMM entry points typed, loaded once per process."""
+    global _MKL
+    if _MKL is not None:
+        return _MKL
+    path = _find_mkl_rt()
+    if path is None:
+        raise EngineUnavailable("the packed engine needs Intel MKL (libmkl_rt); pip install -e .[mkl]")
+    threads = blas_threads()                      # NumPy's pool, read before MKL's joins the count
+    os.environ.setdefault("KMP_BLOCKTIME", "0")   # read once, when the OpenMP runtime loads
+    try:
+        lib = ctypes.CDLL(path)
+        lib.MKL_Set_Interface_Layer.argtypes = [ctypes.c_int]
+        lib.MKL_Set_Interface_Layer(_LP64)
+    except (OSError, AttributeError) as exc:
+        raise EngineUnavailable(f"the packed engine could not load MKL from {path}: {exc}") from exc
+    i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    lib.cblas_sgemm_pack_get_size.argtypes = [i, i, i, i]
+    lib.cblas_sgemm_pack_get_size.restype = ctypes.c_size_t
+    lib.cblas_sgemm_pack.argtypes = [i, i, i, i, i, i, f, p, i, p]
+    lib.cblas_sgemm_pack.restype = None
+    lib.MKL_Set_Num_Threads.argtypes = [i]
+    lib.MKL_Set_Num_Threads(threads)
+    # The per-forward calls stay untyped: with argtypes, ctypes builds a converter object per
+    # argument per call (840 B traced per gemm); untyped, it passes Python ints and prebuilt
+    # ctypes objects straight through (288 B).
+    lib.sgemm_compute = lib["cblas_sgemm_compute"]
+    lib.sgemm_compute.restype = None
+    _MKL = lib
+    return lib
+
+
+class PackedEngine(FusedEngine):
+    name = "packed"
+    # Measured per call, MKL's pool of 2 against the calling thread alone: 204 vs 162 us at 128 rows
+    # x 256 x 256, 70 vs 48 us at 32 rows; but 324 vs 449 us at 8 rows x 1024 x 1024, where each
+    # core's cache holds half the weights. So: one thread below both of these, the pool above.
+    one_thread_work = 1 << 24        # multiply-adds
+    one_thread_bytes = 1 << 20       # weight bytes
+
+    def __init__(self, model, max_batch: int):
+        self._mkl = _load_mkl()
+        super().__init__(model, max_batch)
+        self._packs: dict[int, np.ndarray] = {}      # id(folded weight) -> its packed form
+        for kind, _, _, operands, _ in self.steps:
+            if kind in ("linear", "linear_relu", "linear_add"):
+                self._packs[id(operands[0])] = self._pack(operands[0])
+        self.weight_bytes += sum(p.nbytes for p in self._packs.values())
+
+    def _pack(self, w: np.ndarray) -> np.ndarray:
+        k, n = w.shape
+        size = self._mkl.cblas_sgemm_pack_get_size(_B_MATRIX, 1, n, k)
+        raw = np.empty(size + _ALIGN, dtype=np.uint8)
+        start = -raw.ctypes.data % _ALIGN
+        dest = raw[start:start + size]
+        self._mkl.cblas_sgemm_pack(_ROW_MAJOR, _B_MATRIX, _NO_TRANS, 1, n, k, 1.0,
+                                   w.ctypes.data, n, dest.ctypes.data)
+        return dest
+
+    def _linear_calls(self, x2, y2, w, b, b_tiled, residual) -> list:
+        rows = y2.shape[0]
+        work = rows * w.size
+        if rows == 1 or work <= self.blas_max_work or not (x2.strides[1] == y2.strides[1] == x2.itemsize):
+            return super()._linear_calls(x2, y2, w, b, b_tiled, residual)
+        k, n = w.shape
+        threads = 1 if work < self.one_thread_work and w.nbytes < self.one_thread_bytes else 0   # 0: the pool
+        calls = [(np.copyto, (y2, b))]                             # beta=1 accumulates onto the bias
+        if residual is not None:
+            calls.append((np.add, (y2, residual, y2)))
+        item, ptr = x2.itemsize, ctypes.c_void_p
+        calls += [(self._mkl.MKL_Set_Num_Threads_Local, (threads,)),
+                  (self._mkl.sgemm_compute,
+                   (_ROW_MAJOR, _NO_TRANS, _PACKED, rows, n, k, ptr(x2.ctypes.data), x2.strides[0] // item,
+                    ptr(self._packs[id(w)].ctypes.data), n, ctypes.c_float(1.0),
+                    ptr(y2.ctypes.data), y2.strides[0] // item))]
+        return calls
+
+    def _bind(self, batch: int):
+        x, calls, result = super()._bind(batch)
+        # Hand the calling thread back to MKL's pool setting (0: no thread-local override).
+        self._bound[batch] = (x, calls + ((self._mkl.MKL_Set_Num_Threads_Local, (0,)),), result)
+        return self._bound[batch]
