@@ -14,7 +14,7 @@ from engines import ENGINES, MODELS
 
 from .analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
 from .baselines import BaselineError
-from .report import DEFAULT_ENGINES as REPORT_ENGINES, DEFAULT_MODELS as REPORT_MODELS, ReportError
+from .report import DEFAULT_ENGINES as REPORT_ENGINES, DEFAULT_MODELS as REPORT_MODELS, SETTLE_SECONDS, ReportError
 from .units import fmt_bytes, fmt_time
 
 
@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rounds", type=int, default=9, help="interleaved rounds per shape (default 9)")
     r.add_argument("--block-seconds", type=float, default=0.03,
                    help="target duration of one engine's block of calls (default 0.03)")
+    r.add_argument("--settle-seconds", type=float, default=SETTLE_SECONDS,
+                   help="pause before each block, so the previous engine's thread pool stops spinning "
+                        f"(default {SETTLE_SECONDS})")
     r.add_argument("--threads", type=int, help="BLAS threads for every engine (default: as configured)")
     r.add_argument("--out", type=Path, default=Path("reports/engines"),
                    help="where report.md, report.json and the charts go (default reports/engines)")

@@ -2,7 +2,12 @@
 
 For every shape, each round times a block of calls per engine, in an order
 that rotates every round, so drift and neighbours' load fall on every engine
-alike. Per engine and shape the table gives:
+alike. Each block starts after a pause (``settle_seconds``) and one untimed
+call: thread pools keep spinning after their last call (OpenBLAS's for
+~0.2 s), and a block that starts while the previous engine's pool spins runs
+on contended cores. Measured: ``packed`` at mlp b8 d1024 right after a block
+of ``naive`` took 2.5-5.6 ms with gaps of 0-100 ms, 0.70-0.75 ms with gaps of
+200-400 ms (0.68 ms alone). Per engine and shape the table gives:
 
 * the median time per call over rounds and the IQR as a percentage of it;
 * the ratio to ``naive`` and to ``onnxruntime``: the reference's median over
@@ -45,7 +50,8 @@ from .units import fmt_time
 DEFAULT_ENGINES = ("naive", "fused", "packed", "onnxruntime", "torch")
 DEFAULT_MODELS = ("mlp", "transformer")
 TOLERANCE = 1e-3          # max abs error against the float64 reference before an engine is not timed
-LIMITS = {"max_rounds": 200, "max_block_seconds": 10.0, "max_threads": 256, "max_batch": 1024, "max_dim": 8192,
+SETTLE_SECONDS = 0.3     # pause before each block, so the previous engine's thread pool goes idle
+LIMITS = {"max_rounds": 200, "max_block_seconds": 10.0, "max_settle_seconds": 10.0, "max_threads": 256, "max_batch": 1024, "max_dim": 8192,
           "max_seq": 1024}
 
 
@@ -147,7 +153,7 @@ def _build(name, model, batch, unavailable: dict[str, str]):
 
 
 def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
-            unavailable: dict[str, str]):
+            unavailable: dict[str, str], settle_seconds: float = SETTLE_SECONDS):
     """(model, per engine the time per call of each round, engines that gave a wrong result)."""
     model = shape.build()
     x = model.random_input(shape.batch, rng=0)
@@ -174,6 +180,7 @@ def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
     for r in range(rounds):
         k = r % len(order)
         for name in order[k:] + order[:k]:
+            time.sleep(settle_seconds)
             engines[name].forward(x)
             times[name].append(time_block(engines[name].forward, x, calls))
     return model, {name: np.array(t) for name, t in times.items()}, wrong
@@ -215,7 +222,8 @@ def _blas_threads(threads: int | None):
 
 
 def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = DEFAULT_ENGINES, *,
-               rounds: int = 9, block_seconds: float = 0.03, quick: bool = False,
+               rounds: int = 9, block_seconds: float = 0.03, settle_seconds: float = SETTLE_SECONDS,
+               quick: bool = False,
                grid: dict[str, list[Shape]] | None = None, threads: int | None = None,
                roofs: Roofs | None = None, progress: Callable[[int, int, Shape], None] | None = None) -> dict:
     """Measure the grid and return the report as a JSON-ready dict.
@@ -237,6 +245,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         _check_shape(s)
     _check_range("--rounds", rounds, 1, LIMITS["max_rounds"])
     _check_range("--block-seconds", block_seconds, 1e-6, LIMITS["max_block_seconds"])
+    _check_range("--settle-seconds", settle_seconds, 0.0, LIMITS["max_settle_seconds"])
     if threads is not None:
         _check_range("--threads", threads, 1, LIMITS["max_threads"])
 
@@ -247,7 +256,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         for i, shape in enumerate(shapes):
             if progress is not None:
                 progress(i, len(shapes), shape)
-            model, times, wrong = measure(shape, names, rounds, block_seconds, unavailable)
+            model, times, wrong = measure(shape, names, rounds, block_seconds, unavailable, settle_seconds)
             here = summarize(shape, times, roofline_seconds(model, shape.batch, roofs)) if times else []
             here += [{"model": shape.model, "batch": shape.batch, "dim": shape.dim, "seq": shape.seq,
                       "shape": shape.label, "engine": name, "error": why} for name, why in wrong.items()]
@@ -259,7 +268,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         used_threads = blas_threads()
     return {
         "engines": names, "models": list(grid), "shapes": [asdict(s) for s in shapes],
-        "rounds": rounds, "block_seconds": block_seconds, "threads": used_threads,
+        "rounds": rounds, "block_seconds": block_seconds, "settle_seconds": settle_seconds, "threads": used_threads,
         "roofs": {"gflops": roofs.gflops, "gbytes_per_s": roofs.gbytes_per_s},
         "rows": rows,
         "unavailable": [{"engine": n, "reason": unavailable[n]} for n in names if n in unavailable],
@@ -396,7 +405,7 @@ def main(args) -> int:
         print(f"\rreport: {done}/{total} {what:<24}", end=end, file=sys.stderr, flush=True)
 
     report = _finite(run_report(models, names, rounds=args.rounds, block_seconds=args.block_seconds,
-                                quick=args.quick, grid=grid, threads=args.threads, progress=progress))
+                                settle_seconds=args.settle_seconds, quick=args.quick, grid=grid, threads=args.threads, progress=progress))
     paths, note = save(report, args.out)
     if args.json:
         print(json.dumps({**report, "files": [str(p) for p in paths]}, indent=2))

@@ -32,7 +32,8 @@ class GhostEngine:
 def result(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(report.ENGINES, "ghost", GhostEngine)
-        built = report.run_report(["mlp"], ENGINES, grid=GRID, rounds=2, block_seconds=0.001)
+        built = report.run_report(["mlp"], ENGINES, grid=GRID, rounds=2, block_seconds=0.001,
+                                   settle_seconds=0)
     out = tmp_path_factory.mktemp("report")
     paths, note = report.save(built, out)
     return built, paths, note
@@ -120,7 +121,7 @@ def mlexec(*args):
 
 def test_cli_quick_report(tmp_path):
     proc = mlexec("--quick", "--models", "mlp", "--engines", "naive,fused", "--shapes", "1x64,8x64",
-                  "--rounds", "1", "--block-seconds", "0.001", "--out", str(tmp_path))
+                  "--rounds", "1", "--block-seconds", "0.001", "--settle-seconds", "0", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("roofs: matmul ")
@@ -135,6 +136,8 @@ def test_cli_quick_report(tmp_path):
     (["--engines", "nope"], "unknown engine 'nope'"),
     (["--models", "mlp,resnet"], "unknown model 'resnet'"),
     (["--models", "mlp", "--shapes", "1x64x8"], "transformer shape"),
+    (["--models", "mlp", "--settle-seconds", "nan"], "expected --settle-seconds in 0.0..10.0, got nan"),
+    (["--models", "mlp", "--settle-seconds", "-1"], "expected --settle-seconds"),
 ])
 def test_cli_bad_input_is_one_line(args, message):
     proc = mlexec("--quick", *args)
@@ -154,7 +157,7 @@ def test_wrong_result_is_reported_not_timed(monkeypatch):
 
     monkeypatch.setitem(report.ENGINES, "broken", Broken)
     built = report.run_report(["mlp"], ["naive", "broken"], grid={"mlp": [Shape("mlp", 1, 16)]}, rounds=1,
-                              block_seconds=0.001, roofs=report.Roofs(gflops=100.0, gbytes_per_s=10.0))
+                              block_seconds=0.001, settle_seconds=0, roofs=report.Roofs(gflops=100.0, gbytes_per_s=10.0))
     rows = {r["engine"]: r for r in built["rows"]}
     assert rows["naive"]["vs_naive"] == 1.0 and rows["naive"]["vs_onnxruntime"] is None
     assert "max abs error" in rows["broken"]["error"] and "median_s" not in rows["broken"]
