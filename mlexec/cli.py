@@ -94,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--block-seconds", type=float, default=0.03,
                    help="target duration of one engine's block of calls (default 0.03)")
     r.add_argument("--settle-seconds", type=float, default=SETTLE_SECONDS,
-                   help="pause before each block, so the previous engine's thread pool stops spinning "
-                        f"(default {SETTLE_SECONDS})")
+                   help="untimed calls of each engine before its block, while the previous engine's "
+                        f"thread pool stops spinning (default {SETTLE_SECONDS})")
     r.add_argument("--threads", type=int, help="BLAS threads for every engine (default: as configured)")
     r.add_argument("--out", type=Path, default=Path("reports/engines"),
                    help="where report.md, report.json and the charts go (default reports/engines)")

@@ -2,12 +2,14 @@
 
 For every shape, each round times a block of calls per engine, in an order
 that rotates every round, so drift and neighbours' load fall on every engine
-alike. Each block starts after a pause (``settle_seconds``) and one untimed
-call: thread pools keep spinning after their last call (OpenBLAS's for
+alike. Each block follows ``settle_seconds`` of untimed calls of the same
+engine: thread pools keep spinning after their last call (OpenBLAS's for
 ~0.2 s), and a block that starts while the previous engine's pool spins runs
 on contended cores. Measured: ``packed`` at mlp b8 d1024 right after a block
 of ``naive`` took 2.5-5.6 ms with gaps of 0-100 ms, 0.70-0.75 ms with gaps of
-200-400 ms (0.68 ms alone). Per engine and shape the table gives:
+200-400 ms (0.68 ms alone). The settling is done by calls, not by sleeping:
+after 0.3 s idle on this shared machine the next calls ran 2-6x slower for
+about 100 ms. Per engine and shape the table gives:
 
 * the median time per call over rounds and the IQR as a percentage of it;
 * the ratio to ``naive`` and to ``onnxruntime``: the reference's median over
@@ -50,7 +52,7 @@ from .units import fmt_time
 DEFAULT_ENGINES = ("naive", "fused", "packed", "onnxruntime", "torch")
 DEFAULT_MODELS = ("mlp", "transformer")
 TOLERANCE = 1e-3          # max abs error against the float64 reference before an engine is not timed
-SETTLE_SECONDS = 0.3     # pause before each block, so the previous engine's thread pool goes idle
+SETTLE_SECONDS = 0.3     # untimed calls before each block, while the previous engine's pool goes idle
 LIMITS = {"max_rounds": 200, "max_block_seconds": 10.0, "max_settle_seconds": 10.0, "max_threads": 256, "max_batch": 1024, "max_dim": 8192,
           "max_seq": 1024}
 
@@ -144,6 +146,14 @@ def time_block(fn, x, calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
+def settle(fn, x, seconds: float) -> None:
+    """Untimed calls for ``seconds`` (at least one)."""
+    end = time.perf_counter() + seconds
+    fn(x)
+    while time.perf_counter() < end:
+        fn(x)
+
+
 def _build(name, model, batch, unavailable: dict[str, str]):
     try:
         return ENGINES[name](model, batch)
@@ -180,8 +190,7 @@ def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
     for r in range(rounds):
         k = r % len(order)
         for name in order[k:] + order[:k]:
-            time.sleep(settle_seconds)
-            engines[name].forward(x)
+            settle(engines[name].forward, x, settle_seconds)
             times[name].append(time_block(engines[name].forward, x, calls))
     return model, {name: np.array(t) for name, t in times.items()}, wrong
 
