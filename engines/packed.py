@@ -24,15 +24,11 @@ NumPy buffers:
   small products stay on SciPy's ``sgemm``, where the call, not the kernel,
   is the cost.
 - **Threads.** MKL's pool is sized like NumPy's BLAS pool when MKL is loaded,
-  and follows ``threadpoolctl`` limits after that. Small products
-  (``one_thread_work``, weights under ``one_thread_bytes``) run on the
-  calling thread only: waking the pool cost more than it saved there. The
-  choice is per call and thread-local (``MKL_Set_Num_Threads_Local``); the
-  last call of a forward hands the thread back to the pool setting.
-- **No spinning.** ``KMP_BLOCKTIME`` defaults to 0 before MKL's OpenMP runtime
-  loads, so its workers sleep between calls instead of spinning for 200 ms on
-  cores that other engines (and the other side of an interleaved comparison)
-  need.
+  and follows ``threadpoolctl`` limits after that. Its OpenMP workers keep
+  MKL's default of spinning for 200 ms after a call, as ONNX Runtime's do:
+  with ``KMP_BLOCKTIME=0`` every call paid for waking them, and in the same
+  interleaved report the engine ran at 0.16-0.69x of ONNX Runtime at d1024,
+  against 1.08-1.21x with the default.
 
 After a warm-up, ``cblas_sgemm_compute`` measured 0 native allocations per
 call under memray, threaded or not. The weights are held twice (the folded
@@ -42,7 +38,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import re
 from importlib import metadata
 
@@ -79,7 +74,6 @@ def _load_mkl() -> ctypes.CDLL:
     if path is None:
         raise EngineUnavailable("the packed engine needs Intel MKL (libmkl_rt); pip install -e .[mkl]")
     threads = blas_threads()                      # NumPy's pool, read before MKL's joins the count
-    os.environ.setdefault("KMP_BLOCKTIME", "0")   # read once, when the OpenMP runtime loads
     try:
         lib = ctypes.CDLL(path)
         lib.MKL_Set_Interface_Layer.argtypes = [ctypes.c_int]
@@ -104,11 +98,6 @@ def _load_mkl() -> ctypes.CDLL:
 
 class PackedEngine(FusedEngine):
     name = "packed"
-    # Measured per call, MKL's pool of 2 against the calling thread alone: 204 vs 162 us at 128 rows
-    # x 256 x 256, 70 vs 48 us at 32 rows; but 324 vs 449 us at 8 rows x 1024 x 1024, where each
-    # core's cache holds half the weights. So: one thread below both of these, the pool above.
-    one_thread_work = 1 << 24        # multiply-adds
-    one_thread_bytes = 1 << 20       # weight bytes
     pack_rows = 256
 
     def __init__(self, model, max_batch: int):
@@ -132,24 +121,15 @@ class PackedEngine(FusedEngine):
 
     def _linear_calls(self, x2, y2, w, b, b_tiled, residual) -> list:
         rows = y2.shape[0]
-        work = rows * w.size
-        if rows == 1 or work <= self.blas_max_work or not (x2.strides[1] == y2.strides[1] == x2.itemsize):
+        if rows == 1 or rows * w.size <= self.blas_max_work or not (x2.strides[1] == y2.strides[1] == x2.itemsize):
             return super()._linear_calls(x2, y2, w, b, b_tiled, residual)
         k, n = w.shape
-        threads = 1 if work < self.one_thread_work and w.nbytes < self.one_thread_bytes else 0   # 0: the pool
         calls = [(np.copyto, (y2, b))]                             # beta=1 accumulates onto the bias
         if residual is not None:
             calls.append((np.add, (y2, residual, y2)))
         item, ptr = x2.itemsize, ctypes.c_void_p
-        calls += [(self._mkl.MKL_Set_Num_Threads_Local, (threads,)),
-                  (self._mkl.sgemm_compute,
-                   (_ROW_MAJOR, _NO_TRANS, _PACKED, rows, n, k, ptr(x2.ctypes.data), x2.strides[0] // item,
-                    ptr(self._packs[id(w)].ctypes.data), n, ctypes.c_float(1.0),
-                    ptr(y2.ctypes.data), y2.strides[0] // item))]
+        calls.append((self._mkl.sgemm_compute,
+                      (_ROW_MAJOR, _NO_TRANS, _PACKED, rows, n, k, ptr(x2.ctypes.data), x2.strides[0] // item,
+                       ptr(self._packs[id(w)].ctypes.data), n, ctypes.c_float(1.0),
+                       ptr(y2.ctypes.data), y2.strides[0] // item)))
         return calls
-
-    def _bind(self, batch: int):
-        x, calls, result = super()._bind(batch)
-        # Hand the calling thread back to MKL's pool setting (0: no thread-local override).
-        self._bound[batch] = (x, calls + ((self._mkl.MKL_Set_Num_Threads_Local, (0,)),), result)
-        return self._bound[batch]

@@ -175,20 +175,19 @@ def test_unfusable_ops_fall_back_to_their_kernels(fused):
         assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5
 
 
-@pytest.mark.parametrize("one_thread_work", [0, 1 << 40], ids=["mkl-pool", "calling-thread"])
-def test_packed_weights_match_reference_on_either_thread_setting(one_thread_work):
-    """packed: every linear packed once; the packed gemm is right on MKL's pool and on the calling
-    thread alone, for row counts on both sides of the small-work boundary, residual adds included."""
+def test_packed_weights_match_reference():
+    """packed: every linear packed once; right for row counts on both sides of the small-work
+    boundary (sgemv, SciPy sgemm, the packed gemm), layernorm folds and residual adds included."""
     try:
-        eng_cls = ENGINES["packed"]
         model = model_of("transformer")
-        eng = eng_cls(model, max_batch=MAX_BATCH)
+        eng = ENGINES["packed"](model, max_batch=MAX_BATCH)
     except EngineUnavailable as exc:
         pytest.skip(f"packed unavailable: {exc}")
     linears = [s for s in eng.steps if s[0].startswith("linear")]
     assert len(eng._packs) == len(linears) == sum(op.kind == "linear" for op in model.ops)
-    eng.one_thread_work = one_thread_work
-    for batch in (1, 2, MAX_BATCH):              # rows = batch * 16: sgemv, SciPy sgemm, packed
+    packed_calls = [fn for fn, _ in eng._bind(MAX_BATCH)[1] if fn is eng._mkl.sgemm_compute]
+    assert len(packed_calls) == len(linears)       # 144 rows: every linear on its packed weights
+    for batch in (1, 2, MAX_BATCH):                # rows = batch * 16
         x = model.random_input(batch, rng=batch)
         y, ref = eng.forward(x), model.reference(x)
         assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5, batch
