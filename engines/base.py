@@ -24,6 +24,7 @@ class Engine:
     zero_alloc: bool = False     # True: after the first call, forward allocates no array memory
     slow_build: bool = False     # True: construction takes many seconds (compilation)
     own_threads: bool = False    # True: work runs on a framework's thread pool, not only the caller's
+    peer: bool = False           # True: another framework's runtime, here to compare against
     # What a warm forward may allocate beyond forward_peak_bytes: NumPy's and Python's own
     # bookkeeping, measured with memray (see mlexec/suite/memory.py). Frameworks keep more.
     peak_slack_bytes: int = 64 * 1024

@@ -107,6 +107,7 @@ def export(model: Model, onnx):
 
 class OnnxRuntimeEngine(Engine):
     name = "onnxruntime"
+    peer = True
     own_threads = True            # its intra-op pool: the memory pass counts every thread
 
     def __init__(self, model: Model, max_batch: int):

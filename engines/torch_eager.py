@@ -62,6 +62,7 @@ def op_functions(torch):
 
 class TorchEngine(Engine):
     name = "torch"
+    peer = True
     own_threads = True            # its intra-op pool: the memory pass counts every thread
 
     def __init__(self, model: Model, max_batch: int):

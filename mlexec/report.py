@@ -46,6 +46,7 @@ import numpy as np
 
 from engines import ENGINES, MODELS, EngineUnavailable
 
+from . import targets
 from .suite.roofs import Roofs, calibrate
 from .units import fmt_time
 
@@ -195,12 +196,11 @@ def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
     return model, {name: np.array(t) for name, t in times.items()}, wrong
 
 
-def roofline_seconds(model, batch: int, roofs: Roofs) -> float:
-    """The least time one forward can take: its flops at peak rate, or its weights streamed once."""
-    return max(model.flops(batch) / (roofs.gflops * 1e9), model.weight_bytes / (roofs.gbytes_per_s * 1e9))
-
-
-def summarize(shape: Shape, times: dict[str, np.ndarray], roofline_s: float) -> list[dict]:
+def summarize(shape: Shape, times: dict[str, np.ndarray], model, roofs: Roofs) -> list[dict]:
+    # The least time one forward can take: its flops at the peak rate, or its weights streamed once.
+    flops_s = model.flops(shape.batch) / (roofs.gflops * 1e9)
+    stream_s = model.weight_bytes / (roofs.gbytes_per_s * 1e9)
+    roofline_s = max(flops_s, stream_s)
     medians = {name: float(np.median(t)) for name, t in times.items()}
     rows = []
     for name, t in times.items():
@@ -212,6 +212,7 @@ def summarize(shape: Shape, times: dict[str, np.ndarray], roofline_s: float) -> 
             "vs_naive": medians["naive"] / med if "naive" in medians else None,
             "vs_onnxruntime": medians["onnxruntime"] / med if "onnxruntime" in medians else None,
             "roofline_s": roofline_s, "roofline_fraction": roofline_s / med,
+            "peak_fraction": flops_s / med, "bandwidth_fraction": stream_s / med,
             "rounds_s": [float(v) for v in t], "error": None,
         })
     return rows
@@ -266,7 +267,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
             if progress is not None:
                 progress(i, len(shapes), shape)
             model, times, wrong = measure(shape, names, rounds, block_seconds, unavailable, settle_seconds)
-            here = summarize(shape, times, roofline_seconds(model, shape.batch, roofs)) if times else []
+            here = summarize(shape, times, model, roofs) if times else []
             here += [{"model": shape.model, "batch": shape.batch, "dim": shape.dim, "seq": shape.seq,
                       "shape": shape.label, "engine": name, "error": why} for name, why in wrong.items()]
             rows += sorted(here, key=lambda r: names.index(r["engine"]))
@@ -280,6 +281,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         "rounds": rounds, "block_seconds": block_seconds, "settle_seconds": settle_seconds, "threads": used_threads,
         "roofs": {"gflops": roofs.gflops, "gbytes_per_s": roofs.gbytes_per_s},
         "rows": rows,
+        "targets": targets.as_dicts(targets.check(rows)),
         "unavailable": [{"engine": n, "reason": unavailable[n]} for n in names if n in unavailable],
     }
 
@@ -317,7 +319,13 @@ def format_table(report: dict) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     out = _preamble(report) + [""] + lines
     out += [f"unavailable: {u['engine']}: {u['reason']}" for u in report["unavailable"]]
+    if report["targets"]:
+        out += ["", "targets (mlexec/targets.py):"] + ["  " + line for line in _target_lines(report)]
     return "\n".join(out)
+
+
+def _target_lines(report: dict) -> list[str]:
+    return targets.format_lines([targets.Target(**t) for t in report["targets"]])
 
 
 def format_markdown(report: dict) -> str:
@@ -327,6 +335,8 @@ def format_markdown(report: dict) -> str:
     out += ["| " + " | ".join(c or " " for c in _cells(r)) + " |" for r in report["rows"]]
     if report["unavailable"]:
         out += ["", "Unavailable:", ""] + [f"- `{u['engine']}`: {u['reason']}" for u in report["unavailable"]]
+    if report["targets"]:
+        out += ["", "## Targets", ""] + [f"- {line}" for line in _target_lines(report)]
     return "\n".join(out) + "\n"
 
 

@@ -129,6 +129,10 @@ def test_cli_quick_report(tmp_path):
     expected = [(s, e) for s in ("b1 d64", "b8 d64") for e in ("naive", "fused")]
     assert [(r[1] + " " + r[2], r[3]) for r in rows] == expected
     assert lines[-1].startswith("saved: ") and str(tmp_path / "report.md") in lines[-1]
+    verdicts = lines[lines.index("targets (mlexec/targets.py):") + 1:-2]
+    assert [v.split("] ")[1].split(":")[0] for v in verdicts] == [
+        "fused >= naive at every point", "fused >= 1.3x naive at batch <= 8, dim <= 256"]
+    assert all(v.startswith(("  [met] ", "  [MISSED] ")) for v in verdicts)
     assert (tmp_path / "report.md").exists() and (tmp_path / "report.json").exists()
 
 

@@ -1,0 +1,96 @@
+"""The speed targets the engines are held to, checked against a report's rows.
+
+Each target is judged on the report's medians (interleaved rounds, one
+process), and says which point decided it, so a miss can be looked up in the
+table above it. "NumPy engines" are the registered engines that are not
+peers; "optimized" are those other than ``naive``.
+
+1. Every optimized engine is at least as fast as naive at every point.
+2. Where per-op overhead dominates (batch <= 8, dim <= 256), every optimized
+   engine is at least 1.3x naive.
+3. At every MLP point the best NumPy engine is within 1.10x of ONNX Runtime,
+   and ahead of it at batch 1.
+4. At mlp batch 128, dim 4096, the best NumPy engine reaches 75 % of the
+   calibrated matmul peak.
+5. At mlp batch 1, dim 4096, it reaches 80 % of the measured memory bandwidth
+   (the weights must stream once per forward).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from engines import ENGINES
+
+REFERENCE = "naive"
+PEER = "onnxruntime"
+
+
+@dataclass(frozen=True)
+class Target:
+    goal: str
+    met: bool
+    value: str       # the deciding figure, e.g. "min 0.97x at mlp b128 d4096"
+
+
+def _numpy_engine(name: str) -> bool:
+    return name in ENGINES and not ENGINES[name].peer
+
+
+def _where(row: dict) -> str:
+    return f"{row['model']} {row['shape']}"
+
+
+def check(rows: list[dict]) -> list[Target]:
+    """The targets that the report's rows can judge (an engine or point not measured is left out)."""
+    rows = [r for r in rows if not r.get("error")]
+    cell = {(r["model"], r["shape"], r["engine"]): r for r in rows}
+    points = list(dict.fromkeys((r["model"], r["shape"]) for r in rows))
+    optimized = list(dict.fromkeys(r["engine"] for r in rows if _numpy_engine(r["engine"]) and r["engine"] != REFERENCE))
+    out: list[Target] = []
+
+    for name in optimized:
+        mine = [r for r in rows if r["engine"] == name and r["vs_naive"] is not None]
+        if mine:
+            worst = min(mine, key=lambda r: r["vs_naive"])
+            out.append(Target(f"{name} >= naive at every point", worst["vs_naive"] >= 1.0,
+                              f"min {worst['vs_naive']:.2f}x at {_where(worst)}"))
+        small = [r for r in mine if r["batch"] <= 8 and r["dim"] <= 256]
+        if small:
+            worst = min(small, key=lambda r: r["vs_naive"])
+            out.append(Target(f"{name} >= 1.3x naive at batch <= 8, dim <= 256", worst["vs_naive"] >= 1.3,
+                              f"min {worst['vs_naive']:.2f}x at {_where(worst)}"))
+
+    def best_numpy(model, shape):
+        here = [cell[(model, shape, n)] for n in [REFERENCE, *optimized] if (model, shape, n) in cell]
+        return min(here, key=lambda r: r["median_s"]) if here else None
+
+    vs_peer = []   # (best NumPy row, peer median / best median)
+    for model, shape in points:
+        best, peer = best_numpy(model, shape), cell.get((model, shape, PEER))
+        if model == "mlp" and best is not None and peer is not None:
+            vs_peer.append((best, peer["median_s"] / best["median_s"]))
+    if vs_peer:
+        worst, ratio = min(vs_peer, key=lambda p: p[1])
+        out.append(Target("best NumPy engine within 1.10x of onnxruntime at every mlp point", ratio >= 1 / 1.10,
+                          f"worst {ratio:.2f}x ({worst['engine']}) at {_where(worst)}"))
+        ones = [p for p in vs_peer if p[0]["batch"] == 1]
+        if ones:
+            worst, ratio = min(ones, key=lambda p: p[1])
+            out.append(Target("best NumPy engine ahead of onnxruntime at batch 1", ratio > 1.0,
+                              f"worst {ratio:.2f}x ({worst['engine']}) at {_where(worst)}"))
+
+    for shape, key, floor, what in (("b128 d4096", "peak_fraction", 0.75, "of the matmul peak"),
+                                    ("b1 d4096", "bandwidth_fraction", 0.80, "of the memory bandwidth")):
+        best = best_numpy("mlp", shape)
+        if best is not None:
+            out.append(Target(f"best NumPy engine >= {floor:.0%} {what} at mlp {shape}", best[key] >= floor,
+                              f"{best[key]:.0%} ({best['engine']})"))
+    return out
+
+
+def as_dicts(targets: list[Target]) -> list[dict]:
+    return [asdict(t) for t in targets]
+
+
+def format_lines(targets: list[Target]) -> list[str]:
+    return [f"[{'met' if t.met else 'MISSED'}] {t.goal}: {t.value}" for t in targets]

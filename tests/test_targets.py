@@ -1,0 +1,65 @@
+"""The speed targets, judged on synthetic report rows: each one met, each one missed, and the deciding point named."""
+from mlexec.targets import check
+
+
+def row(engine, batch, dim, median_s, naive_s, ort_s=None, model="mlp", peak=0.0, bandwidth=0.0):
+    return {"model": model, "shape": f"b{batch} d{dim}", "batch": batch, "dim": dim, "engine": engine,
+            "median_s": median_s, "vs_naive": naive_s / median_s,
+            "vs_onnxruntime": None if ort_s is None else ort_s / median_s,
+            "peak_fraction": peak, "bandwidth_fraction": bandwidth, "error": None}
+
+
+def grid(fused_s, ort_s, naive_s=1.0, peak=0.8, bandwidth=0.9):
+    """Three mlp points with naive, fused and onnxruntime; fused_s/ort_s per point."""
+    rows = []
+    for (batch, dim), f, o in zip([(1, 256), (128, 4096), (1, 4096)], fused_s, ort_s):
+        rows += [row("naive", batch, dim, naive_s, naive_s),
+                 row("fused", batch, dim, f, naive_s, peak=peak, bandwidth=bandwidth),
+                 row("onnxruntime", batch, dim, o, naive_s)]
+    return rows
+
+
+def verdicts(rows):
+    return {t.goal: t for t in check(rows)}
+
+
+def test_all_met():
+    got = verdicts(grid(fused_s=[0.5, 0.9, 0.9], ort_s=[0.6, 0.95, 1.0]))
+    assert got and all(t.met for t in got.values()), got
+    assert set(got) == {
+        "fused >= naive at every point",
+        "fused >= 1.3x naive at batch <= 8, dim <= 256",
+        "best NumPy engine within 1.10x of onnxruntime at every mlp point",
+        "best NumPy engine ahead of onnxruntime at batch 1",
+        "best NumPy engine >= 75% of the matmul peak at mlp b128 d4096",
+        "best NumPy engine >= 80% of the memory bandwidth at mlp b1 d4096",
+    }
+
+
+def test_each_miss_names_its_point():
+    got = verdicts(grid(fused_s=[0.8, 1.05, 0.9], ort_s=[0.6, 0.9, 1.0], peak=0.5, bandwidth=0.7))
+    slower = got["fused >= naive at every point"]
+    assert not slower.met and slower.value == "min 0.95x at mlp b128 d4096"
+    small = got["fused >= 1.3x naive at batch <= 8, dim <= 256"]
+    assert not small.met and small.value == "min 1.25x at mlp b1 d256"
+    peer = got["best NumPy engine within 1.10x of onnxruntime at every mlp point"]
+    # at b1 d256 fused (0.8) is the best NumPy engine and onnxruntime takes 0.6: 0.75x
+    assert not peer.met and peer.value == "worst 0.75x (fused) at mlp b1 d256"
+    assert not got["best NumPy engine ahead of onnxruntime at batch 1"].met
+    assert not got["best NumPy engine >= 75% of the matmul peak at mlp b128 d4096"].met
+    assert not got["best NumPy engine >= 80% of the memory bandwidth at mlp b1 d4096"].met
+
+
+def test_best_numpy_engine_may_be_naive_and_peers_are_not_judged():
+    rows = grid(fused_s=[0.5, 1.2, 0.9], ort_s=[0.6, 1.05, 1.0])
+    rows.append(row("torch", 1, 256, 5.0, 1.0))                  # a slow peer is not an optimized engine
+    got = verdicts(rows)
+    assert not any(goal.startswith("torch") for goal in got)
+    # at b128 d4096 naive (1.0) beats fused (1.2); onnxruntime 1.05 -> 1.05x, within 1.10x
+    assert got["best NumPy engine within 1.10x of onnxruntime at every mlp point"].met
+
+
+def test_unmeasured_targets_are_left_out():
+    rows = [row("naive", 32, 1024, 1.0, 1.0), row("static", 32, 1024, 0.9, 1.0)]
+    assert [t.goal for t in check(rows)] == ["static >= naive at every point"]
+    assert check([]) == []
