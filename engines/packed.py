@@ -120,14 +120,15 @@ class PackedEngine(FusedEngine):
         return dest
 
     def _linear_calls(self, x2, y2, w, b, b_tiled, residual) -> list:
-        rows = y2.shape[0]
-        if rows == 1 or rows * w.size <= self.blas_max_work or not (x2.strides[1] == y2.strides[1] == x2.itemsize):
+        rows, item = y2.shape[0], x2.itemsize
+        unit_rows = x2.strides[1] == y2.strides[1] == item          # the gemm takes a row stride only
+        if rows == 1 or rows * w.size <= self.blas_max_work or not unit_rows:
             return super()._linear_calls(x2, y2, w, b, b_tiled, residual)
         k, n = w.shape
         calls = [(np.copyto, (y2, b))]                             # beta=1 accumulates onto the bias
         if residual is not None:
             calls.append((np.add, (y2, residual, y2)))
-        item, ptr = x2.itemsize, ctypes.c_void_p
+        ptr = ctypes.c_void_p
         calls.append((self._mkl.sgemm_compute,
                       (_ROW_MAJOR, _NO_TRANS, _PACKED, rows, n, k, ptr(x2.ctypes.data), x2.strides[0] // item,
                        ptr(self._packs[id(w)].ctypes.data), n, ctypes.c_float(1.0),

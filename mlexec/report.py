@@ -54,8 +54,8 @@ DEFAULT_ENGINES = ("naive", "fused", "packed", "onnxruntime", "torch")
 DEFAULT_MODELS = ("mlp", "transformer")
 TOLERANCE = 1e-3          # max abs error against the float64 reference before an engine is not timed
 SETTLE_SECONDS = 0.3     # untimed calls before each block, while the previous engine's pool goes idle
-LIMITS = {"max_rounds": 200, "max_block_seconds": 10.0, "max_settle_seconds": 10.0, "max_threads": 256, "max_batch": 1024, "max_dim": 8192,
-          "max_seq": 1024}
+LIMITS = {"max_rounds": 200, "max_block_seconds": 10.0, "max_settle_seconds": 10.0, "max_threads": 256,
+          "max_batch": 1024, "max_dim": 8192, "max_seq": 1024}
 
 
 @dataclass(frozen=True)
@@ -424,7 +424,8 @@ def main(args) -> int:
         print(f"\rreport: {done}/{total} {what:<24}", end=end, file=sys.stderr, flush=True)
 
     report = _finite(run_report(models, names, rounds=args.rounds, block_seconds=args.block_seconds,
-                                settle_seconds=args.settle_seconds, quick=args.quick, grid=grid, threads=args.threads, progress=progress))
+                                settle_seconds=args.settle_seconds, quick=args.quick, grid=grid,
+                                threads=args.threads, progress=progress))
     paths, note = save(report, args.out)
     if args.json:
         print(json.dumps({**report, "files": [str(p) for p in paths]}, indent=2))

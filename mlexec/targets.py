@@ -45,7 +45,8 @@ def check(rows: list[dict]) -> list[Target]:
     rows = [r for r in rows if not r.get("error")]
     cell = {(r["model"], r["shape"], r["engine"]): r for r in rows}
     points = list(dict.fromkeys((r["model"], r["shape"]) for r in rows))
-    optimized = list(dict.fromkeys(r["engine"] for r in rows if _numpy_engine(r["engine"]) and r["engine"] != REFERENCE))
+    optimized = list(dict.fromkeys(r["engine"] for r in rows
+                                   if _numpy_engine(r["engine"]) and r["engine"] != REFERENCE))
     out: list[Target] = []
 
     for name in optimized:

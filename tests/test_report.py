@@ -161,7 +161,8 @@ def test_wrong_result_is_reported_not_timed(monkeypatch):
 
     monkeypatch.setitem(report.ENGINES, "broken", Broken)
     built = report.run_report(["mlp"], ["naive", "broken"], grid={"mlp": [Shape("mlp", 1, 16)]}, rounds=1,
-                              block_seconds=0.001, settle_seconds=0, roofs=report.Roofs(gflops=100.0, gbytes_per_s=10.0))
+                              block_seconds=0.001, settle_seconds=0,
+                              roofs=report.Roofs(gflops=100.0, gbytes_per_s=10.0))
     rows = {r["engine"]: r for r in built["rows"]}
     assert rows["naive"]["vs_naive"] == 1.0 and rows["naive"]["vs_onnxruntime"] is None
     assert "max abs error" in rows["broken"]["error"] and "median_s" not in rows["broken"]
