@@ -4,9 +4,11 @@
 tiles them (cycling) to the model's input shape, builds the model, runs the
 chosen engines and returns a JSON-serializable dict:
 
-- per engine: median latency of ``forward`` (the engines' timed calls are
-  interleaved in rounds, so their ratios come from one process under the same
-  conditions), speedup vs ``naive``, peak bytes allocated during one warm
+- per engine: median latency of ``forward`` (timed in one process, in two
+  passes over the engines, the second in reverse order so drift falls on
+  every engine alike; each engine's calls follow ``SETTLE_SECONDS`` of its own
+  untimed calls, while the previous engine's thread pool stops spinning),
+  speedup vs ``naive``, peak bytes allocated during one warm
   ``forward`` (tracemalloc, which sees NumPy's array allocations), the
   engine's planned ``activation_bytes`` and ``weight_bytes``, memory saved vs
   ``naive``, and the max abs error against the float64 reference with a
@@ -33,6 +35,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from engines import ENGINES, MODELS, EngineUnavailable
+
+from .report import SETTLE_SECONDS, settle
 
 TOLERANCE = 1e-4
 
@@ -315,15 +319,20 @@ def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progre
         live[name] = engine
         step()
 
+    # Not call-by-call alternation: an engine timed right after another runs while that one's
+    # BLAS pool still spins (OpenBLAS's for ~0.2 s): at mlp b32 d512, packed took 665 us a call
+    # that way, against 234-248 us after settling.
     order = list(live)
-    for r in range(repeat):   # interleaved rounds, rotating who goes first
-        shift = r % len(order) if order else 0
-        for name in order[shift:] + order[:shift]:
+    first = (repeat + 1) // 2
+    for calls, sequence in ((first, order), (repeat - first, order[::-1])):
+        for name in sequence if calls else ():
             engine = live[name]
-            start = time.perf_counter()
-            engine.forward(x)
-            results[name]["samples_s"].append(time.perf_counter() - start)
-        step()
+            settle(engine.forward, x, SETTLE_SECONDS)
+            for _ in range(calls):
+                start = time.perf_counter()
+                engine.forward(x)
+                results[name]["samples_s"].append(time.perf_counter() - start)
+        step(calls)
 
     ops = _op_breakdown(model, x, op_runs)
     step(op_runs)

@@ -30,7 +30,7 @@ def _table(rows: list[list[str]]) -> str:
 def format_result(result: dict) -> str:
     m = result["model"]
     out = [f"model {m['name']} dim={m['dim']} batch={m['batch']} input {tuple(m['input_shape'])} "
-           f"from {result['input']['values']} value(s), {result['repeat']} timed rounds", ""]
+           f"from {result['input']['values']} value(s), {result['repeat']} timed calls per engine", ""]
     rows = [["engine", "median", "speedup", "peak fwd", "activations", "weights", "mem saved", "max abs err", "check"]]
     for e in result["engines"]:
         if not e["available"]:
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--batch", type=int, default=1, help=f"batch size, 1..{LIMITS['max_batch']} (default 1)")
     a.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
                    help=f"comma list from {', '.join(ENGINES)} (default {','.join(DEFAULT_ENGINES)})")
-    a.add_argument("--repeat", type=int, default=20, help=f"timed rounds, 1..{LIMITS['max_repeat']} (default 20)")
+    a.add_argument("--repeat", type=int, default=20, help=f"timed calls per engine, 1..{LIMITS['max_repeat']} (default 20)")
     a.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     a.add_argument("--json", action="store_true", help="print the result as JSON")
 
