@@ -19,6 +19,9 @@ engine-owned buffers once per batch size (as ``compiled`` does). The steps:
   columns** of the qkv weights, so the scores matmul needs no scaling pass.
 - **gelu** (tanh form) in place as ``x * (1 + tanh(u))``, seven passes; its 0.5
   folds into the next linear's weights when a linear reads it.
+- **attention**'s scores and context are batched matmuls over strided per-head
+  views of the qkv buffer, the context written straight into its column
+  blocks.
 - anything else runs its ``engines.ops`` kernel.
 
 The input is copied into an engine buffer first so every call is bound in
@@ -149,6 +152,9 @@ class FusedEngine(Engine):
             elif op.kind == "attn_scores" and op.inputs[0] in scaled:
                 where[op.output] = self._buffer(op.output, out_shape)
                 steps.append(("attn_scores", op.output, (where[op.inputs[0]],), (), dict(op.attrs)))
+            elif op.kind == "attn_context":
+                where[op.output] = self._buffer(op.output, out_shape)
+                steps.append(("attn_context", op.output, tuple(where[t] for t in op.inputs), (), dict(op.attrs)))
             elif op.kind == "gelu" and only_reader.get(op.inputs[0]) is op and where[op.inputs[0]] != "input":
                 where[op.output] = where[op.inputs[0]]             # in place
                 halve = nxt is None or nxt.kind != "linear"
@@ -201,6 +207,10 @@ class FusedEngine(Engine):
             calls.append((sgemm, (1.0, w.T, x2.T, 1.0, y2.T, 0, 0, 1)))
         return calls
 
+    def _batched_matmul_calls(self, a, b, out) -> list:
+        """The calls for out[i, h] = a[i, h] @ b[i, h] over (batch, heads) views."""
+        return [(np.matmul, (a, b, out))]
+
     def _bind(self, batch: int):
         calls = []
         for kind, out, inputs, operands, attrs in self.steps:
@@ -231,7 +241,12 @@ class FusedEngine(Engine):
                 split = qkv.reshape(b_, seq, 3, heads, width // (3 * heads))
                 q = split[:, :, 0].transpose(0, 2, 1, 3)
                 k_t = split[:, :, 1].transpose(0, 2, 3, 1)
-                calls.append((np.matmul, (q, k_t, y)))
+                calls += self._batched_matmul_calls(q, k_t, y)
+            elif kind == "attn_context":                           # each head into its column block
+                (probs, qkv), heads = ins, attrs["heads"]
+                b_, seq, width = y.shape
+                v = qkv.reshape(b_, seq, 3, heads, width // heads)[:, :, 2].transpose(0, 2, 1, 3)
+                calls += self._batched_matmul_calls(probs, v, y.reshape(b_, seq, heads, -1).transpose(0, 2, 1, 3))
             elif kind == "gelu":                                   # 2·gelu = x·(1 + tanh(u)), u = Cx(1 + 0.044715x²)
                 x, t = ins
                 calls += [(np.multiply, (x, x, t)),
