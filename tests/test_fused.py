@@ -185,8 +185,11 @@ def test_packed_weights_match_reference():
         pytest.skip(f"packed unavailable: {exc}")
     linears = [s for s in eng.steps if s[0].startswith("linear")]
     assert len(eng._packs) == len(linears) == sum(op.kind == "linear" for op in model.ops)
-    packed_calls = [fn for fn, _ in eng._bind(MAX_BATCH)[1] if fn is eng._mkl.sgemm_compute]
-    assert len(packed_calls) == len(linears)       # 144 rows: every linear on its packed weights
+    fns = [fn for fn, _ in eng._bind(MAX_BATCH)[1]]
+    assert fns.count(eng._mkl.sgemm_compute) == len(linears)   # 144 rows: every linear on its packed weights
+    heads = next(op.attrs["heads"] for op in model.ops if op.kind == "attn_context")
+    assert fns.count(eng._mkl.sgemm_batch_strided) == MAX_BATCH          # scores: a batch over heads per sample
+    assert fns.count(eng._mkl.sgemm) == MAX_BATCH * heads                # context: a gemm per head
     for batch in (1, 2, MAX_BATCH):                # rows = batch * 16
         x = model.random_input(batch, rng=batch)
         y, ref = eng.forward(x), model.reference(x)
