@@ -207,6 +207,10 @@ class FusedEngine(Engine):
             calls.append((sgemm, (1.0, w.T, x2.T, 1.0, y2.T, 0, 0, 1)))
         return calls
 
+    def _matvec_call(self, x, col, out):
+        """The call for out = x @ col, col a (n, 1) column."""
+        return (np.matmul, (x, col, out))
+
     def _batched_matmul_calls(self, a, b, out) -> list:
         """The calls for out[i, h] = a[i, h] @ b[i, h] over (batch, heads) views."""
         return [(np.matmul, (a, b, out))]
@@ -225,11 +229,11 @@ class FusedEngine(Engine):
                 x, tmp, stat = (rows2d(a) for a in ins)
                 y2 = rows2d(y)
                 (mean_col,) = operands
-                calls += [(np.matmul, (x, mean_col, stat)),       # row means as a matvec
+                calls += [self._matvec_call(x, mean_col, stat),   # row means as a matvec
                           (np.copyto, (tmp, stat)),
                           (np.subtract, (x, tmp, y2)),
                           (np.multiply, (y2, y2, tmp)),
-                          (np.matmul, (tmp, mean_col, stat)),      # variance
+                          self._matvec_call(tmp, mean_col, stat),  # variance
                           (np.add, (stat, attrs["eps"], stat)),
                           (np.sqrt, (stat, stat)),
                           (np.reciprocal, (stat, stat)),

@@ -23,9 +23,10 @@ NumPy buffers:
   row stays on ``sgemv``, which streams the weights once and measured as fast;
   small products stay on SciPy's ``sgemm``, where the call, not the kernel,
   is the cost.
-- **Attention on MKL too.** The per-head products of attention run as MKL
-  gemms (a strided batch over the heads for the scores, one gemm per head for
-  the context, whose heads interleave in memory). On NumPy's matmul they ran
+- **Attention and layernorm on MKL too.** The per-head products of attention
+  run as MKL gemms (a strided batch over the heads for the scores, one gemm
+  per head for the context, whose heads interleave in memory), and
+  layernorm's row means as MKL gemvs. On NumPy's matmul they ran
   on OpenBLAS's pool while MKL's workers spun, two pools fighting over two
   cores: at seq 128 the engine fell to 0.96-1.15x naive, below fused.
 - **Threads.** MKL's pool is sized like NumPy's BLAS pool when MKL is loaded,
@@ -101,6 +102,8 @@ def _load_mkl() -> ctypes.CDLL:
     lib.sgemm_batch_strided.restype = None
     lib.sgemm = lib["cblas_sgemm"]
     lib.sgemm.restype = None
+    lib.sgemv = lib["cblas_sgemv"]
+    lib.sgemv.restype = None
     _MKL = lib
     return lib
 
@@ -143,6 +146,17 @@ class PackedEngine(FusedEngine):
                        ptr(self._packs[id(w)].ctypes.data), n, ctypes.c_float(1.0),
                        ptr(y2.ctypes.data), y2.strides[0] // item)))
         return calls
+
+    def _matvec_call(self, x, col, out):
+        # On MKL, not NumPy's matmul: one thread pool (see the module docstring).
+        layout = _matrix_layout(x[None])
+        if layout is None or layout[0] != _NO_TRANS or col.strides[0] != col.itemsize:
+            return super()._matvec_call(x, col, out)
+        rows, n = x.shape
+        ptr = ctypes.c_void_p
+        return (self._mkl.sgemv, (_ROW_MAJOR, _NO_TRANS, rows, n, ctypes.c_float(1.0), ptr(x.ctypes.data), layout[1],
+                                  ptr(col.ctypes.data), 1, ctypes.c_float(0.0), ptr(out.ctypes.data),
+                                  out.strides[0] // out.itemsize))
 
     def _batched_matmul_calls(self, a, b, out) -> list:
         # On MKL, not NumPy's matmul: one thread pool (see the module docstring).

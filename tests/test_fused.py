@@ -190,6 +190,8 @@ def test_packed_weights_match_reference():
     heads = next(op.attrs["heads"] for op in model.ops if op.kind == "attn_context")
     assert fns.count(eng._mkl.sgemm_batch_strided) == MAX_BATCH          # scores: a batch over heads per sample
     assert fns.count(eng._mkl.sgemm) == MAX_BATCH * heads                # context: a gemm per head
+    standardized = sum(step[0] == "standardize" for step in eng.steps)
+    assert standardized and fns.count(eng._mkl.sgemv) == 2 * standardized   # row means and variances
     for batch in (1, 2, MAX_BATCH):                # rows = batch * 16
         x = model.random_input(batch, rng=batch)
         y, ref = eng.forward(x), model.reference(x)
