@@ -14,10 +14,12 @@ NumPy buffers:
 
 - **Packed once.** Each linear's folded weight matrix is packed as the GEMM's
   B operand at construction. One pack serves every number of rows, but MKL
-  picks its layout by the row count it is told: packed for 1 row, products of
-  8-128 rows at d4096 ran 2-4x slower than packed for 128; packs for 128, 256
-  and 1024 rows were within noise of each other for 2-512 rows. So every
-  pack is made for ``pack_rows`` = 256.
+  picks its layout by the row count it is told. Packed for 1 row, products of
+  8-128 rows at d4096 ran 2-4x slower. Packed for 128 rows, they ran as fast
+  as or faster than packed for 256 (193 against 115 GFLOP/s at 128 x 256 x
+  256; 173 against 165 at 128 x 4096 x 4096), and a 1024-row product ran as
+  fast as when packed for 256 or 1024. So every pack is made for
+  ``pack_rows`` = 128.
 - **Which calls take it.** A linear runs on the packed weights when it has
   more than one row and more than ``fused.blas_max_work`` multiply-adds. One
   row stays on ``sgemv``, which streams the weights once and measured as fast;
@@ -110,7 +112,7 @@ def _load_mkl() -> ctypes.CDLL:
 
 class PackedEngine(FusedEngine):
     name = "packed"
-    pack_rows = 256
+    pack_rows = 128
 
     def __init__(self, model, max_batch: int):
         self._mkl = _load_mkl()
