@@ -98,14 +98,10 @@ def _load_mkl() -> ctypes.CDLL:
     # The per-forward calls stay untyped: with argtypes, ctypes builds a converter object per
     # argument per call (840 B traced per gemm); untyped, it passes Python ints and prebuilt
     # ctypes objects straight through (288 B).
-    lib.sgemm_compute = lib["cblas_sgemm_compute"]
-    lib.sgemm_compute.restype = None
-    lib.sgemm_batch_strided = lib["cblas_sgemm_batch_strided"]
-    lib.sgemm_batch_strided.restype = None
-    lib.sgemm = lib["cblas_sgemm"]
-    lib.sgemm.restype = None
-    lib.sgemv = lib["cblas_sgemv"]
-    lib.sgemv.restype = None
+    for name in ("sgemm_compute", "sgemm_batch_strided", "sgemm", "sgemv"):
+        fn = lib["cblas_" + name]           # a fresh, untyped function object
+        fn.restype = None
+        setattr(lib, name, fn)
     _MKL = lib
     return lib
 
