@@ -40,7 +40,7 @@ import numpy as np
 
 from .base import Engine, EngineUnavailable
 from .models import Model
-from .ops import GELU_C, OPS, rows2d, tile
+from .ops import GELU_C, OPS, head_columns, rows2d, split_heads, tile
 
 _F32 = np.dtype(np.float32)
 
@@ -191,20 +191,15 @@ class FusedEngine(Engine):
 
     def _linear_calls(self, x2, y2, w, b, b_tiled, residual) -> list:
         """The calls for y2 = x2 @ w + b (+ residual), every array a 2-D view bound in advance."""
-        sgemm, sgemv = self._sgemm, self._sgemv
         rows = y2.shape[0]
         if rows * w.size > self.blas_max_work:                 # NumPy's matmul, then a tiled bias
             calls = [(np.matmul, (x2, w, y2))] + _tiled(np.add, y2, b_tiled)
-            if residual is not None:
-                calls.append((np.add, (y2, residual, y2)))
-            return calls
-        calls = [(np.copyto, (y2, b))]                         # broadcast without a ufunc buffer
-        if residual is not None:
-            calls.append((np.add, (y2, residual, y2)))
+            return calls + _residual_add(y2, residual)
+        calls = bias_start(y2, b, residual)
         if rows == 1:                                          # one row: y += W.T @ x
-            calls.append((sgemv, (1.0, w.T, x2[0], 1.0, y2[0], 0, 1, 0, 1, 0, 1)))
+            calls.append((self._sgemv, (1.0, w.T, x2[0], 1.0, y2[0], 0, 1, 0, 1, 0, 1)))
         else:                                                  # y.T += W.T @ x.T, all Fortran views
-            calls.append((sgemm, (1.0, w.T, x2.T, 1.0, y2.T, 0, 0, 1)))
+            calls.append((self._sgemm, (1.0, w.T, x2.T, 1.0, y2.T, 0, 0, 1)))
         return calls
 
     def _matvec_call(self, x, col, out):
@@ -240,17 +235,12 @@ class FusedEngine(Engine):
                           (np.copyto, (tmp, stat)),
                           (np.multiply, (y2, tmp, y2))]
             elif kind == "attn_scores":                            # scale already in q
-                qkv, heads = ins[0], attrs["heads"]
-                b_, seq, width = qkv.shape
-                split = qkv.reshape(b_, seq, 3, heads, width // (3 * heads))
-                q = split[:, :, 0].transpose(0, 2, 1, 3)
-                k_t = split[:, :, 1].transpose(0, 2, 3, 1)
-                calls += self._batched_matmul_calls(q, k_t, y)
+                q, k, _ = split_heads(ins[0], attrs["heads"])
+                calls += self._batched_matmul_calls(q, k.transpose(0, 1, 3, 2), y)
             elif kind == "attn_context":                           # each head into its column block
                 (probs, qkv), heads = ins, attrs["heads"]
-                b_, seq, width = y.shape
-                v = qkv.reshape(b_, seq, 3, heads, width // heads)[:, :, 2].transpose(0, 2, 1, 3)
-                calls += self._batched_matmul_calls(probs, v, y.reshape(b_, seq, heads, -1).transpose(0, 2, 1, 3))
+                _, _, v = split_heads(qkv, heads)
+                calls += self._batched_matmul_calls(probs, v, head_columns(y, heads))
             elif kind == "gelu":                                   # 2·gelu = x·(1 + tanh(u)), u = Cx(1 + 0.044715x²)
                 x, t = ins
                 calls += [(np.multiply, (x, x, t)),
@@ -288,6 +278,15 @@ class FusedEngine(Engine):
         for fn, args in bound[1]:
             fn(*args)
         return bound[2]
+
+
+def _residual_add(y2: np.ndarray, residual) -> list:
+    return [] if residual is None else [(np.add, (y2, residual, y2))]
+
+
+def bias_start(y2: np.ndarray, b: np.ndarray, residual) -> list:
+    """The calls that start y2 as bias (+ residual), for a gemm with beta=1 to accumulate onto."""
+    return [(np.copyto, (y2, b))] + _residual_add(y2, residual)   # copyto: no ufunc buffer
 
 
 def _tiled(ufunc, y: np.ndarray, tiled: np.ndarray) -> list:

@@ -172,7 +172,7 @@ def softmax_kernel(out, x, tmp, stat):
 
 # --- multi-head self-attention, as scores -> softmax -> context ---------------
 
-def _heads(qkv, heads):
+def split_heads(qkv, heads):
     """q, k, v as (batch, heads, seq, head_dim) views of a fused (batch, seq, 3·dim) tensor."""
     batch, seq, width = qkv.shape
     split = qkv.reshape(batch, seq, 3, heads, width // (3 * heads))
@@ -180,28 +180,33 @@ def _heads(qkv, heads):
 
 
 def attn_scores_eager(qkv, *, heads):
-    q, k, _ = _heads(qkv, heads)
+    q, k, _ = split_heads(qkv, heads)
     return (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
 
 
 def attn_scores_kernel(out, qkv, *, heads):
-    q, k, _ = _heads(qkv, heads)
+    q, k, _ = split_heads(qkv, heads)
     # Strided (batch, head) matrices are BLAS-compatible: no copies.
     np.matmul(q, k.swapaxes(-1, -2), out=out)
     np.multiply(out, 1.0 / math.sqrt(q.shape[-1]), out=out)
 
 
 def attn_context_eager(probs, qkv, *, heads):
-    _, _, v = _heads(qkv, heads)
+    _, _, v = split_heads(qkv, heads)
     ctx = probs @ v                               # (batch, heads, seq, head_dim)
     return ctx.transpose(0, 2, 1, 3).reshape(qkv.shape[0], qkv.shape[1], -1)
 
 
-def attn_context_kernel(out, probs, qkv, *, heads):
-    _, _, v = _heads(qkv, heads)
+def head_columns(out, heads):
+    """A (batch, seq, dim) tensor as (batch, heads, seq, head_dim) views of its column blocks."""
     batch, seq, width = out.shape
+    return out.reshape(batch, seq, heads, width // heads).transpose(0, 2, 1, 3)
+
+
+def attn_context_kernel(out, probs, qkv, *, heads):
+    _, _, v = split_heads(qkv, heads)
     # Write each head straight into its column block of the (batch, seq, dim) output.
-    np.matmul(probs, v, out=out.reshape(batch, seq, heads, width // heads).transpose(0, 2, 1, 3))
+    np.matmul(probs, v, out=head_columns(out, heads))
 
 
 def attn_flops(in_shapes, out_shape):

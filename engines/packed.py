@@ -52,7 +52,7 @@ from importlib import metadata
 import numpy as np
 
 from .base import EngineUnavailable
-from .fused import FusedEngine
+from .fused import FusedEngine, bias_start
 from .threads import blas_threads
 
 _ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162   # CBLAS enums (mkl_cblas.h)
@@ -135,9 +135,7 @@ class PackedEngine(FusedEngine):
         if rows == 1 or rows * w.size <= self.blas_max_work or not unit_rows:
             return super()._linear_calls(x2, y2, w, b, b_tiled, residual)
         k, n = w.shape
-        calls = [(np.copyto, (y2, b))]                             # beta=1 accumulates onto the bias
-        if residual is not None:
-            calls.append((np.add, (y2, residual, y2)))
+        calls = bias_start(y2, b, residual)
         ptr = ctypes.c_void_p
         calls.append((self._mkl.sgemm_compute,
                       (_ROW_MAJOR, _NO_TRANS, _PACKED, rows, n, k, ptr(x2.ctypes.data), x2.strides[0] // item,
@@ -147,14 +145,14 @@ class PackedEngine(FusedEngine):
 
     def _matvec_call(self, x, col, out):
         # On MKL, not NumPy's matmul: one thread pool (see the module docstring).
-        layout = _matrix_layout(x[None])
-        if layout is None or layout[0] != _NO_TRANS or col.strides[0] != col.itemsize:
+        item = x.itemsize
+        if not x.strides[1] == col.strides[0] == item:
             return super()._matvec_call(x, col, out)
         rows, n = x.shape
         ptr = ctypes.c_void_p
-        return (self._mkl.sgemv, (_ROW_MAJOR, _NO_TRANS, rows, n, ctypes.c_float(1.0), ptr(x.ctypes.data), layout[1],
-                                  ptr(col.ctypes.data), 1, ctypes.c_float(0.0), ptr(out.ctypes.data),
-                                  out.strides[0] // out.itemsize))
+        return (self._mkl.sgemv, (_ROW_MAJOR, _NO_TRANS, rows, n, ctypes.c_float(1.0), ptr(x.ctypes.data),
+                                  x.strides[0] // item, ptr(col.ctypes.data), 1, ctypes.c_float(0.0),
+                                  ptr(out.ctypes.data), out.strides[0] // item))
 
     def _batched_matmul_calls(self, a, b, out) -> list:
         # On MKL, not NumPy's matmul: one thread pool (see the module docstring).
