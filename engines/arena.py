@@ -15,10 +15,9 @@ from __future__ import annotations
 import os
 from itertools import accumulate
 
-import numpy as np
-
 from .compiled import CompiledEngine
-from .planner import ALIGNMENT, align, plan_memory
+from .ops import aligned_empty
+from .planner import align, plan_memory
 
 
 class ArenaEngine(CompiledEngine):
@@ -31,9 +30,7 @@ class ArenaEngine(CompiledEngine):
             ends = list(accumulate(align(n) for n in sizes.values()))
             offsets, total = dict(zip(sizes, [0, *ends[:-1]])), ends[-1]
         self.activation_bytes = total
-        raw = np.empty(total // 4 + ALIGNMENT // 4, dtype=np.float32)
-        start = (-raw.ctypes.data % ALIGNMENT) // 4
-        self.arena = raw[start:start + total // 4]
+        self.arena = aligned_empty(total // 4)
         return {t: self.arena[offsets[t] // 4:(offsets[t] + n) // 4] for t, n in sizes.items()}
 
     def report(self) -> dict[str, int]:

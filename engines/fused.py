@@ -40,7 +40,7 @@ import numpy as np
 
 from .base import Engine, EngineUnavailable
 from .models import Model
-from .ops import GELU_C, OPS, head_columns, rows2d, split_heads, tile
+from .ops import GELU_C, OPS, aligned, aligned_empty, head_columns, mean_column, rows2d, split_heads, tile
 
 _F32 = np.dtype(np.float32)
 
@@ -73,7 +73,7 @@ class FusedEngine(Engine):
         self.steps = self._lower(model)                 # [(kind, output, inputs, operands, attrs)]
         self.weight_bytes = sum(a.nbytes for _, _, inputs, operands, _ in self.steps
                                 for a in (*inputs, *operands) if isinstance(a, np.ndarray))
-        self._buffers = {t: np.empty(max_batch * math.prod(s), dtype=np.float32) for t, s in self.shapes.items()}
+        self._buffers = {t: aligned_empty(max_batch * math.prod(s)) for t, s in self.shapes.items()}
         self.activation_bytes = sum(b.nbytes for b in self._buffers.values())
         self._bound: dict[int, tuple] = {}
 
@@ -112,12 +112,10 @@ class FusedEngine(Engine):
                 gamma, beta = (model.params[p] for p in op.params)
                 folded_ln[op.output] = (gamma, beta)
                 where[op.output] = self._buffer(op.output, out_shape)
-                width = out_shape[-1]
-                mean_col = np.full((width, 1), 1.0 / width, dtype=np.float32)
                 scratch = (self._buffer(op.output + ".tmp", out_shape),
                            self._buffer(op.output + ".stat", out_shape[:-1] + (1,)))
                 steps.append(("standardize", op.output, (where[op.inputs[0]], *scratch),
-                              (mean_col,), {"eps": op.attrs["eps"]}))
+                              (mean_column(out_shape[-1]),), {"eps": op.attrs["eps"]}))
             elif op.kind == "linear":
                 w = model.params[op.params[0]].astype(np.float64)
                 b = model.params[op.params[1]].astype(np.float64)
@@ -133,7 +131,7 @@ class FusedEngine(Engine):
                     width, scale = qk_scale[op.output]
                     w[:, :width] *= scale
                     b[:width] *= scale
-                w32, b32 = np.ascontiguousarray(w, dtype=np.float32), b.astype(np.float32)
+                w32, b32 = aligned(w), b.astype(np.float32)
                 operands = (w32, b32, tile(b32, self.max_batch * math.prod(out_shape[:-1])))
                 src = where[op.inputs[0]]
                 if nxt is not None and nxt.kind == "relu" and ops[i + 1] is nxt:

@@ -29,6 +29,8 @@ from typing import Callable
 
 import numpy as np
 
+from .planner import ALIGNMENT
+
 GELU_C = math.sqrt(2.0 / math.pi)
 # Rows of a pre-tiled bias/gamma/beta: enough to cover small batches in one
 # call, small enough (<= 256 KiB) to stay in cache while larger batches are
@@ -41,9 +43,26 @@ def rows2d(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1, a.shape[-1])
 
 
+def aligned_empty(shape, dtype=np.float32) -> np.ndarray:
+    """An uninitialised C-contiguous array starting on a cache line (NumPy promises only 16 bytes)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(np.atleast_1d(shape)) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def aligned(a) -> np.ndarray:
+    """A float32 copy of a on a cache line. OpenBLAS's sgemm ran an 8 x 256 x 256 product in
+    24 us with the weights 64-byte aligned against 32 us 16 bytes off, where NumPy may put them."""
+    out = aligned_empty(np.shape(a))
+    out[...] = a
+    return out
+
+
 def tile(vector: np.ndarray, max_rows: int) -> np.ndarray:
     rows = max(1, min(max_rows, TILE_BYTES // (4 * vector.shape[-1])))
-    return np.ascontiguousarray(np.broadcast_to(vector.astype(np.float32), (rows, vector.shape[-1])))
+    return aligned(np.broadcast_to(vector, (rows, vector.shape[-1])))
 
 
 def apply_tiled(ufunc: np.ufunc, y: np.ndarray, tiled: np.ndarray) -> None:
@@ -65,7 +84,7 @@ def linear_eager(x, w, b):
 
 
 def linear_prepare(w, b, max_rows):
-    return np.ascontiguousarray(w, dtype=np.float32), tile(b, max_rows)
+    return aligned(w), tile(b, max_rows)
 
 
 def linear_kernel(out, x, w, b_tiled):
@@ -124,10 +143,13 @@ def layernorm_eager(x, gamma, beta, *, eps):
     return (x - mu) / np.sqrt(var + eps) * gamma + beta
 
 
+def mean_column(width: int) -> np.ndarray:
+    """The (width, 1) column that turns a row mean into a matvec."""
+    return aligned(np.full((width, 1), 1.0 / width))
+
+
 def layernorm_prepare(gamma, beta, max_rows):
-    width = gamma.shape[-1]
-    mean_col = np.full((width, 1), 1.0 / width, dtype=np.float32)
-    return tile(gamma, max_rows), tile(beta, max_rows), mean_col
+    return tile(gamma, max_rows), tile(beta, max_rows), mean_column(gamma.shape[-1])
 
 
 def layernorm_kernel(out, x, gamma_t, beta_t, mean_col, tmp, stat, *, eps):

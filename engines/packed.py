@@ -53,11 +53,11 @@ import numpy as np
 
 from .base import EngineUnavailable
 from .fused import FusedEngine, bias_start
+from .ops import aligned_empty
 from .threads import blas_threads
 
 _ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162   # CBLAS enums (mkl_cblas.h)
 _LP64 = 0                                                         # 32-bit integers
-_ALIGN = 64
 _MKL = None
 
 
@@ -122,9 +122,7 @@ class PackedEngine(FusedEngine):
     def _pack(self, w: np.ndarray) -> np.ndarray:
         k, n = w.shape
         size = self._mkl.cblas_sgemm_pack_get_size(_B_MATRIX, self.pack_rows, n, k)
-        raw = np.empty(size + _ALIGN, dtype=np.uint8)
-        start = -raw.ctypes.data % _ALIGN
-        dest = raw[start:start + size]
+        dest = aligned_empty(size, np.uint8)
         self._mkl.cblas_sgemm_pack(_ROW_MAJOR, _B_MATRIX, _NO_TRANS, self.pack_rows, n, k, 1.0,
                                    w.ctypes.data, n, dest.ctypes.data)
         return dest

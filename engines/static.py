@@ -9,9 +9,8 @@ buffer, valid until the next call.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .compiled import CompiledEngine
+from .ops import aligned_empty
 
 
 class StaticEngine(CompiledEngine):
@@ -19,4 +18,4 @@ class StaticEngine(CompiledEngine):
 
     def _storage(self, sizes):
         self.activation_bytes = sum(sizes.values())
-        return {t: np.empty(n // 4, dtype=np.float32) for t, n in sizes.items()}
+        return {t: aligned_empty(n // 4) for t, n in sizes.items()}
