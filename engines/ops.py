@@ -23,6 +23,7 @@ every array with its batch axis first.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -182,14 +183,27 @@ def softmax_eager(x):
 
 def softmax_kernel(out, x, tmp, stat):
     x, y, tmp, stat = rows2d(x), rows2d(out), rows2d(tmp), rows2d(stat)
-    np.maximum.reduce(x, axis=1, keepdims=True, out=stat)
+    rows, width = x.shape
+    # Row max over a transposed copy: NumPy reduces a short row at ~130 ns per row (70 us for
+    # attention's 512 rows of 64), but across rows it runs vectorised (copy and reduce: 37 us).
+    by_column = tmp.reshape(width, rows)
+    np.copyto(by_column, x.T)
+    np.maximum.reduce(by_column, axis=0, out=stat.reshape(rows))
     np.copyto(tmp, stat)
     np.subtract(x, tmp, out=y)
     np.exp(y, out=y)
-    np.add.reduce(y, axis=1, keepdims=True, out=stat)
+    np.matmul(y, ones_column(width), out=stat)  # row sums as a matvec: 3 us against add.reduce's 21
     np.reciprocal(stat, out=stat)
     np.copyto(tmp, stat)
     np.multiply(y, tmp, out=y)
+
+
+@functools.lru_cache(maxsize=None)
+def ones_column(width: int) -> np.ndarray:
+    """A read-only (width, 1) column of ones, made once per width."""
+    col = aligned(np.ones((width, 1)))
+    col.flags.writeable = False
+    return col
 
 
 # --- multi-head self-attention, as scores -> softmax -> context ---------------
