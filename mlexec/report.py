@@ -12,9 +12,12 @@ after 0.3 s idle on this shared machine the next calls ran 2-6x slower for
 about 100 ms. Per engine and shape the table gives:
 
 * the median time per call over rounds and the IQR as a percentage of it;
-* the ratio to ``naive`` and to ``onnxruntime``: the reference's median over
-  this engine's median (> 1: this engine is faster; "-" when the reference
-  did not run);
+* the ratio to ``naive`` and to ``onnxruntime``: the median over rounds of
+  the reference's time over this engine's in the same round (> 1: this engine
+  is faster; "-" when the reference did not run), with the IQR of those
+  per-round ratios. Pairing by round cancels the host's slow spells, which
+  last seconds: at the small points of one run the engines' own times had
+  IQRs of 30-58 %, their per-round ratios 5-15 %;
 * the fraction of the roofline reached: roofline time over measured time,
   where roofline time = max(flops / peak matmul rate, weight bytes / copy
   bandwidth) -- one forward must do its flops and stream its weights once.
@@ -201,21 +204,26 @@ def summarize(shape: Shape, times: dict[str, np.ndarray], model, roofs: Roofs) -
     flops_s = model.flops(shape.batch) / (roofs.gflops * 1e9)
     stream_s = model.weight_bytes / (roofs.gbytes_per_s * 1e9)
     roofline_s = max(flops_s, stream_s)
-    medians = {name: float(np.median(t)) for name, t in times.items()}
     rows = []
     for name, t in times.items():
-        q1, q3 = np.percentile(t, [25, 75])
-        med = medians[name]
+        q1, med, q3 = (float(v) for v in np.percentile(t, [25, 50, 75]))
+        vs = {ref: _paired(times[ref], t) if ref in times else (None, None) for ref in ("naive", "onnxruntime")}
         rows.append({
             "model": shape.model, "batch": shape.batch, "dim": shape.dim, "seq": shape.seq, "shape": shape.label,
-            "engine": name, "median_s": med, "iqr_pct": float(100 * (q3 - q1) / med),
-            "vs_naive": medians["naive"] / med if "naive" in medians else None,
-            "vs_onnxruntime": medians["onnxruntime"] / med if "onnxruntime" in medians else None,
+            "engine": name, "median_s": med, "iqr_pct": 100 * (q3 - q1) / med,
+            "vs_naive": vs["naive"][0], "vs_naive_iqr": vs["naive"][1],
+            "vs_onnxruntime": vs["onnxruntime"][0], "vs_onnxruntime_iqr": vs["onnxruntime"][1],
             "roofline_s": roofline_s, "roofline_fraction": roofline_s / med,
             "peak_fraction": flops_s / med, "bandwidth_fraction": stream_s / med,
             "rounds_s": [float(v) for v in t], "error": None,
         })
     return rows
+
+
+def _paired(ref: np.ndarray, t: np.ndarray) -> tuple[float, list[float]]:
+    """The median and IQR over rounds of ref's time over t's in the same round."""
+    q1, med, q3 = np.percentile(ref / t, [25, 50, 75])
+    return float(med), [float(q1), float(q3)]
 
 
 @contextlib.contextmanager
@@ -289,8 +297,8 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
 # ---------------------------------------------------------------- output
 
 
-def _ratio(v) -> str:
-    return "-" if v is None else f"{v:.2f}x"
+def _ratio(v, iqr) -> str:
+    return "-" if v is None else f"{v:.2f}x ({iqr[0]:.2f}-{iqr[1]:.2f})"
 
 
 _HEADER = ["model", "shape", "engine", "median", "IQR %", "× naive", "× onnxruntime", "of roofline"]
@@ -300,15 +308,15 @@ def _cells(row: dict) -> list[str]:
     head = [row["model"], row["shape"], row["engine"]]
     if row.get("error"):
         return head + [row["error"], "", "", "", ""]
-    return head + [fmt_time(row["median_s"]), f"{row['iqr_pct']:.0f}", _ratio(row["vs_naive"]),
-                   _ratio(row["vs_onnxruntime"]), f"{100 * row['roofline_fraction']:.0f}%"]
+    return head + [fmt_time(row["median_s"]), f"{row['iqr_pct']:.0f}", _ratio(row["vs_naive"], row["vs_naive_iqr"]),
+                   _ratio(row["vs_onnxruntime"], row["vs_onnxruntime_iqr"]), f"{100 * row['roofline_fraction']:.0f}%"]
 
 
 def _preamble(report: dict) -> list[str]:
     r = report["roofs"]
     return [f"roofs: matmul {r['gflops']:.0f} GFLOP/s, copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
             f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape",
-            "× naive, × onnxruntime: their median over this engine's (> 1: faster); "
+            "× naive, × onnxruntime: median (IQR) over rounds of their time over this engine's (> 1: faster); "
             "of roofline: max(flops / matmul roof, weight bytes / copy roof) over the median"]
 
 

@@ -58,21 +58,23 @@ def test_every_available_engine_has_a_row_per_shape(result):
         assert any(line.split()[:4] == ["mlp", *shape.split(), engine] for line in table.splitlines())
 
 
-def test_ratios_come_from_the_measured_medians(result):
+def test_ratios_pair_the_rounds(result):
     built, _, _ = result
     for shape in GRID["mlp"]:
         rows = {r["engine"]: r for r in measured(built) if r["shape"] == shape.label}
         for r in rows.values():
-            assert len(r["rounds_s"]) == 2
-            assert r["median_s"] == pytest.approx(float(np.median(r["rounds_s"])), rel=1e-12)
-            assert r["vs_naive"] == pytest.approx(rows["naive"]["median_s"] / r["median_s"], rel=1e-12)
-            if "onnxruntime" in rows:
-                assert r["vs_onnxruntime"] == pytest.approx(rows["onnxruntime"]["median_s"] / r["median_s"],
-                                                            rel=1e-12)
-            else:
-                assert r["vs_onnxruntime"] is None
+            rounds = np.array(r["rounds_s"])
+            assert len(rounds) == 2
+            assert r["median_s"] == pytest.approx(float(np.median(rounds)), rel=1e-12)
+            for ref in ("naive", "onnxruntime"):
+                if ref not in rows:
+                    assert r[f"vs_{ref}"] is None
+                    continue
+                per_round = np.array(rows[ref]["rounds_s"]) / rounds     # the same round's times
+                assert r[f"vs_{ref}"] == pytest.approx(float(np.median(per_round)), rel=1e-12)
+                assert r[f"vs_{ref}_iqr"] == pytest.approx(np.percentile(per_round, [25, 75]).tolist(), rel=1e-12)
             assert r["iqr_pct"] >= 0
-        assert rows["naive"]["vs_naive"] == 1.0
+        assert rows["naive"]["vs_naive"] == 1.0 and rows["naive"]["vs_naive_iqr"] == [1.0, 1.0]
         if "onnxruntime" in rows:
             assert rows["onnxruntime"]["vs_onnxruntime"] == 1.0
 
