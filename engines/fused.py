@@ -22,6 +22,8 @@ engine-owned buffers once per batch size (as ``compiled`` does). The steps:
 - **attention**'s scores and context are batched matmuls over strided per-head
   views of the qkv buffer, the context written straight into its column
   blocks.
+- **softmax** in place, as ``engines.ops``' kernel does it, but with its row
+  sums bound as the engine's matvec, so that ``packed`` keeps them on MKL.
 - anything else runs its ``engines.ops`` kernel.
 
 The input is copied into an engine buffer first so every call is bound in
@@ -40,7 +42,7 @@ import numpy as np
 
 from .base import Engine, EngineUnavailable
 from .models import Model
-from .ops import GELU_C, OPS, aligned, aligned_empty, head_columns, mean_column, rows2d, split_heads, tile
+from .ops import GELU_C, OPS, aligned, aligned_empty, head_columns, mean_column, ones_column, rows2d, split_heads, tile
 
 _F32 = np.dtype(np.float32)
 
@@ -164,8 +166,7 @@ class FusedEngine(Engine):
                 where[op.output] = where[op.inputs[0]]             # in place
                 scratch = (self._buffer(op.output + ".tmp", out_shape),
                            self._buffer(op.output + ".stat", out_shape[:-1] + (1,)))
-                steps.append(("kernel", where[op.output], (where[op.inputs[0]], *scratch),
-                              (OPS["softmax"].kernel,), {}))
+                steps.append(("softmax", where[op.output], (where[op.inputs[0]], *scratch), (), {}))
             else:                                                  # the op's own kernel
                 kind = OPS[op.kind]
                 max_rows = self.max_batch * math.prod(model.shapes[model.input][:-1])
@@ -229,6 +230,17 @@ class FusedEngine(Engine):
                           self._matvec_call(tmp, mean_col, stat),  # variance
                           (np.add, (stat, attrs["eps"], stat)),
                           (np.sqrt, (stat, stat)),
+                          (np.reciprocal, (stat, stat)),
+                          (np.copyto, (tmp, stat)),
+                          (np.multiply, (y2, tmp, y2))]
+            elif kind == "softmax":                                # as ops.softmax_kernel, its sums on _matvec_call
+                x, tmp, stat = (rows2d(a) for a in ins)
+                y2 = rows2d(y)
+                calls += [(partial(np.maximum.reduce, axis=1, keepdims=True, out=stat), (x,)),
+                          (np.copyto, (tmp, stat)),
+                          (np.subtract, (x, tmp, y2)),
+                          (np.exp, (y2, y2)),
+                          self._matvec_call(y2, ones_column(x.shape[1]), stat),
                           (np.reciprocal, (stat, stat)),
                           (np.copyto, (tmp, stat)),
                           (np.multiply, (y2, tmp, y2))]

@@ -183,16 +183,13 @@ def softmax_eager(x):
 
 def softmax_kernel(out, x, tmp, stat):
     x, y, tmp, stat = rows2d(x), rows2d(out), rows2d(tmp), rows2d(stat)
-    rows, width = x.shape
-    # Row max over a transposed copy: NumPy reduces a short row at ~130 ns per row (70 us for
-    # attention's 512 rows of 64), but across rows it runs vectorised (copy and reduce: 37 us).
-    by_column = tmp.reshape(width, rows)
-    np.copyto(by_column, x.T)
-    np.maximum.reduce(by_column, axis=0, out=stat.reshape(rows))
+    np.maximum.reduce(x, axis=1, keepdims=True, out=stat)
     np.copyto(tmp, stat)
     np.subtract(x, tmp, out=y)
     np.exp(y, out=y)
-    np.matmul(y, ones_column(width), out=stat)  # row sums as a matvec: 3 us against add.reduce's 21
+    # Row sums as a matvec: 4 us against add.reduce's 19 us for attention's 512 rows of 64,
+    # 61 us against 423 us for 8192 rows of 128 (NumPy's reduction pays ~130 ns per row).
+    np.matmul(y, ones_column(x.shape[1]), out=stat)
     np.reciprocal(stat, out=stat)
     np.copyto(tmp, stat)
     np.multiply(y, tmp, out=y)
