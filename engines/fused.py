@@ -42,7 +42,8 @@ import numpy as np
 
 from .base import Engine, EngineUnavailable
 from .models import Model
-from .ops import GELU_C, OPS, aligned, aligned_empty, head_columns, mean_column, ones_column, rows2d, split_heads, tile
+from .ops import (GELU_C, OPS, aligned_empty, head_columns, mean_column, ones_column, rows2d, split_heads, tile,
+                  weight_layout)
 
 _F32 = np.dtype(np.float32)
 
@@ -133,7 +134,7 @@ class FusedEngine(Engine):
                     width, scale = qk_scale[op.output]
                     w[:, :width] *= scale
                     b[:width] *= scale
-                w32, b32 = aligned(w), b.astype(np.float32)
+                w32, b32 = weight_layout(w), b.astype(np.float32)
                 operands = (w32, b32, tile(b32, self.max_batch * math.prod(out_shape[:-1])))
                 src = where[op.inputs[0]]
                 if nxt is not None and nxt.kind == "relu" and ops[i + 1] is nxt:
@@ -191,7 +192,9 @@ class FusedEngine(Engine):
     def _linear_calls(self, x2, y2, w, b, b_tiled, residual) -> list:
         """The calls for y2 = x2 @ w + b (+ residual), every array a 2-D view bound in advance."""
         rows = y2.shape[0]
-        if rows * w.size > self.blas_max_work:                 # NumPy's matmul, then a tiled bias
+        # NumPy's matmul, then a tiled bias; also for weights stored transposed (ops.weight_layout),
+        # which are always above the boundary
+        if rows * w.size > self.blas_max_work or not w.flags.c_contiguous:
             calls = [(np.matmul, (x2, w, y2))] + _tiled(np.add, y2, b_tiled)
             return calls + _residual_add(y2, residual)
         calls = bias_start(y2, b, residual)

@@ -61,6 +61,21 @@ def aligned(a) -> np.ndarray:
     return out
 
 
+# Weight matrices from this size up are stored transposed, (out, in), and used through their
+# transposed view, which NumPy's matmul hands to sgemm as "B transposed" without a copy. Measured
+# with OpenBLAS, interleaved: at 4096 x 4096 (64 MiB) 1.10-1.32x faster for 8-128 rows and as fast
+# for 1; at 2048 x 2048 mixed (0.80-1.28x); at 1024 x 1024 0.70-0.91x slower for 8-128 rows.
+TRANSPOSED_MIN_BYTES = 32 << 20
+
+
+def weight_layout(w) -> np.ndarray:
+    """w (in, out) as an engine holds it: float32 on a cache line, and from TRANSPOSED_MIN_BYTES
+    up stored (out, in) and returned as its (in, out) transposed view (Fortran order)."""
+    if 4 * np.size(w) >= TRANSPOSED_MIN_BYTES:
+        return aligned(np.transpose(w)).T
+    return aligned(w)
+
+
 def tile(vector: np.ndarray, max_rows: int) -> np.ndarray:
     rows = max(1, min(max_rows, TILE_BYTES // (4 * vector.shape[-1])))
     return aligned(np.broadcast_to(vector, (rows, vector.shape[-1])))
@@ -85,7 +100,7 @@ def linear_eager(x, w, b):
 
 
 def linear_prepare(w, b, max_rows):
-    return aligned(w), tile(b, max_rows)
+    return weight_layout(w), tile(b, max_rows)
 
 
 def linear_kernel(out, x, w, b_tiled):

@@ -125,8 +125,10 @@ class PackedEngine(FusedEngine):
         k, n = w.shape
         size = self._mkl.cblas_sgemm_pack_get_size(_B_MATRIX, self.pack_rows, n, k)
         dest = aligned_empty(size, np.uint8)
-        self._mkl.cblas_sgemm_pack(_ROW_MAJOR, _B_MATRIX, _NO_TRANS, self.pack_rows, n, k, 1.0,
-                                   w.ctypes.data, n, dest.ctypes.data)
+        # w may be stored transposed (ops.weight_layout): then its rows are W's columns
+        trans, ld = (_NO_TRANS, n) if w.flags.c_contiguous else (_TRANS, k)
+        self._mkl.cblas_sgemm_pack(_ROW_MAJOR, _B_MATRIX, trans, self.pack_rows, n, k, 1.0,
+                                   w.ctypes.data, ld, dest.ctypes.data)
         return dest
 
     def _linear_calls(self, x2, y2, w, b, b_tiled, residual) -> list:
