@@ -43,7 +43,7 @@ import numpy as np
 from .base import Engine, EngineUnavailable
 from .models import Model
 from .ops import (GELU_C, OPS, aligned_empty, head_columns, mean_column, ones_column, rows2d, split_heads, tile,
-                  weight_layout)
+                  weight_layout, zero_rows)
 
 _F32 = np.dtype(np.float32)
 
@@ -220,8 +220,10 @@ class FusedEngine(Engine):
             if kind in ("linear", "linear_relu", "linear_add"):
                 residual = rows2d(ins[1]) if kind == "linear_add" else None
                 calls += self._linear_calls(rows2d(ins[0]), rows2d(y), *operands, residual)
-                if kind == "linear_relu":
-                    calls.append((partial(np.maximum, out=rows2d(y)), (rows2d(y), 0.0)))  # NaN-propagating
+                if kind == "linear_relu":                          # NaN-propagating, against zero rows
+                    y2, zeros = rows2d(y), zero_rows(y.shape[-1])
+                    blocks = [y2[i:i + len(zeros)] for i in range(0, len(y2), len(zeros))]
+                    calls += [(_relu_in_place, (blk, zeros[:len(blk)])) for blk in blocks]
             elif kind == "standardize":
                 x, tmp, stat = (rows2d(a) for a in ins)
                 y2 = rows2d(y)
@@ -306,6 +308,10 @@ def _tiled(ufunc, y: np.ndarray, tiled: np.ndarray) -> list:
     """Calls doing y[r] = ufunc(y[r], v) for every row, over row blocks the pre-tiled vector covers."""
     step = tiled.shape[0]
     return [(ufunc, (y[i:i + step], tiled[:len(y[i:i + step])], y[i:i + step])) for i in range(0, len(y), step)]
+
+
+def _relu_in_place(y: np.ndarray, zeros: np.ndarray) -> None:
+    np.maximum(y, zeros, out=y)
 
 
 def _with_attrs(kernel, attrs):
