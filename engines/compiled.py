@@ -1,7 +1,8 @@
 """What static and arena share: the model lowered to kernel calls over engine-owned buffers.
 
 A subclass decides only where each tensor lives (``_storage``). This class
-prepares parameters once, binds every op's kernel to views of those buffers
+prepares parameters once (weights copied onto cache lines, the largest
+stored transposed: ``ops.weight_layout``), binds every op's kernel to views of those buffers
 for a given batch (once per batch size, then cached), and runs the bound
 steps. Nothing in ``forward`` allocates an array: the views are made at bind
 time, and every kernel writes with ``out=``.

@@ -10,7 +10,10 @@ engine-owned buffers once per batch size (as ``compiled`` does). The steps:
   output is a Fortran (n, rows) matrix: ``out.T = W.T @ x.T``) with
   ``overwrite_c``, so f2py copies nothing. One row (batch 1 of an MLP) is a
   ``sgemv``, which streams the weights once.
-- **linear + relu** is one step; the relu runs in place on the gemm output.
+- **weights** are held as ``ops.weight_layout`` makes them: on cache lines,
+  and the largest stored transposed (those always take NumPy's matmul).
+- **linear + relu** is one step; the relu runs in place on the gemm output,
+  against a block of zero rows (twice as fast as against the scalar 0).
 - **linear + residual add** is one step: the output starts as bias + the
   residual, and the gemm accumulates onto it.
 - **layernorm's gamma and beta fold into the linear that reads it**

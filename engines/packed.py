@@ -30,7 +30,7 @@ NumPy buffers:
   per head for the context, whose heads interleave in memory), and
   layernorm's row means and softmax's row sums as MKL gemvs. (With the
   softmax sums on NumPy's matmul, transformer-b8-d256-s128 took 54 ms
-  instead of 10.) On NumPy's matmul they ran
+  instead of about 20.) On NumPy's matmul they ran
   on OpenBLAS's pool while MKL's workers spun, two pools fighting over two
   cores: at seq 128 the engine fell to 0.96-1.15x naive, below fused.
 - **Threads.** MKL's pool is sized like NumPy's BLAS pool when MKL is loaded,
