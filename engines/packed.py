@@ -28,11 +28,11 @@ NumPy buffers:
 - **Attention and layernorm on MKL too.** The per-head products of attention
   run as MKL gemms (a strided batch over the heads for the scores, one gemm
   per head for the context, whose heads interleave in memory), and
-  layernorm's row means and softmax's row sums as MKL gemvs. (With the
-  softmax sums on NumPy's matmul, transformer-b8-d256-s128 took 54 ms
-  instead of about 20.) On NumPy's matmul they ran
-  on OpenBLAS's pool while MKL's workers spun, two pools fighting over two
-  cores: at seq 128 the engine fell to 0.96-1.15x naive, below fused.
+  layernorm's row means and softmax's row sums as MKL gemvs. On NumPy's
+  matmul they ran on OpenBLAS's pool while MKL's workers spun, two pools
+  fighting over two cores: at seq 128 the engine fell to 0.96-1.15x naive,
+  below fused, and with only softmax's sums left there,
+  transformer-b8-d256-s128 took 54 ms instead of about 20.
 - **Threads.** MKL's pool is sized like NumPy's BLAS pool when MKL is loaded,
   and follows ``threadpoolctl`` limits after that. Its OpenMP workers keep
   MKL's default of spinning for 200 ms after a call, as ONNX Runtime's do:
