@@ -2,9 +2,9 @@
 
 A subclass decides only where each tensor lives (``_storage``). This class
 prepares parameters once (weights copied onto cache lines, the largest
-stored transposed: ``ops.weight_layout``), binds every op's kernel to views of those buffers
-for a given batch (once per batch size, then cached), and runs the bound
-steps. Nothing in ``forward`` allocates an array: the views are made at bind
+stored transposed: ``ops.weight_layout``), binds every op's kernel to views
+of those buffers for a given batch (once per batch size, then cached), and
+runs the bound steps. Nothing in ``forward`` allocates an array: the views are made at bind
 time, and every kernel writes with ``out=``.
 """
 from __future__ import annotations
