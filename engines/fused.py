@@ -224,9 +224,7 @@ class FusedEngine(Engine):
                 residual = rows2d(ins[1]) if kind == "linear_add" else None
                 calls += self._linear_calls(rows2d(ins[0]), rows2d(y), *operands, residual)
                 if kind == "linear_relu":                          # NaN-propagating, against zero rows
-                    y2, zeros = rows2d(y), zero_rows(y.shape[-1])
-                    blocks = [y2[i:i + len(zeros)] for i in range(0, len(y2), len(zeros))]
-                    calls += [(_relu_in_place, (blk, zeros[:len(blk)])) for blk in blocks]
+                    calls += _tiled(_maximum, rows2d(y), zero_rows(y.shape[-1]))
             elif kind == "standardize":
                 x, tmp, stat = (rows2d(a) for a in ins)
                 y2 = rows2d(y)
@@ -313,8 +311,8 @@ def _tiled(ufunc, y: np.ndarray, tiled: np.ndarray) -> list:
     return [(ufunc, (y[i:i + step], tiled[:len(y[i:i + step])], y[i:i + step])) for i in range(0, len(y), step)]
 
 
-def _relu_in_place(y: np.ndarray, zeros: np.ndarray) -> None:
-    np.maximum(y, zeros, out=y)
+def _maximum(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    np.maximum(a, b, out=out)    # a positional out is deprecated for np.maximum
 
 
 def _with_attrs(kernel, attrs):
