@@ -22,11 +22,12 @@ engine-owned buffers once per batch size (as ``compiled`` does). The steps:
   columns** of the qkv weights, so the scores matmul needs no scaling pass.
 - **gelu** (tanh form) in place as ``x * (1 + tanh(u))``, seven passes; its 0.5
   folds into the next linear's weights when a linear reads it.
-- **attention**'s scores and context are batched matmuls over strided per-head
-  views of the qkv buffer, the context written straight into its column
-  blocks.
-- **softmax** in place, as ``engines.ops``' kernel does it, but with its row
-  sums bound as the engine's matvec, so that ``packed`` keeps them on MKL.
+- **attention**'s scores are batched matmuls against the keys gathered into
+  contiguous K-transposed blocks (``ops.gather_keys``), its context against
+  strided per-head views of the qkv buffer, written straight into its
+  column blocks.
+- **softmax** in place with ``engines.ops``' ``softmax_rows``, its row sums
+  bound as the engine's matvec, so that ``packed`` keeps them on MKL.
 - anything else runs its ``engines.ops`` kernel.
 
 The input is copied into an engine buffer first so every call is bound in
@@ -45,8 +46,8 @@ import numpy as np
 
 from .base import Engine, EngineUnavailable
 from .models import Model
-from .ops import (GELU_C, OPS, aligned_empty, head_columns, mean_column, ones_column, rows2d, split_heads, tile,
-                  weight_layout, zero_rows)
+from .ops import (GELU_C, OPS, aligned_empty, gather_keys, head_columns, keys_per_head, keys_scratch, mean_column,
+                  ones_column, rows2d, softmax_rows, split_heads, tile, weight_layout, zero_rows)
 
 _F32 = np.dtype(np.float32)
 
@@ -155,7 +156,9 @@ class FusedEngine(Engine):
                     steps.append(("linear", op.output, (src,), operands, {}))
             elif op.kind == "attn_scores" and op.inputs[0] in scaled:
                 where[op.output] = self._buffer(op.output, out_shape)
-                steps.append(("attn_scores", op.output, (where[op.inputs[0]],), (), dict(op.attrs)))
+                (keys_shape,) = keys_scratch([model.shapes[op.inputs[0]]])
+                keys = self._buffer(op.output + ".keys", keys_shape)
+                steps.append(("attn_scores", op.output, (where[op.inputs[0]], keys), (), dict(op.attrs)))
             elif op.kind == "attn_context":
                 where[op.output] = self._buffer(op.output, out_shape)
                 steps.append(("attn_context", op.output, tuple(where[t] for t in op.inputs), (), dict(op.attrs)))
@@ -239,20 +242,16 @@ class FusedEngine(Engine):
                           (np.reciprocal, (stat, stat)),
                           (np.copyto, (tmp, stat)),
                           (np.multiply, (y2, tmp, y2))]
-            elif kind == "softmax":                                # as ops.softmax_kernel, its sums on _matvec_call
+            elif kind == "softmax":                                # ops' softmax, its sums on _matvec_call
                 x, tmp, stat = (rows2d(a) for a in ins)
                 y2 = rows2d(y)
-                calls += [(partial(np.maximum.reduce, axis=1, keepdims=True, out=stat), (x,)),
-                          (np.copyto, (tmp, stat)),
-                          (np.subtract, (x, tmp, y2)),
-                          (np.exp, (y2, y2)),
-                          self._matvec_call(y2, ones_column(x.shape[1]), stat),
-                          (np.reciprocal, (stat, stat)),
-                          (np.copyto, (tmp, stat)),
-                          (np.multiply, (y2, tmp, y2))]
+                fn, args = self._matvec_call(y2, ones_column(x.shape[1]), stat)
+                calls.append((softmax_rows, (y2, x, tmp, stat, partial(fn, *args))))
             elif kind == "attn_scores":                            # scale already in q
-                q, k, _ = split_heads(ins[0], attrs["heads"])
-                calls += self._batched_matmul_calls(q, k.transpose(0, 1, 3, 2), y)
+                (qkv, keys), heads = ins, attrs["heads"]
+                q, k, _ = split_heads(qkv, heads)
+                calls += [(gather_keys, (keys, k)),
+                          *self._batched_matmul_calls(q, keys_per_head(keys, heads), y)]
             elif kind == "attn_context":                           # each head into its column block
                 (probs, qkv), heads = ins, attrs["heads"]
                 _, _, v = split_heads(qkv, heads)

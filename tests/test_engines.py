@@ -167,3 +167,43 @@ def test_weights_stored_transposed_give_the_same_result(engine_name, small_model
         for batch in (1, 3, 4):
             x = model.random_input(batch, rng)
             assert_matches_reference(model, np.array(engine.forward(x)), x)
+
+
+# --- softmax: one shift for the tensor, per-row shifts only where a row lies far below ----------
+
+def _softmax32(x, monkeypatch=None, limit=None):
+    if limit is not None:
+        monkeypatch.setattr(ops, "SOFTMAX_SHIFT_LIMIT", limit)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    y, tmp, stat = np.empty_like(x), np.empty_like(x), np.empty((x.shape[0], 1), np.float32)
+    ops.softmax_rows(y, x, tmp, stat)
+    return y
+
+
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 40), width=st.integers(1, 150),
+       spread=st.floats(0.0, 200.0), offset=st.floats(-1e4, 1e4))
+@settings(max_examples=60, deadline=None)
+def test_softmax_matches_the_reference_whatever_the_rows_spread(seed, rows, width, spread, offset):
+    # Rows up to 200 apart (past the shift limit, so some take the per-row path) and far from 0.
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, width)) * 3 + rng.uniform(-spread, 0, (rows, 1)) + offset).astype(np.float32)
+    np.testing.assert_allclose(_softmax32(x), ops.softmax_eager(x.astype(np.float64)), atol=1e-6, rtol=1e-4)
+
+
+def test_softmax_row_far_below_the_peak_takes_the_per_row_shift(monkeypatch, rng):
+    x = rng.standard_normal((6, 32)).astype(np.float32)
+    x[2] -= 150                              # this row would underflow under the tensor's shift
+    ref = ops.softmax_eager(x.astype(np.float64))
+    np.testing.assert_allclose(_softmax32(x), ref, atol=1e-6)
+    # Without the fallback (limit out of reach) the row underflows: the check is what saves it.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        broken = _softmax32(x, monkeypatch, limit=1e9)
+    assert not np.allclose(broken[2], ref[2], atol=1e-3)
+    np.testing.assert_allclose(np.delete(broken, 2, 0), np.delete(ref, 2, 0), atol=1e-6)
+
+
+def test_softmax_propagates_nan_to_its_row_only(rng):
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    x[1, 3] = np.nan
+    y = _softmax32(x)
+    assert np.isnan(y[1]).all() and np.isfinite(np.delete(y, 1, 0)).all()
