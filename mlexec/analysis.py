@@ -8,7 +8,7 @@ chosen engines and returns a JSON-serializable dict:
   passes over the engines, the second in reverse order so drift falls on
   every engine alike; each engine's calls follow ``SETTLE_SECONDS`` of its own
   untimed calls, while the previous engine's thread pool stops spinning),
-  speedup vs ``naive``, peak bytes allocated during one warm
+  speedup vs ``naive`` (with the heap pinned: ``mlexec.heap``), peak bytes allocated during one warm
   ``forward`` (tracemalloc, which sees NumPy's array allocations), the
   engine's planned ``activation_bytes`` and ``weight_bytes``, memory saved vs
   ``naive``, and the max abs error against the float64 reference with a
@@ -36,6 +36,7 @@ import numpy as np
 
 from engines import ENGINES, MODELS, EngineUnavailable
 
+from . import heap
 from .report import SETTLE_SECONDS, settle
 
 TOLERANCE = 1e-4
@@ -280,6 +281,7 @@ def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
 
 
 def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progress) -> dict:
+    heap_state = heap.pin()      # naive's temporaries reused, never faulted back in (see mlexec.heap)
     try:
         model = MODELS[model_name](dim=dim, seed=seed)
     except ValueError as exc:
@@ -361,6 +363,7 @@ def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progre
         "input": {"values": int(flat.size), "tiled_to": int(x.size),
                   "first_values": [float(v) for v in flat[:8]]},
         "repeat": repeat,
+        "heap": heap_state,
         "tolerance": TOLERANCE,
         "estimated_bytes": int(estimate),
         "engines": [results[n] for n in names],

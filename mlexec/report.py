@@ -18,6 +18,10 @@ about 100 ms. Per engine and shape the table gives:
   per-round ratios. Pairing by round cancels the host's slow spells, which
   last seconds: at the small points of one run the engines' own times had
   IQRs of 30-58 %, their per-round ratios 5-15 %;
+* naive's times with glibc's malloc pinned (``mlexec.heap``): its
+  per-forward temporaries are reused, never faulted back in, whatever the
+  process built before, so every ratio against it is against naive at its
+  fastest;
 * the fraction of the roofline reached: roofline time over measured time,
   where roofline time = max(flops / peak matmul rate, weight bytes / copy
   bandwidth) -- one forward must do its flops and stream its weights once.
@@ -49,7 +53,7 @@ import numpy as np
 
 from engines import ENGINES, MODELS, EngineUnavailable
 
-from . import targets
+from . import heap, targets
 from .suite.roofs import Roofs, calibrate
 from .units import fmt_time
 
@@ -269,6 +273,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
 
     unavailable: dict[str, str] = {}
     rows: list[dict] = []
+    heap_state = heap.pin()
     with _blas_threads(threads):
         roofs = roofs if roofs is not None else calibrate()
         for i, shape in enumerate(shapes):
@@ -287,7 +292,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
     return {
         "engines": names, "models": list(grid), "shapes": [asdict(s) for s in shapes],
         "rounds": rounds, "block_seconds": block_seconds, "settle_seconds": settle_seconds, "threads": used_threads,
-        "roofs": {"gflops": roofs.gflops, "gbytes_per_s": roofs.gbytes_per_s},
+        "heap": heap_state, "roofs": {"gflops": roofs.gflops, "gbytes_per_s": roofs.gbytes_per_s},
         "rows": rows,
         "targets": targets.as_dicts(targets.check(rows)),
         "unavailable": [{"engine": n, "reason": unavailable[n]} for n in names if n in unavailable],
@@ -315,7 +320,8 @@ def _cells(row: dict) -> list[str]:
 def _preamble(report: dict) -> list[str]:
     r = report["roofs"]
     return [f"roofs: matmul {r['gflops']:.0f} GFLOP/s, copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
-            f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape",
+            f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape; "
+            f"heap: {report.get('heap', 'not recorded')}",
             "× naive, × onnxruntime: median (IQR) over rounds of their time over this engine's (> 1: faster); "
             "of roofline: max(flops / matmul roof, weight bytes / copy roof) over the median"]
 

@@ -5,6 +5,7 @@ millisecond block), plus two subprocess runs. Nothing here asserts a duration
 or a speed: only that the ratios are the ones the measured medians give.
 """
 import json
+import platform
 import subprocess
 import sys
 
@@ -127,6 +128,8 @@ def test_cli_quick_report(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("roofs: matmul ")
+    if platform.libc_ver()[0] == "glibc":      # the process measured with its heap pinned (mlexec.heap)
+        assert lines[0].endswith("heap: glibc malloc pinned: no trimming, mmap from 32 MiB")
     rows = [line.split() for line in lines if line.startswith("mlp ")]
     expected = [(s, e) for s in ("b1 d64", "b8 d64") for e in ("naive", "fused")]
     assert [(r[1] + " " + r[2], r[3]) for r in rows] == expected
