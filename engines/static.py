@@ -1,21 +1,33 @@
 """static: one pre-allocated buffer per intermediate, the seed's "after" scenario.
 
 Strategy: at construction, allocate a separate float32 buffer for every
-intermediate tensor and every kernel scratch, each sized for max_batch. Every
-op then writes into its buffer with ``out=``; a smaller batch runs on views of
-the same buffers. Nothing is shared, so memory is the no-reuse total, but a
-forward allocates no arrays. forward returns a read-only view of the output
-buffer, valid until the next call.
+intermediate tensor, each sized for max_batch, and one workspace for the
+kernels' scratch, as large as the largest op needs (scratch lives only during
+its op). Every op then writes into its buffer with ``out=``; a smaller batch
+runs on views of the same buffers. No tensor shares memory, so memory is the
+no-reuse total of the tensors, but a forward allocates no arrays. forward
+returns a read-only view of the output buffer, valid until the next call.
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 from .compiled import CompiledEngine
 from .ops import aligned_empty
+from .planner import align
 
 
 class StaticEngine(CompiledEngine):
     name = "static"
 
     def _storage(self, sizes):
-        self.activation_bytes = sum(sizes.values())
-        return {t: aligned_empty(n // 4) for t, n in sizes.items()}
+        # Every op's scratch laid end to end from the start of one shared workspace.
+        per_op = [scratch for *_, scratch, _ in self._ops if scratch]
+        scratch = {s for names in per_op for s in names}
+        store = {t: aligned_empty(n // 4) for t, n in sizes.items() if t not in scratch}
+        workspace = aligned_empty(max((sum(align(sizes[s]) for s in names) for names in per_op), default=0) // 4)
+        for names in per_op:
+            starts = accumulate((align(sizes[s]) // 4 for s in names[:-1]), initial=0)
+            store.update((s, workspace[start:start + sizes[s] // 4]) for s, start in zip(names, starts))
+        self.activation_bytes = sum(sizes[t] for t in sizes if t not in scratch) + workspace.nbytes
+        return store

@@ -80,8 +80,33 @@ def test_engines_report_what_they_hold(small_models):
     # Pre-tiled biases and gammas make planned engines hold a little more than the raw weights.
     assert static.weight_bytes >= model.weight_bytes and arena.weight_bytes == static.weight_bytes
     report = arena.report()
-    assert static.activation_bytes >= report["no_reuse_bytes"] - 64 * len(static.sizes)
     assert report["lower_bound_bytes"] <= arena.activation_bytes == report["arena_bytes"] < static.activation_bytes
+    assert static.activation_bytes <= report["no_reuse_bytes"]   # the tensors' total, scratch shared
+
+
+def test_static_gives_each_tensor_its_own_buffer_and_scratch_one_workspace(small_models):
+    static = ENGINES["static"](small_models["transformer"], 4)
+    per_op = [scratch for *_, scratch, _ in static._ops if scratch]
+    scratch = {s for names in per_op for s in names}
+    tensors = [t for t in static.sizes if t not in scratch]
+    assert len(per_op) >= 3 and tensors
+
+    def span(name):
+        start = static._store[name].ctypes.data
+        return start, start + static.sizes[name]
+
+    def disjoint(names):
+        spans = sorted(span(n) for n in names)
+        return all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+
+    starts = {span(names[0])[0] for names in per_op}
+    assert len(starts) == 1                                                # every op's from one start
+    workspace = (starts.pop(), max(span(s)[1] for s in scratch))
+    assert disjoint(tensors) and all(end <= workspace[0] or start >= workspace[1]
+                                     for start, end in map(span, tensors))
+    assert all(disjoint(names) for names in per_op)                        # an op's scratch apart
+    used = workspace[1] - workspace[0]
+    assert 0 <= static.activation_bytes - sum(static.sizes[t] for t in tensors) - used < 64
 
 
 def test_arena_kill_switch_gives_every_tensor_its_own_region(small_models, monkeypatch, rng):
