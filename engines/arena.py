@@ -1,8 +1,9 @@
 """arena: compiler-style memory planning into one pre-allocated arena.
 
-Strategy: hand the op schedule to ``planner.plan_memory`` (liveness, in-place
-aliasing, greedy-by-size offsets), then allocate one 64-byte aligned arena
-and give each tensor a view at its offset. Tensors whose lifetimes do not
+Strategy: hand the op schedule, which starts with the copy of the input
+(``compiled`` binds every call in advance), to ``planner.plan_memory``
+(liveness, in-place aliasing, greedy-by-size offsets), then allocate one
+64-byte aligned arena and give each tensor a view at its offset. Tensors whose lifetimes do not
 overlap share bytes; relu, residual add, layernorm and softmax overwrite an
 input that is not read again. forward returns a read-only view into the
 arena, valid until the next call.

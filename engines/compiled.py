@@ -1,11 +1,13 @@
-"""What static and arena share: the model lowered to kernel calls over engine-owned buffers.
+"""What static and arena share: the model lowered to one flat list of NumPy calls over engine-owned buffers.
 
 A subclass decides only where each tensor lives (``_storage``). This class
 prepares parameters once (weights copied onto cache lines, the largest
-stored transposed: ``ops.weight_layout``), binds every op's kernel to views
-of those buffers for a given batch (once per batch size, then cached), and
-runs the bound steps. Nothing in ``forward`` allocates an array: the views are made at bind
-time, and every kernel writes with ``out=``.
+stored transposed: ``ops.weight_layout``), and, once per batch size, binds
+every op's calls (``OpKind.calls``) to views of those buffers. The caller's
+input is copied into an engine buffer first, so that every call can be bound
+in advance; a forward is then ``for fn, args in calls: fn(*args)``, with no
+per-op Python in between. Nothing in ``forward`` allocates an array: the views
+are made at bind time, and every call writes with ``out=``.
 """
 from __future__ import annotations
 
@@ -18,8 +20,6 @@ from .models import Model
 from .ops import OPS
 from .planner import Step
 
-_INPUT = object()  # placeholder for the caller's array in a bound step
-
 
 class CompiledEngine(Engine):
     returns_view = True
@@ -30,8 +30,8 @@ class CompiledEngine(Engine):
         super().__init__(model, max_batch)
         max_rows = max_batch * math.prod(model.shapes[model.input][:-1])
         self.shapes = dict(model.shapes)          # every tensor, scratch included
-        self.steps: list[Step] = []
-        self._ops = []                            # (kernel, out, inputs, prepared, scratch, attrs)
+        self.steps: list[Step] = [Step(reads=(), writes=(model.input,))]   # the copy of the input
+        self._ops = []                            # (calls, out, inputs, prepared, scratch, attrs)
         prepared_bytes = 0
         for op in model.ops:
             kind = OPS[op.kind]
@@ -46,10 +46,9 @@ class CompiledEngine(Engine):
                     scratch.append(name)
             self.steps.append(Step(reads=op.inputs + tuple(scratch), writes=(op.output, *scratch),
                                    inplace=tuple((op.output, op.inputs[i]) for i in kind.inplace)))
-            self._ops.append((kind.kernel, op.output, op.inputs, prepared, tuple(scratch), dict(op.attrs)))
+            self._ops.append((kind.calls, op.output, op.inputs, prepared, tuple(scratch), dict(op.attrs)))
         self.weight_bytes = prepared_bytes
-        planned = [t for t in self.shapes if t != model.input]
-        self.sizes = {t: 4 * max_batch * math.prod(self.shapes[t]) for t in planned}
+        self.sizes = {t: 4 * max_batch * math.prod(shape) for t, shape in self.shapes.items()}
         self._store = self._storage(self.sizes)   # name -> flat float32 array for max_batch
         self._bound: dict[int, tuple] = {}
 
@@ -61,23 +60,18 @@ class CompiledEngine(Engine):
         return self._store[name][:math.prod(shape)].reshape(shape)
 
     def _bind(self, batch: int):
-        steps = []
-        for kernel, out, inputs, prepared, scratch, attrs in self._ops:
-            args = [self._view(out, batch)]
-            args += [_INPUT if t == self.model.input else self._view(t, batch) for t in inputs]
-            args += prepared
-            args += [self._view(s, batch) for s in scratch]
-            steps.append((kernel, tuple(args), attrs, any(a is _INPUT for a in args)))
+        calls = []
+        for op_calls, out, inputs, prepared, scratch, attrs in self._ops:
+            views = [self._view(t, batch) for t in (out, *inputs)]
+            calls += op_calls(*views, *prepared, *(self._view(s, batch) for s in scratch), **attrs)
         result = self._view(self.model.output, batch)
         result.flags.writeable = False
-        self._bound[batch] = (steps, result)
+        self._bound[batch] = (self._view(self.model.input, batch), tuple(calls), result)
         return self._bound[batch]
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
-        steps, result = self._bound.get(x.shape[0]) or self._bind(x.shape[0])
-        for kernel, args, attrs, reads_input in steps:
-            if reads_input:
-                kernel(*[x if a is _INPUT else a for a in args], **attrs)
-            else:
-                kernel(*args, **attrs)
-        return result
+        bound = self._bound.get(x.shape[0]) or self._bind(x.shape[0])
+        np.copyto(bound[0], x)
+        for fn, args in bound[1]:
+            fn(*args)
+        return bound[2]

@@ -28,7 +28,7 @@ engine-owned buffers once per batch size (as ``compiled`` does). The steps:
   column blocks.
 - **softmax** in place with ``engines.ops``' ``softmax_rows``, its row sums
   bound as the engine's matvec, so that ``packed`` keeps them on MKL.
-- anything else runs its ``engines.ops`` kernel.
+- anything else runs its ``engines.ops`` calls.
 
 The input is copied into an engine buffer first so every call is bound in
 advance; the loop in forward is ``for fn, args in steps: fn(*args)``.
@@ -46,11 +46,9 @@ import numpy as np
 
 from .base import Engine, EngineUnavailable
 from .models import Model
-from .ops import (GELU_C, OPS, aligned_empty, gather_keys, head_columns, keys_per_head, keys_scratch, mean_column,
-                  ones_column, rows2d, softmax_rows, split_heads, tile, weight_layout, zero_rows)
-
-_F32 = np.dtype(np.float32)
-
+from .ops import (GELU_C, OPS, aligned_empty, gather_keys, head_columns, keys_per_head, keys_scratch, maximum,
+                  mean_column, ones_column, rows2d, softmax_rows, split_heads, standardize_calls, tile, tiled_calls,
+                  weight_layout, zero_rows)
 
 def _import_blas():
     try:
@@ -75,7 +73,6 @@ class FusedEngine(Engine):
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
         self._sgemm, self._sgemv = _import_blas()
-        self._sample_shape = tuple(model.shapes[model.input])
         self.shapes: dict[str, tuple[int, ...]] = {}   # per-sample shape of every engine buffer
         self.steps = self._lower(model)                 # [(kind, output, inputs, operands, attrs)]
         self.weight_bytes = sum(a.nbytes for _, _, inputs, operands, _ in self.steps
@@ -174,7 +171,7 @@ class FusedEngine(Engine):
                 scratch = (self._buffer(op.output + ".tmp", out_shape),
                            self._buffer(op.output + ".stat", out_shape[:-1] + (1,)))
                 steps.append(("softmax", where[op.output], (where[op.inputs[0]], *scratch), (), {}))
-            else:                                                  # the op's own kernel
+            else:                                                  # the op's own calls
                 kind = OPS[op.kind]
                 max_rows = self.max_batch * math.prod(model.shapes[model.input][:-1])
                 params = [model.params[p] for p in op.params]
@@ -182,8 +179,8 @@ class FusedEngine(Engine):
                 scratch = tuple(self._buffer(f"{op.output}.scratch{j}", s) for j, s in
                                 enumerate(kind.scratch([model.shapes[t] for t in op.inputs]) if kind.scratch else ()))
                 where[op.output] = self._buffer(op.output, out_shape)
-                steps.append(("kernel", op.output, tuple(where[t] for t in op.inputs) + prepared + scratch,
-                              (kind.kernel,), dict(op.attrs)))
+                steps.append(("calls", op.output, tuple(where[t] for t in op.inputs) + prepared + scratch,
+                              (kind.calls,), dict(op.attrs)))
         self._output = where[model.output]
         return steps
 
@@ -201,7 +198,7 @@ class FusedEngine(Engine):
         # NumPy's matmul, then a tiled bias; also for weights stored transposed (ops.weight_layout),
         # which are always above the boundary
         if rows * w.size > self.blas_max_work or not w.flags.c_contiguous:
-            calls = [(np.matmul, (x2, w, y2))] + _tiled(np.add, y2, b_tiled)
+            calls = [(np.matmul, (x2, w, y2))] + tiled_calls(np.add, y2, b_tiled)
             return calls + _residual_add(y2, residual)
         calls = bias_start(y2, b, residual)
         if rows == 1:                                          # one row: y += W.T @ x
@@ -227,21 +224,12 @@ class FusedEngine(Engine):
                 residual = rows2d(ins[1]) if kind == "linear_add" else None
                 calls += self._linear_calls(rows2d(ins[0]), rows2d(y), *operands, residual)
                 if kind == "linear_relu":                          # NaN-propagating, against zero rows
-                    calls += _tiled(_maximum, rows2d(y), zero_rows(y.shape[-1]))
+                    calls += tiled_calls(maximum, rows2d(y), zero_rows(y.shape[-1]))
             elif kind == "standardize":
                 x, tmp, stat = (rows2d(a) for a in ins)
-                y2 = rows2d(y)
                 (mean_col,) = operands
-                calls += [self._matvec_call(x, mean_col, stat),   # row means as a matvec
-                          (np.copyto, (tmp, stat)),
-                          (np.subtract, (x, tmp, y2)),
-                          (np.multiply, (y2, y2, tmp)),
-                          self._matvec_call(tmp, mean_col, stat),  # variance
-                          (np.add, (stat, attrs["eps"], stat)),
-                          (np.sqrt, (stat, stat)),
-                          (np.reciprocal, (stat, stat)),
-                          (np.copyto, (tmp, stat)),
-                          (np.multiply, (y2, tmp, y2))]
+                calls += standardize_calls(rows2d(y), x, tmp, stat, attrs["eps"],
+                                           lambda a, out: [self._matvec_call(a, mean_col, out)])
             elif kind == "softmax":                                # ops' softmax, its sums on _matvec_call
                 x, tmp, stat = (rows2d(a) for a in ins)
                 y2 = rows2d(y)
@@ -267,25 +255,15 @@ class FusedEngine(Engine):
                           (np.multiply, (x, t, y))]
                 if attrs["halve"]:
                     calls.append((np.multiply, (y, 0.5, y)))
-            else:                                                  # an engines.ops kernel
-                (kernel,) = operands
-                fn = kernel if not attrs else _with_attrs(kernel, attrs)
-                calls.append((fn, (y, *ins)))
+            else:                                                  # an engines.ops op's calls
+                (op_calls,) = operands
+                calls += op_calls(y, *ins, **attrs)
         result = self._view(self._output, batch)
         result.flags.writeable = False
         self._bound[batch] = (self._view("input", batch), tuple(calls), result)
         return self._bound[batch]
 
     # --- forward -------------------------------------------------------------
-
-    def forward(self, x) -> np.ndarray:
-        # The base checks, with a fast path for the common good input (same verdicts).
-        if not (type(x) is np.ndarray and x.dtype is _F32 and x.shape[1:] == self._sample_shape
-                and x.flags.c_contiguous and 1 <= x.shape[0] <= self.max_batch):
-            x = self.check_input(x)
-        return self._forward(x)
-
-    __call__ = forward
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
         bound = self._bound.get(x.shape[0]) or self._bind(x.shape[0])
@@ -302,19 +280,3 @@ def _residual_add(y2: np.ndarray, residual) -> list:
 def bias_start(y2: np.ndarray, b: np.ndarray, residual) -> list:
     """The calls that start y2 as bias (+ residual), for a gemm with beta=1 to accumulate onto."""
     return [(np.copyto, (y2, b))] + _residual_add(y2, residual)   # copyto: no ufunc buffer
-
-
-def _tiled(ufunc, y: np.ndarray, tiled: np.ndarray) -> list:
-    """Calls doing y[r] = ufunc(y[r], v) for every row, over row blocks the pre-tiled vector covers."""
-    step = tiled.shape[0]
-    return [(ufunc, (y[i:i + step], tiled[:len(y[i:i + step])], y[i:i + step])) for i in range(0, len(y), step)]
-
-
-def _maximum(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    np.maximum(a, b, out=out)    # a positional out is deprecated for np.maximum
-
-
-def _with_attrs(kernel, attrs):
-    def call(*args):
-        return kernel(*args, **attrs)
-    return call

@@ -1,7 +1,8 @@
 """static: one pre-allocated buffer per intermediate, the seed's "after" scenario.
 
 Strategy: at construction, allocate a separate float32 buffer for every
-intermediate tensor, each sized for max_batch, and one workspace for the
+intermediate tensor and for the copy of the input (``compiled`` binds every
+call in advance), each sized for max_batch, and one workspace for the
 kernels' scratch, as large as the largest op needs (scratch lives only during
 its op). Every op then writes into its buffer with ``out=``; a smaller batch
 runs on views of the same buffers. No tensor shares memory, so memory is the

@@ -186,7 +186,7 @@ def test_weights_stored_transposed_give_the_same_result(engine_name, small_model
     for name in ("mlp", "transformer"):
         model = small_models[name]
         engine = make_engine(engine_name, model, 4)
-        weights = [p[0] for kernel, _, _, p, _, _ in engine._ops if kernel is ops.linear_kernel] \
+        weights = [p[0] for calls, _, _, p, _, _ in engine._ops if calls is ops.linear_calls] \
             if hasattr(engine, "_ops") else [op[3][0] for op in engine.steps if op[0].startswith("linear")]
         assert weights and all(w.flags.f_contiguous and not w.flags.c_contiguous for w in weights)
         for batch in (1, 3, 4):

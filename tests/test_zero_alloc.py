@@ -113,13 +113,17 @@ def test_naive_allocates_and_the_check_sees_it():
 # --- the check must catch one planted temporary, however small ---------------
 
 def _relu_with_column_temporary(out, x):
-    np.maximum(x, 0, out=out)
-    out[:, :1] * 1.0                      # one (batch, 1) temporary: 4 bytes at batch 1
+    def relu():
+        np.maximum(x, 0, out=out)
+        out[:, :1] * 1.0                  # one (batch, 1) temporary: 4 bytes at batch 1
+    return [(relu, ())]
 
 
 def _relu_with_broadcast_bias(out, x):
-    np.maximum(x, 0, out=out)
-    np.add(out, np.float32(0) * out[0], out=out)   # the seed's trap: a broadcast operand
+    def relu():
+        np.maximum(x, 0, out=out)
+        np.add(out, np.float32(0) * out[0], out=out)   # the seed's trap: a broadcast operand
+    return [(relu, ())]
 
 
 @pytest.mark.parametrize("measure", [tracemalloc_peak, memray_peak])
