@@ -21,9 +21,28 @@ from .ops import OPS
 from .planner import Step
 
 
-class CompiledEngine(Engine):
+class BoundEngine(Engine):
+    """An engine whose forward is a flat list of calls, bound once per batch size by ``_bind``:
+    (the engine buffer the input is copied into, the calls, the read-only output view)."""
     returns_view = True
     zero_alloc = True
+
+    def __init__(self, model: Model, max_batch: int):
+        super().__init__(model, max_batch)
+        self._bound: dict[int, tuple] = {}
+
+    def _bind(self, batch: int) -> tuple[np.ndarray, tuple, np.ndarray]:
+        raise NotImplementedError
+
+    def _forward(self, x: np.ndarray) -> np.ndarray:
+        bound = self._bound.get(x.shape[0]) or self._bind(x.shape[0])
+        np.copyto(bound[0], x)
+        for fn, args in bound[1]:
+            fn(*args)
+        return bound[2]
+
+
+class CompiledEngine(BoundEngine):
     peak_slack_bytes = 1024       # measured: 72-96 B (MLPs), 824 B (softmax's reduction state)
 
     def __init__(self, model: Model, max_batch: int):
@@ -50,7 +69,6 @@ class CompiledEngine(Engine):
         self.weight_bytes = prepared_bytes
         self.sizes = {t: 4 * max_batch * math.prod(shape) for t, shape in self.shapes.items()}
         self._store = self._storage(self.sizes)   # name -> flat float32 array for max_batch
-        self._bound: dict[int, tuple] = {}
 
     def _storage(self, sizes: dict[str, int]) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -69,9 +87,4 @@ class CompiledEngine(Engine):
         self._bound[batch] = (self._view(self.model.input, batch), tuple(calls), result)
         return self._bound[batch]
 
-    def _forward(self, x: np.ndarray) -> np.ndarray:
-        bound = self._bound.get(x.shape[0]) or self._bind(x.shape[0])
-        np.copyto(bound[0], x)
-        for fn, args in bound[1]:
-            fn(*args)
-        return bound[2]
+

@@ -44,11 +44,13 @@ from functools import partial
 
 import numpy as np
 
-from .base import Engine, EngineUnavailable
+from .base import EngineUnavailable
+from .compiled import BoundEngine
 from .models import Model
 from .ops import (GELU_C, OPS, aligned_empty, gather_keys, head_columns, keys_per_head, keys_scratch, maximum,
                   mean_column, ones_column, rows2d, softmax_rows, split_heads, standardize_calls, tile, tiled_calls,
                   weight_layout, zero_rows)
+
 
 def _import_blas():
     try:
@@ -58,10 +60,8 @@ def _import_blas():
     return sgemm, sgemv
 
 
-class FusedEngine(Engine):
+class FusedEngine(BoundEngine):
     name = "fused"
-    returns_view = True
-    zero_alloc = True
     peak_slack_bytes = 1024       # measured: 0-96 B under memray
     # Up to this many multiply-adds (rows * in * out) a linear is one SciPy BLAS call with the bias
     # fused (beta=1; sgemv for one row): there the calls, not the flops, are the cost. Above it,
@@ -79,7 +79,6 @@ class FusedEngine(Engine):
                                 for a in (*inputs, *operands) if isinstance(a, np.ndarray))
         self._buffers = {t: aligned_empty(max_batch * math.prod(s)) for t, s in self.shapes.items()}
         self.activation_bytes = sum(b.nbytes for b in self._buffers.values())
-        self._bound: dict[int, tuple] = {}
 
     # --- lowering: ops -> fused steps, weights folded once --------------------
 
@@ -262,15 +261,6 @@ class FusedEngine(Engine):
         result.flags.writeable = False
         self._bound[batch] = (self._view("input", batch), tuple(calls), result)
         return self._bound[batch]
-
-    # --- forward -------------------------------------------------------------
-
-    def _forward(self, x: np.ndarray) -> np.ndarray:
-        bound = self._bound.get(x.shape[0]) or self._bind(x.shape[0])
-        np.copyto(bound[0], x)
-        for fn, args in bound[1]:
-            fn(*args)
-        return bound[2]
 
 
 def _residual_add(y2: np.ndarray, residual) -> list:

@@ -9,7 +9,7 @@ Every op kind is one `OpKind`:
   and no array allocation, as the list of NumPy calls ``(fn, args)`` that
   computes it, bound to the engine's arrays once: an engine runs a forward as
   ``for fn, args in calls: fn(*args)``, with no per-op Python in between (at
-  mlp-b1-d256 that took a forward from 34.6 to 19.8 µs). Two NumPy traps
+  mlp-b1-d256 that took static's forward from 36 to 25 µs). Two NumPy traps
   shape these calls: a ufunc with
   a *broadcast* operand (``y += bias``) allocates NumPy's 8192-element buffer
   on every call, and axis reductions keep ~1 KiB of iterator state. So
@@ -23,7 +23,7 @@ Every op kind is one `OpKind`:
   input is not read again.
 
 Calling convention: ``calls(out, *inputs, *prepared, *scratch, **attrs) -> [(fn, args), ...]``,
-every array with its batch axis first; ``run(calls)`` runs them.
+every array with its batch axis first.
 """
 from __future__ import annotations
 
@@ -86,11 +86,6 @@ def tile(vector: np.ndarray, max_rows: int) -> np.ndarray:
 
 
 Calls = list  # [(fn, args), ...]
-
-
-def run(calls: Calls) -> None:
-    for fn, args in calls:
-        fn(*args)
 
 
 def tiled_calls(ufunc, y: np.ndarray, tiled: np.ndarray, x: np.ndarray | None = None) -> Calls:

@@ -1,13 +1,10 @@
 """The CI side: workflow files are valid, call only tested entry points, and the gate command
 leaves a summary, the run and memray reports of failing tests."""
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
-
-import pytest
 
 from conftest import ROOT, subprocess_env
 from mlexec.suite import ci

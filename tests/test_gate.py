@@ -1,6 +1,5 @@
 """The regression gate: its rules on hand-made figures, then end to end with planted regressions."""
 import json
-import os
 import subprocess
 import sys
 
