@@ -1,8 +1,10 @@
 """``mlexec report``: every engine on a grid of shapes, as a table, a chart, Markdown and JSON.
 
-For every shape, each round times a block of calls per engine, in an order
-that rotates every round, so drift and neighbours' load fall on every engine
-alike. Each block follows ``settle_seconds`` of untimed calls of the same
+For every shape, each round times a block of calls per engine, in the
+orders of a Williams design (``round_order``): over a cycle of rounds every
+engine opens a round equally often and follows every other engine equally
+often, so drift, neighbours' load and whatever one engine leaves behind for
+the next fall on every engine alike. Each block follows ``settle_seconds`` of untimed calls of the same
 engine: thread pools keep spinning after their last call (OpenBLAS's for
 ~0.2 s), and a block that starts while the previous engine's pool spins runs
 on contended cores. Measured: ``packed`` at mlp b8 d1024 right after a block
@@ -197,11 +199,25 @@ def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
     times: dict[str, list[float]] = {name: [] for name in engines}
     order = list(engines)
     for r in range(rounds):
-        k = r % len(order)
-        for name in order[k:] + order[:k]:
+        for name in (order[i] for i in round_order(len(order), r)):
             settle(engines[name].forward, x, settle_seconds)
             times[name].append(time_block(engines[name].forward, x, calls))
     return model, {name: np.array(t) for name, t in times.items()}, wrong
+
+
+def round_order(n: int, r: int) -> list[int]:
+    """Round r's order of n engines, from a Williams design: 0, 1, n-1, 2, n-2, ... shifted by r
+    (reversed in every other cycle when n is odd). Over n rounds (2n when n is odd) each engine
+    is first equally often and directly follows each other engine equally often."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    row = [(v + r) % n for v in first]
+    return row[::-1] if n % 2 and (r // n) % 2 else row
 
 
 def summarize(shape: Shape, times: dict[str, np.ndarray], flops: int, weight_bytes: int, roofs: Roofs) -> list[dict]:

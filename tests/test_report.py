@@ -8,6 +8,7 @@ import json
 import platform
 import subprocess
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -172,3 +173,16 @@ def test_wrong_result_is_reported_not_timed(monkeypatch):
     assert rows["naive"]["vs_naive"] == 1.0 and rows["naive"]["vs_onnxruntime"] is None
     assert "max abs error" in rows["broken"]["error"] and "median_s" not in rows["broken"]
     assert "max abs error" in report.format_table(built) and "max abs error" in report.format_markdown(built)
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_round_order_balances_first_places_and_predecessors(n):
+    # A rotation keeps every engine behind the same predecessor; a Williams design varies it.
+    cycle = n if n % 2 == 0 else 2 * n
+    rows = [report.round_order(n, r) for r in range(cycle)]
+    assert all(sorted(row) == list(range(n)) for row in rows)
+    assert Counter(row[0] for row in rows) == {i: cycle // n for i in range(n)}
+    pairs = Counter(pair for row in rows for pair in zip(row, row[1:]))
+    if n > 1:
+        assert set(pairs) == {(a, b) for a in range(n) for b in range(n) if a != b}
+        assert set(pairs.values()) == {cycle // n}
