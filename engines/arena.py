@@ -3,10 +3,10 @@
 Strategy: hand the op schedule, which starts with the copy of the input
 (``compiled`` binds every call in advance), to ``planner.plan_memory``
 (liveness, in-place aliasing, greedy-by-size offsets), then allocate one
-64-byte aligned arena and give each tensor a view at its offset. Tensors whose lifetimes do not
-overlap share bytes; relu, residual add, layernorm and softmax overwrite an
-input that is not read again. forward returns a read-only view into the
-arena, valid until the next call.
+64-byte aligned arena and give each tensor a view at its offset. Tensors
+whose lifetimes do not overlap share bytes; relu, residual add, layernorm
+and softmax overwrite an input that is not read again. forward returns a
+read-only view into the arena, valid until the next call.
 
 Set ``MLEXEC_NO_PLANNER=1`` to give every tensor its own region (no reuse),
 to tell a planner bug from a kernel bug.
@@ -14,11 +14,10 @@ to tell a planner bug from a kernel bug.
 from __future__ import annotations
 
 import os
-from itertools import accumulate
 
 from .compiled import CompiledEngine
 from .ops import aligned_empty
-from .planner import align, plan_memory
+from .planner import end_to_end, plan_memory
 
 
 class ArenaEngine(CompiledEngine):
@@ -28,8 +27,7 @@ class ArenaEngine(CompiledEngine):
         self.plan = plan_memory(sizes, self.steps, keep=[self.model.output])
         offsets, total = self.plan.offsets, self.plan.arena_bytes
         if os.environ.get("MLEXEC_NO_PLANNER"):   # kill switch: every tensor its own region
-            ends = list(accumulate(align(n) for n in sizes.values()))
-            offsets, total = dict(zip(sizes, [0, *ends[:-1]])), ends[-1]
+            offsets, total = end_to_end(sizes)
         self.activation_bytes = total
         self.arena = aligned_empty(total // 4)
         return {t: self.arena[offsets[t] // 4:(offsets[t] + n) // 4] for t, n in sizes.items()}

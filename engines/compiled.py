@@ -55,14 +55,13 @@ class CompiledEngine(BoundEngine):
         for op in model.ops:
             kind = OPS[op.kind]
             params = [model.params[p] for p in op.params]
-            prepared = tuple(kind.prepare(*params, max_rows)) if kind.prepare else tuple(params)
+            prepared = kind.operands(params, max_rows)
             prepared_bytes += sum(a.nbytes for a in prepared)
             scratch = []
-            if kind.scratch:
-                for j, shape in enumerate(kind.scratch([model.shapes[t] for t in op.inputs])):
-                    name = f"{op.output}.scratch{j}"
-                    self.shapes[name] = tuple(shape)
-                    scratch.append(name)
+            for j, shape in enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs])):
+                name = f"{op.output}.scratch{j}"
+                self.shapes[name] = shape
+                scratch.append(name)
             self.steps.append(Step(reads=op.inputs + tuple(scratch), writes=(op.output, *scratch),
                                    inplace=tuple((op.output, op.inputs[i]) for i in kind.inplace)))
             self._ops.append((kind.calls, op.output, op.inputs, prepared, tuple(scratch), dict(op.attrs)))
@@ -86,5 +85,3 @@ class CompiledEngine(BoundEngine):
         result.flags.writeable = False
         self._bound[batch] = (self._view(self.model.input, batch), tuple(calls), result)
         return self._bound[batch]
-
-

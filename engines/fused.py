@@ -174,9 +174,9 @@ class FusedEngine(BoundEngine):
                 kind = OPS[op.kind]
                 max_rows = self.max_batch * math.prod(model.shapes[model.input][:-1])
                 params = [model.params[p] for p in op.params]
-                prepared = tuple(kind.prepare(*params, max_rows)) if kind.prepare else tuple(params)
+                prepared = kind.operands(params, max_rows)
                 scratch = tuple(self._buffer(f"{op.output}.scratch{j}", s) for j, s in
-                                enumerate(kind.scratch([model.shapes[t] for t in op.inputs]) if kind.scratch else ()))
+                                enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs])))
                 where[op.output] = self._buffer(op.output, out_shape)
                 steps.append(("calls", op.output, tuple(where[t] for t in op.inputs) + prepared + scratch,
                               (kind.calls,), dict(op.attrs)))

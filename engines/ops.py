@@ -369,6 +369,13 @@ class OpKind:
             extra += 4 * min(elements, np.getbufsize())
         return extra
 
+    def operands(self, params, max_rows: int) -> tuple:
+        """What the calls read for these parameters: prepared once, or the parameters as they are."""
+        return tuple(self.prepare(*params, max_rows)) if self.prepare else tuple(params)
+
+    def scratch_shapes(self, in_shapes) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(s) for s in self.scratch(in_shapes)) if self.scratch else ()
+
     def flop_count(self, in_shapes, out_shape) -> int:
         if self.flops is not None:
             return self.flops(in_shapes, out_shape)

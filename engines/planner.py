@@ -16,6 +16,7 @@ live at one step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Mapping, Sequence
 
 ALIGNMENT = 64  # cache-line aligned offsets
@@ -41,6 +42,12 @@ class Plan:
 
 def align(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+def end_to_end(sizes: Mapping[str, int]) -> tuple[dict[str, int], int]:
+    """Byte offsets of regions laid one after another, each on a cache line, and their total."""
+    ends = list(accumulate(align(n) for n in sizes.values()))
+    return dict(zip(sizes, [0, *ends[:-1]])), (ends[-1] if ends else 0)
 
 
 def plan_memory(sizes: Mapping[str, int], steps: Sequence[Step], keep: Sequence[str] = ()) -> Plan:

@@ -11,11 +11,9 @@ returns a read-only view of the output buffer, valid until the next call.
 """
 from __future__ import annotations
 
-from itertools import accumulate
-
 from .compiled import CompiledEngine
 from .ops import aligned_empty
-from .planner import align
+from .planner import end_to_end
 
 
 class StaticEngine(CompiledEngine):
@@ -23,12 +21,11 @@ class StaticEngine(CompiledEngine):
 
     def _storage(self, sizes):
         # Every op's scratch laid end to end from the start of one shared workspace.
-        per_op = [scratch for *_, scratch, _ in self._ops if scratch]
-        scratch = {s for names in per_op for s in names}
+        layouts = [end_to_end({s: sizes[s] for s in names}) for *_, names, _ in self._ops if names]
+        scratch = {s for offsets, _ in layouts for s in offsets}
         store = {t: aligned_empty(n // 4) for t, n in sizes.items() if t not in scratch}
-        workspace = aligned_empty(max((sum(align(sizes[s]) for s in names) for names in per_op), default=0) // 4)
-        for names in per_op:
-            starts = accumulate((align(sizes[s]) // 4 for s in names[:-1]), initial=0)
-            store.update((s, workspace[start:start + sizes[s] // 4]) for s, start in zip(names, starts))
+        workspace = aligned_empty(max((total for _, total in layouts), default=0) // 4)
+        for offsets, _ in layouts:
+            store.update((s, workspace[at // 4:(at + sizes[s]) // 4]) for s, at in offsets.items())
         self.activation_bytes = sum(sizes[t] for t in sizes if t not in scratch) + workspace.nbytes
         return store

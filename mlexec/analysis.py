@@ -8,8 +8,8 @@ chosen engines and returns a JSON-serializable dict:
   passes over the engines, the second in reverse order so drift falls on
   every engine alike; each engine's calls follow ``SETTLE_SECONDS`` of its own
   untimed calls, while the previous engine's thread pool stops spinning),
-  speedup vs ``naive`` (with the heap pinned: ``mlexec.heap``), peak bytes allocated during one warm
-  ``forward`` (tracemalloc, which sees NumPy's array allocations), the
+  speedup vs ``naive`` (with the heap pinned: ``mlexec.heap``), peak bytes
+  allocated during one warm ``forward`` (tracemalloc, which sees NumPy's array allocations), the
   engine's planned ``activation_bytes`` and ``weight_bytes``, memory saved vs
   ``naive``, and the max abs error against the float64 reference with a
   pass/fail at ``TOLERANCE``;

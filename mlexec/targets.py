@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-
 from engines import ENGINES
 
 REFERENCE = "naive"
@@ -90,13 +89,16 @@ def check(rows: list[dict]) -> list[Target]:
             out.append(Target(f"{name} >= 1.3x naive at batch <= 8, dim <= 256", worst["vs_naive"] >= 1.3,
                               f"min {worst['vs_naive']:.2f}x at {_where(worst)}"))
 
+    def numpy_rows(model, shape):
+        return [cell[(model, shape, n)] for n in [REFERENCE, *optimized] if (model, shape, n) in cell]
+
     def best_numpy(model, shape):
-        here = [cell[(model, shape, n)] for n in [REFERENCE, *optimized] if (model, shape, n) in cell]
+        here = numpy_rows(model, shape)
         return min(here, key=lambda r: r["median_s"]) if here else None
 
     vs_peer = []   # (best NumPy row, its ratio to the peer)
     for model, shape in points:
-        here = [cell[(model, shape, n)] for n in [REFERENCE, *optimized] if (model, shape, n) in cell]
+        here = numpy_rows(model, shape)
         if model == "mlp" and here and here[0]["vs_onnxruntime"] is not None:
             best = max(here, key=lambda r: r["vs_onnxruntime"])
             vs_peer.append((best, best["vs_onnxruntime"]))

@@ -3,9 +3,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engines import ENGINES, MODELS
+from engines import ENGINES, MODELS, ops
 from conftest import SMALL_MODELS, make_engine
-from engines import ops
 from engines.ops import aligned, aligned_empty
 from engines.planner import ALIGNMENT
 
