@@ -54,10 +54,10 @@ def test_each_miss_names_its_point():
     slower = got["fused >= naive at every point"]
     assert not slower.met and slower.value == "min 0.95x at mlp b128 d4096; shown slower at mlp b128 d4096 (9 of 9 rounds)"
     small = got["fused >= 1.3x naive at batch <= 8, dim <= 256"]
-    assert not small.met and small.value == "min 1.25x at mlp b1 d256"
+    assert not small.met and small.value == "min 1.25x at mlp b1 d256, below 1.30x in 9 of 9 rounds"
     peer = got["best NumPy engine within 1.10x of onnxruntime at every mlp point"]
     # at b1 d256 fused (0.8) is the best NumPy engine and onnxruntime takes 0.6: 0.75x
-    assert not peer.met and peer.value == "worst 0.75x (fused) at mlp b1 d256"
+    assert not peer.met and peer.value == "worst 0.75x (fused) at mlp b1 d256, below 0.91x in 9 of 9 rounds"
     assert not got["best NumPy engine ahead of onnxruntime at batch 1"].met
     assert not got["best NumPy engine >= 75% of the matmul peak at mlp b128 d4096"].met
     assert not got["best NumPy engine >= 80% of the memory bandwidth at mlp b1 d4096"].met
@@ -87,6 +87,17 @@ def test_slower_within_the_noise_is_a_tie():
     rows[1] = row("static", 32, 4096, 1.03, 1.0, spread=0.1)                 # in step: slower in every round
     (target,) = check(rows)
     assert not target.met and target.value.endswith("shown slower at mlp b32 d4096 (9 of 9 rounds)")
+
+
+def test_a_verdict_near_its_bar_says_how_many_rounds_fell_below():
+    """Met on the median (1.32x), but naive's and static's rounds moved apart: 4 of 9 below 1.3x."""
+    rows = [row("naive", 8, 256, 1.0, 1.0, spread=0.1), row("static", 8, 256, 1 / 1.32, 1.0, spread=0.1, reverse=True)]
+    small = verdicts(rows)["static >= 1.3x naive at batch <= 8, dim <= 256"]
+    assert small.met and small.value == "min 1.32x at mlp b8 d256, below 1.30x in 4 of 9 rounds"
+    rows = [row("naive", 1, 1024, 1.0, 1.0, 1.0), row("static", 1, 1024, 0.99, 1.0, 1.0, spread=0.05, reverse=True),
+            row("onnxruntime", 1, 1024, 1.0, 1.0, 1.0, spread=0.05)]
+    ahead = verdicts(rows)["best NumPy engine ahead of onnxruntime at batch 1"]
+    assert ahead.met and ahead.value == "worst 1.01x (static) at mlp b1 d1024, below 1.00x in 4 of 9 rounds"
 
 
 def test_sign_test():
