@@ -14,7 +14,8 @@ from engines import ENGINES, MODELS
 
 from .analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
 from .baselines import BaselineError
-from .report import DEFAULT_ENGINES as REPORT_ENGINES, DEFAULT_MODELS as REPORT_MODELS, SETTLE_SECONDS, ReportError
+from .report import (DEFAULT_ENGINES as REPORT_ENGINES, DEFAULT_MODELS as REPORT_MODELS, RECHECK_ROUNDS,
+                     SETTLE_SECONDS, ReportError)
 from .units import fmt_bytes, fmt_time
 
 
@@ -91,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--shapes", help="instead of the built-in grid: BATCHxDIM (mlp) and BATCHxDIMxSEQ "
                                     "(transformer) entries, e.g. 1x256,8x256,1x256x64")
     r.add_argument("--rounds", type=int, default=9, help="interleaved rounds per shape (default 9)")
+    r.add_argument("--recheck-rounds", type=int, default=RECHECK_ROUNDS,
+                   help="more rounds at each shape where a target's bar lies inside the interquartile range "
+                        f"of a deciding figure's rounds, judged on all rounds; 0: none (default {RECHECK_ROUNDS})")
     r.add_argument("--block-seconds", type=float, default=0.03,
                    help="target duration of one engine's block of calls (default 0.03)")
     r.add_argument("--settle-seconds", type=float, default=SETTLE_SECONDS,

@@ -64,6 +64,7 @@ DEFAULT_ENGINES = ("naive", "fused", "packed", "onnxruntime", "torch")
 DEFAULT_MODELS = ("mlp", "transformer")
 TOLERANCE = 1e-3          # max abs error against the float64 reference before an engine is not timed
 SETTLE_SECONDS = 0.3     # untimed calls before each block, while the previous engine's pool goes idle
+RECHECK_ROUNDS = 27      # more rounds at a close call: 36 in all with the default 9, the median's spread halved
 LIMITS = {"max_rounds": 200, "max_block_seconds": 10.0, "max_settle_seconds": 10.0, "max_threads": 256,
           "max_batch": 1024, "max_dim": 8192, "max_seq": 1024}
 
@@ -125,7 +126,8 @@ def parse_shapes(text: str, models: list[str]) -> dict[str, list[Shape]]:
         model = next(m for m, n in _ARITY.items() if n == len(parts))
         if model not in grid:
             raise ReportError(f"shape {entry!r} is a {model} shape, but --models is {','.join(models)}")
-        grid[model].append(Shape(model, *parts))
+        if Shape(model, *parts) not in grid[model]:
+            grid[model].append(Shape(model, *parts))
     for model, shapes in grid.items():
         if not shapes:
             form = "BATCHxDIM" if _ARITY[model] == 2 else "BATCHxDIMxSEQ"
@@ -174,8 +176,10 @@ def _build(name, model, batch, unavailable: dict[str, str]):
 
 
 def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
-            unavailable: dict[str, str], settle_seconds: float = SETTLE_SECONDS):
-    """(model, per engine the time per call of each round, engines that gave a wrong result)."""
+            unavailable: dict[str, str], settle_seconds: float = SETTLE_SECONDS, first_round: int = 0):
+    """(model, per engine the time per call of each round, engines that gave a wrong result).
+
+    ``first_round`` continues the Williams design where earlier rounds of this shape stopped."""
     model = shape.build()
     x = model.random_input(shape.batch, rng=0)
     expected = model.reference(x)
@@ -198,7 +202,7 @@ def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
     calls = max(1, int(block_seconds / max(probe, 1e-7)))
     times: dict[str, list[float]] = {name: [] for name in engines}
     order = list(engines)
-    for r in range(rounds):
+    for r in range(first_round, first_round + rounds):
         for name in (order[i] for i in round_order(len(order), r)):
             settle(engines[name].forward, x, settle_seconds)
             times[name].append(time_block(engines[name].forward, x, calls))
@@ -241,6 +245,17 @@ def summarize(shape: Shape, times: dict[str, np.ndarray], flops: int, weight_byt
     return rows
 
 
+def _rows(measured: dict, roofs: Roofs, names: list[str]) -> list[dict]:
+    """The table's rows, shape by shape in the engines' order, wrong results as error rows."""
+    rows = []
+    for shape, (times, wrong, flops, weight_bytes) in measured.items():
+        here = summarize(shape, times, flops, weight_bytes, roofs) if times else []
+        here += [{"model": shape.model, "batch": shape.batch, "dim": shape.dim, "seq": shape.seq,
+                  "shape": shape.label, "engine": name, "error": why} for name, why in wrong.items()]
+        rows += sorted(here, key=lambda r: names.index(r["engine"]))
+    return rows
+
+
 def _paired(ref: np.ndarray, t: np.ndarray) -> tuple[float, list[float]]:
     """The median and IQR over rounds of ref's time over t's in the same round."""
     q1, med, q3 = np.percentile(ref / t, [25, 50, 75])
@@ -261,14 +276,15 @@ def _blas_threads(threads: int | None):
 
 
 def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = DEFAULT_ENGINES, *,
-               rounds: int = 9, block_seconds: float = 0.03, settle_seconds: float = SETTLE_SECONDS,
-               quick: bool = False,
+               rounds: int = 9, recheck_rounds: int = RECHECK_ROUNDS, block_seconds: float = 0.03,
+               settle_seconds: float = SETTLE_SECONDS, quick: bool = False,
                grid: dict[str, list[Shape]] | None = None, threads: int | None = None,
-               roofs: Roofs | None = None, progress: Callable[[int, int, Shape], None] | None = None) -> dict:
+               roofs: Roofs | None = None, progress: Callable[[int, int, str | None], None] | None = None) -> dict:
     """Measure the grid and return the report as a JSON-ready dict.
 
-    ``grid`` (model -> shapes) overrides the built-in grids; ``roofs`` skips
-    the calibration (tests pass their own).
+    The shapes where a target is a close call (``targets.close_calls``) get
+    ``recheck_rounds`` more rounds. ``grid`` (model -> shapes) overrides the
+    built-in grids; ``roofs`` skips the calibration (tests pass their own).
     """
     models, names = list(models), list(engines)
     unknown = [n for n in names if n not in ENGINES]
@@ -283,40 +299,53 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
     for s in shapes:
         _check_shape(s)
     _check_range("--rounds", rounds, 1, LIMITS["max_rounds"])
+    _check_range("--recheck-rounds", recheck_rounds, 0, LIMITS["max_rounds"])
     _check_range("--block-seconds", block_seconds, 1e-6, LIMITS["max_block_seconds"])
     _check_range("--settle-seconds", settle_seconds, 0.0, LIMITS["max_settle_seconds"])
     if threads is not None:
         _check_range("--threads", threads, 1, LIMITS["max_threads"])
 
     unavailable: dict[str, str] = {}
-    rows: list[dict] = []
     heap_state = heap.pin()
     with _blas_threads(threads):
         # Calibrated before and after the grid, keeping the better of each: a slow spell of the
         # shared host during one calibration would lower the roof and inflate every fraction
         # (one run calibrated 123 GFLOP/s against 175 in the others, and put packed at 188 %).
         before = roofs if roofs is not None else calibrate()
-        measured = []
+        measured = {}             # shape -> (times, wrong, flops, weight bytes)
         for i, shape in enumerate(shapes):
             if progress is not None:
-                progress(i, len(shapes), shape)
+                progress(i, len(shapes), f"{shape.model} {shape.label}")
             model, times, wrong = measure(shape, names, rounds, block_seconds, unavailable, settle_seconds)
-            measured.append((shape, times, model.flops(shape.batch), model.weight_bytes, wrong))
+            measured[shape] = (times, wrong, model.flops(shape.batch), model.weight_bytes)
             del model
         after = roofs if roofs is not None else calibrate()
         roofs = Roofs(max(before.gflops, after.gflops), max(before.gbytes_per_s, after.gbytes_per_s))
-        for shape, times, flops, weight_bytes, wrong in measured:
-            here = summarize(shape, times, flops, weight_bytes, roofs) if times else []
-            here += [{"model": shape.model, "batch": shape.batch, "dim": shape.dim, "seq": shape.seq,
-                      "shape": shape.label, "engine": name, "error": why} for name, why in wrong.items()]
-            rows += sorted(here, key=lambda r: names.index(r["engine"]))
+        rows = _rows(measured, roofs, names)
+        # A fixed number of extra rounds wherever a verdict is a close call, whichever side its
+        # median fell on (stopping when it looked good would bias the verdicts), judged on all.
+        close = set(targets.close_calls(rows)) if recheck_rounds else set()
+        rechecked = [s for s in shapes if (s.model, s.label) in close]
+        for i, shape in enumerate(rechecked):
+            if progress is not None:
+                progress(len(shapes) + i, len(shapes) + len(rechecked), f"{shape.model} {shape.label}, again")
+            times, wrong, flops, weight_bytes = measured[shape]
+            _, more, more_wrong = measure(shape, list(times), recheck_rounds, block_seconds, unavailable,
+                                          settle_seconds, first_round=rounds)
+            if set(more) == set(times):       # the same engines ran: the rounds stay paired
+                times = {name: np.concatenate([times[name], more[name]]) for name in times}
+            measured[shape] = (times, {**wrong, **more_wrong}, flops, weight_bytes)
+        if rechecked:
+            rows = _rows(measured, roofs, names)
         if progress is not None:
-            progress(len(shapes), len(shapes), None)
+            progress(len(shapes) + len(rechecked), len(shapes) + len(rechecked), None)
         from engines.threads import blas_threads
         used_threads = blas_threads()
     return {
         "engines": names, "models": list(grid), "shapes": [asdict(s) for s in shapes],
-        "rounds": rounds, "block_seconds": block_seconds, "settle_seconds": settle_seconds, "threads": used_threads,
+        "rounds": rounds, "recheck_rounds": recheck_rounds,
+        "rechecked": [{"model": s.model, "shape": s.label} for s in rechecked],
+        "block_seconds": block_seconds, "settle_seconds": settle_seconds, "threads": used_threads,
         "heap": heap_state, "roofs": {"gflops": roofs.gflops, "gbytes_per_s": roofs.gbytes_per_s},
         "rows": rows,
         "targets": targets.as_dicts(targets.check(rows)),
@@ -345,10 +374,18 @@ def _cells(row: dict) -> list[str]:
 def _preamble(report: dict) -> list[str]:
     r = report["roofs"]
     return [f"roofs: matmul {r['gflops']:.0f} GFLOP/s, copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
-            f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape; "
-            f"heap: {report.get('heap', 'not recorded')}",
+            f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape"
+            f"{_rechecked(report)}; heap: {report.get('heap', 'not recorded')}",
             "× naive, × onnxruntime: median (IQR) over rounds of their time over this engine's (> 1: faster); "
             "of roofline: max(flops / matmul roof, weight bytes / copy roof) over the median"]
+
+
+def _rechecked(report: dict) -> str:
+    again = report.get("rechecked") or []
+    if not again:
+        return ""
+    where = ", ".join(f"{p['model']} {p['shape']}" for p in again)
+    return f", {report['rounds'] + report['recheck_rounds']} at the close call(s) {where}"
 
 
 def format_table(report: dict) -> str:
@@ -455,14 +492,15 @@ def main(args) -> int:
     names = parse_names(args.engines, ENGINES, "engine")
     grid = parse_shapes(args.shapes, models) if args.shapes else None
 
-    def progress(done, total, shape):
+    def progress(done, total, what):
         if not sys.stderr.isatty():
             return
-        end = "\n" if shape is None else ""
-        what = "done" if shape is None else f"{shape.model} {shape.label}"
+        end = "\n" if what is None else ""
+        what = what or "done"
         print(f"\rreport: {done}/{total} {what:<24}", end=end, file=sys.stderr, flush=True)
 
-    report = _finite(run_report(models, names, rounds=args.rounds, block_seconds=args.block_seconds,
+    report = _finite(run_report(models, names, rounds=args.rounds, recheck_rounds=args.recheck_rounds,
+                                block_seconds=args.block_seconds,
                                 settle_seconds=args.settle_seconds, quick=args.quick, grid=grid,
                                 threads=args.threads, progress=progress))
     paths, note = save(report, args.out)

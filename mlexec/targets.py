@@ -26,12 +26,18 @@ those other than ``naive``.
 Targets 2 and 3 are judged on the median ratio, and say in how many rounds
 the ratio fell below the bar: on a shared machine a point near a bar can
 land on either side of it from one run to the next, and the count shows
-whether a verdict rests on every round or on a coin toss.
+whether a verdict rests on every round or on a coin toss. ``close_calls``
+names the points where a median-judged figure has its bar inside the
+interquartile range of its rounds; the report measures those again, with a
+fixed number of extra rounds whichever side the first median fell on, and
+judges on all the rounds.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+
+import numpy as np
 
 from engines import ENGINES
 
@@ -40,6 +46,9 @@ PEER = "onnxruntime"
 SIGNIFICANCE = 0.01
 SMALL_SPEEDUP = 1.3    # target 2: over naive, where per-op overhead dominates
 PEER_SLACK = 1.10      # target 3: how far behind the peer the best NumPy engine may be
+# targets 4 and 5: (mlp shape, row key, least fraction, of what)
+ROOFLINE = (("b128 d4096", "peak_fraction", 0.75, "of the matmul peak"),
+            ("b1 d4096", "bandwidth_fraction", 0.80, "of the memory bandwidth"))
 
 
 def sign_test(slower: int, rounds: int) -> float:
@@ -60,6 +69,11 @@ def _numpy_engine(name: str) -> bool:
 
 def _where(row: dict) -> str:
     return f"{row['model']} {row['shape']}"
+
+
+def _small(row: dict) -> bool:
+    """Where per-op overhead dominates (target 2)."""
+    return row["batch"] <= 8 and row["dim"] <= 256
 
 
 def check(rows: list[dict]) -> list[Target]:
@@ -97,7 +111,7 @@ def check(rows: list[dict]) -> list[Target]:
             elif worst["vs_naive"] < 1.0:
                 value += ", slower in {} of {} rounds: not shown slower".format(*rounds_slower(worst))
             out.append(Target(f"{name} >= naive at every point", not slower, value))
-        small = [r for r in mine if r["batch"] <= 8 and r["dim"] <= 256]
+        small = [r for r in mine if _small(r)]
         if small:
             worst = min(small, key=lambda r: r["vs_naive"])
             out.append(Target(f"{name} >= {SMALL_SPEEDUP}x naive at batch <= 8, dim <= 256",
@@ -128,13 +142,45 @@ def check(rows: list[dict]) -> list[Target]:
             out.append(Target("best NumPy engine ahead of onnxruntime at batch 1", ratio > 1.0,
                               f"worst {ratio:.2f}x ({worst['engine']}) at {_where(worst)}" + below(worst, PEER, 1.0)))
 
-    for shape, key, floor, what in (("b128 d4096", "peak_fraction", 0.75, "of the matmul peak"),
-                                    ("b1 d4096", "bandwidth_fraction", 0.80, "of the memory bandwidth")):
+    for shape, key, floor, what in ROOFLINE:
         best = best_numpy("mlp", shape)
         if best is not None:
             out.append(Target(f"best NumPy engine >= {floor:.0%} {what} at mlp {shape}", best[key] >= floor,
                               f"{best[key]:.0%} ({best['engine']})"))
     return out
+
+
+def close_calls(rows: list[dict]) -> list[tuple[str, str]]:
+    """The points (model, shape) where a figure that decides target 2, 3, 4 or 5 has its bar
+    within the interquartile range of its rounds: one more run could put the median on the
+    other side."""
+    rows = [r for r in rows if not r.get("error")]
+    points: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        if _numpy_engine(r["engine"]):
+            points.setdefault((r["model"], r["shape"]), []).append(r)
+
+    def straddles(iqr, bar) -> bool:
+        return iqr is not None and iqr[0] <= bar <= iqr[1]
+
+    close = []
+    for (model, shape), here in points.items():
+        spans = [(r["vs_naive_iqr"], SMALL_SPEEDUP) for r in here if r["engine"] != REFERENCE and _small(r)]
+        vs_peer = [r for r in here if r["vs_onnxruntime"] is not None]
+        if model == "mlp" and vs_peer:
+            best = max(vs_peer, key=lambda r: r["vs_onnxruntime"])
+            spans.append((best["vs_onnxruntime_iqr"], 1 / PEER_SLACK))
+            if best["batch"] == 1:
+                spans.append((best["vs_onnxruntime_iqr"], 1.0))
+        for roof_shape, key, floor, _ in ROOFLINE:
+            if model == "mlp" and shape == roof_shape:
+                best = min(here, key=lambda r: r["median_s"])
+                # the fraction is (roofline time) / (median time); its IQR comes from the times'
+                q1, q3 = np.percentile(best["rounds_s"], [25, 75])
+                spans.append(([best[key] * best["median_s"] / q3, best[key] * best["median_s"] / q1], floor))
+        if any(straddles(iqr, bar) for iqr, bar in spans):
+            close.append((model, shape))
+    return close
 
 
 def as_dicts(targets: list[Target]) -> list[dict]:

@@ -34,7 +34,7 @@ class GhostEngine:
 def result(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(report.ENGINES, "ghost", GhostEngine)
-        built = report.run_report(["mlp"], ENGINES, grid=GRID, rounds=2, block_seconds=0.001,
+        built = report.run_report(["mlp"], ENGINES, grid=GRID, rounds=2, recheck_rounds=0, block_seconds=0.001,
                                    settle_seconds=0)
     out = tmp_path_factory.mktemp("report")
     paths, note = report.save(built, out)
@@ -107,7 +107,7 @@ def test_files_png_markdown_json(result):
 
 
 def test_parse_shapes_and_names():
-    grid = report.parse_shapes("1x64, 8x64,2x32x8", ["mlp", "transformer"])
+    grid = report.parse_shapes("1x64, 8x64,2x32x8,1x64", ["mlp", "transformer"])     # a repeat is measured once
     assert grid == {"mlp": [Shape("mlp", 1, 64), Shape("mlp", 8, 64)], "transformer": [Shape("transformer", 2, 32, 8)]}
     for text, models in [("1x64x8", ["mlp"]), ("1x", ["mlp"]), ("8x64", ["mlp", "transformer"])]:
         with pytest.raises(ReportError):
@@ -125,7 +125,7 @@ def mlexec(*args):
 
 def test_cli_quick_report(tmp_path):
     proc = mlexec("--quick", "--models", "mlp", "--engines", "naive,fused", "--shapes", "1x64,8x64",
-                  "--rounds", "1", "--block-seconds", "0.001", "--settle-seconds", "0", "--out", str(tmp_path))
+                  "--rounds", "1", "--recheck-rounds", "0", "--block-seconds", "0.001", "--settle-seconds", "0", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("roofs: matmul ")
@@ -148,6 +148,7 @@ def test_cli_quick_report(tmp_path):
     (["--models", "mlp", "--shapes", "1x64x8"], "transformer shape"),
     (["--models", "mlp", "--settle-seconds", "nan"], "expected --settle-seconds in 0.0..10.0, got nan"),
     (["--models", "mlp", "--settle-seconds", "-1"], "expected --settle-seconds"),
+    (["--models", "mlp", "--recheck-rounds", "-1"], "expected --recheck-rounds in 0..200, got -1"),
 ])
 def test_cli_bad_input_is_one_line(args, message):
     proc = mlexec("--quick", *args)
@@ -155,6 +156,32 @@ def test_cli_bad_input_is_one_line(args, message):
     assert proc.stdout == ""
     assert proc.stderr.startswith("mlexec: error: ") and message in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_close_calls_get_more_rounds_and_are_judged_on_all(monkeypatch):
+    seen = []
+
+    def close_calls(rows):
+        seen.append({(r["shape"], r["engine"]): len(r["rounds_s"]) for r in rows})
+        return [("mlp", "b8 d64")]
+
+    monkeypatch.setattr(report.targets, "close_calls", close_calls)
+    kwargs = dict(grid=GRID, rounds=2, block_seconds=0.001, settle_seconds=0,
+                  roofs=report.Roofs(gflops=100.0, gbytes_per_s=10.0))
+    built = report.run_report(["mlp"], ["naive", "static"], recheck_rounds=3, **kwargs)
+    first = {(s.label, e): 2 for s in GRID["mlp"] for e in ("naive", "static")}
+    assert seen == [first]                               # judged once, on the first pass
+    assert {(r["shape"], r["engine"]): len(r["rounds_s"]) for r in built["rows"]} == {**first, ("b8 d64", "naive"): 5,
+                                                                                       ("b8 d64", "static"): 5}
+    b8 = {r["engine"]: r for r in built["rows"] if r["shape"] == "b8 d64"}
+    per_round = np.array(b8["naive"]["rounds_s"]) / np.array(b8["static"]["rounds_s"])
+    assert b8["static"]["vs_naive"] == pytest.approx(float(np.median(per_round)), rel=1e-12)
+    assert built["rechecked"] == [{"model": "mlp", "shape": "b8 d64"}]
+    assert "2 interleaved round(s) per shape, 5 at the close call(s) mlp b8 d64;" in report.format_table(built)
+
+    built = report.run_report(["mlp"], ["naive", "static"], recheck_rounds=0, **kwargs)
+    assert len(seen) == 1 and built["rechecked"] == []
+    assert {len(r["rounds_s"]) for r in built["rows"]} == {2}
 
 
 def test_wrong_result_is_reported_not_timed(monkeypatch):

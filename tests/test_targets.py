@@ -1,5 +1,5 @@
 """The speed targets, judged on synthetic report rows: each one met, each one missed, and the deciding point named."""
-from mlexec.targets import SIGNIFICANCE, check, sign_test
+from mlexec.targets import SIGNIFICANCE, check, close_calls, sign_test
 
 
 ROUND_NOISE = [-1.0, -0.75, -0.5, -0.25, 0.0, 0.25, 0.5, 0.75, 1.0]     # 9 rounds, like the report
@@ -104,3 +104,30 @@ def test_sign_test():
     assert sign_test(9, 9) == 1 / 512 and sign_test(0, 9) == 1.0
     assert sign_test(8, 9) == 10 / 512 > SIGNIFICANCE > sign_test(9, 9)
     assert sign_test(23, 31) < SIGNIFICANCE < sign_test(22, 31)      # more rounds, a smaller share suffices
+
+
+def test_close_calls_are_the_points_whose_deciding_figure_straddles_its_bar():
+    # ratios 1.31x and 1.40x naive at two small points, +-2 % between quartiles: only 1.31x straddles 1.3x
+    small = [row("naive", 1, 256, 1.0, 1.0), row("static", 1, 256, 1 / 1.31, 1.0),
+             row("naive", 8, 256, 1.0, 1.0), row("static", 8, 256, 1 / 1.40, 1.0)]
+    assert close_calls(small) == [("mlp", "b1 d256")]
+    # the same 1.31x where per-op overhead does not dominate decides nothing
+    assert close_calls([row("naive", 32, 256, 1.0, 1.0), row("static", 32, 256, 1 / 1.31, 1.0)]) == []
+    assert close_calls([{**r, "error": "wrong"} for r in small]) == []
+
+
+def test_close_calls_against_the_peer_and_the_roofs_look_at_the_best_numpy_engine():
+    # b8 d1024: naive straddles 1/1.10 against onnxruntime, but static, the best, is clear at 1.2x
+    clear = [row("naive", 8, 1024, 1.0, 1.0, 0.91), row("static", 8, 1024, 0.75, 1.0, 0.91)]
+    assert close_calls(clear) == []
+    # b8 d4096: the best is 0.92x onnxruntime, IQR 0.90-0.94, around the 0.909 bar
+    near = [row("naive", 8, 4096, 2.0, 2.0, 0.92), row("static", 8, 4096, 1.0, 2.0, 0.92)]
+    assert close_calls(near) == [("mlp", "b8 d4096")]
+    # batch 1: 1.01x onnxruntime straddles "ahead" (1.0), not "within 1.10x"
+    assert close_calls([row("static", 1, 1024, 1.0, 1.1, 1.01)]) == [("mlp", "b1 d1024")]
+    # the roofs, with times +-1 % between quartiles: 80.5 % of the bandwidth straddles 80 %, 82 % does not
+    assert close_calls([row("static", 1, 4096, 1.0, 1.0, bandwidth=0.805)]) == [("mlp", "b1 d4096")]
+    assert close_calls([row("static", 1, 4096, 1.0, 1.0, bandwidth=0.82)]) == []
+    assert close_calls([row("static", 128, 4096, 1.0, 1.0, peak=0.755)]) == [("mlp", "b128 d4096")]
+    # a peer's own figures decide nothing
+    assert close_calls([row("onnxruntime", 1, 4096, 1.0, 1.0, bandwidth=0.805)]) == []
