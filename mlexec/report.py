@@ -325,20 +325,23 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         # A fixed number of extra rounds wherever a verdict is a close call, whichever side its
         # median fell on (stopping when it looked good would bias the verdicts), judged on all.
         close = set(targets.close_calls(rows)) if recheck_rounds else set()
-        rechecked = [s for s in shapes if (s.model, s.label) in close]
-        for i, shape in enumerate(rechecked):
+        again = [s for s in shapes if (s.model, s.label) in close]
+        rechecked = []
+        for i, shape in enumerate(again):
             if progress is not None:
-                progress(len(shapes) + i, len(shapes) + len(rechecked), f"{shape.model} {shape.label}, again")
+                progress(len(shapes) + i, len(shapes) + len(again), f"{shape.model} {shape.label}, again")
             times, wrong, flops, weight_bytes = measured[shape]
             _, more, more_wrong = measure(shape, list(times), recheck_rounds, block_seconds, unavailable,
                                           settle_seconds, first_round=rounds)
+            times = {name: t for name, t in times.items() if name not in more_wrong}   # wrong once: not timed
             if set(more) == set(times):       # the same engines ran: the rounds stay paired
                 times = {name: np.concatenate([times[name], more[name]]) for name in times}
+                rechecked.append(shape)
             measured[shape] = (times, {**wrong, **more_wrong}, flops, weight_bytes)
-        if rechecked:
+        if again:
             rows = _rows(measured, roofs, names)
         if progress is not None:
-            progress(len(shapes) + len(rechecked), len(shapes) + len(rechecked), None)
+            progress(len(shapes) + len(again), len(shapes) + len(again), None)
         from engines.threads import blas_threads
         used_threads = blas_threads()
     return {

@@ -184,6 +184,28 @@ def test_close_calls_get_more_rounds_and_are_judged_on_all(monkeypatch):
     assert {len(r["rounds_s"]) for r in built["rows"]} == {2}
 
 
+def test_an_engine_wrong_when_measured_again_is_reported_not_timed(monkeypatch):
+    built_engines = []
+
+    class WrongTheSecondTime:
+        def __init__(self, model, max_batch):
+            self.right = report.ENGINES["naive"](model, max_batch)
+            built_engines.append(self)
+
+        def forward(self, x):
+            return self.right.forward(x) + (len(built_engines) > 1)
+
+    monkeypatch.setitem(report.ENGINES, "flaky", WrongTheSecondTime)
+    monkeypatch.setattr(report.targets, "close_calls", lambda rows: [("mlp", "b1 d16")])
+    built = report.run_report(["mlp"], ["naive", "flaky"], grid={"mlp": [Shape("mlp", 1, 16)]}, rounds=2,
+                              recheck_rounds=2, block_seconds=0.001, settle_seconds=0,
+                              roofs=report.Roofs(gflops=100.0, gbytes_per_s=10.0))
+    rows = {r["engine"]: r for r in built["rows"]}
+    assert len(built_engines) == 2 and list(rows) == ["naive", "flaky"]
+    assert "max abs error" in rows["flaky"]["error"] and "median_s" not in rows["flaky"]
+    assert len(rows["naive"]["rounds_s"]) == 4 and built["rechecked"] == [{"model": "mlp", "shape": "b1 d16"}]
+
+
 def test_wrong_result_is_reported_not_timed(monkeypatch):
     class Broken:
         def __init__(self, model, max_batch):
