@@ -32,6 +32,11 @@ about 100 ms. Per engine and shape the table gives:
   fraction above 1 means the weights were served from cache, faster than
   the copy bandwidth of a 64 MiB buffer.
 
+A shape where a target is a close call (``targets.close_calls``: a deciding
+figure with its bar inside the IQR of its rounds) is measured again after the
+grid, with ``recheck_rounds`` more rounds of all its engines whichever side of
+the bar it fell, and judged on all its rounds.
+
 An engine that cannot be built (a missing optional package) is listed once
 with the reason and skipped for the rest of the grid. An engine whose result
 disagrees with the float64 reference is not timed at that shape; the reason
