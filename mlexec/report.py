@@ -131,8 +131,9 @@ def parse_shapes(text: str, models: list[str]) -> dict[str, list[Shape]]:
         model = next(m for m, n in _ARITY.items() if n == len(parts))
         if model not in grid:
             raise ReportError(f"shape {entry!r} is a {model} shape, but --models is {','.join(models)}")
-        if Shape(model, *parts) not in grid[model]:
-            grid[model].append(Shape(model, *parts))
+        shape = Shape(model, *parts)
+        if shape not in grid[model]:
+            grid[model].append(shape)
     for model, shapes in grid.items():
         if not shapes:
             form = "BATCHxDIM" if _ARITY[model] == 2 else "BATCHxDIMxSEQ"

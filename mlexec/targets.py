@@ -76,6 +76,16 @@ def _small(row: dict) -> bool:
     return row["batch"] <= 8 and row["dim"] <= 256
 
 
+def _best_vs_peer(rows: list[dict]) -> dict:
+    """Of one point's NumPy rows, the one that decides target 3: the best ratio to the peer."""
+    return max(rows, key=lambda r: r["vs_onnxruntime"])
+
+
+def _fastest(rows: list[dict]) -> dict:
+    """Of one point's NumPy rows, the one that decides targets 4 and 5."""
+    return min(rows, key=lambda r: r["median_s"])
+
+
 def check(rows: list[dict]) -> list[Target]:
     """The targets that the report's rows can judge (an engine or point not measured is left out)."""
     rows = [r for r in rows if not r.get("error")]
@@ -123,13 +133,13 @@ def check(rows: list[dict]) -> list[Target]:
 
     def best_numpy(model, shape):
         here = numpy_rows(model, shape)
-        return min(here, key=lambda r: r["median_s"]) if here else None
+        return _fastest(here) if here else None
 
     vs_peer = []   # (best NumPy row, its ratio to the peer)
     for model, shape in points:
         here = numpy_rows(model, shape)
         if model == "mlp" and here and here[0]["vs_onnxruntime"] is not None:
-            best = max(here, key=lambda r: r["vs_onnxruntime"])
+            best = _best_vs_peer(here)
             vs_peer.append((best, best["vs_onnxruntime"]))
     if vs_peer:
         worst, ratio = min(vs_peer, key=lambda p: p[1])
@@ -168,13 +178,13 @@ def close_calls(rows: list[dict]) -> list[tuple[str, str]]:
         spans = [(r["vs_naive_iqr"], SMALL_SPEEDUP) for r in here if r["engine"] != REFERENCE and _small(r)]
         vs_peer = [r for r in here if r["vs_onnxruntime"] is not None]
         if model == "mlp" and vs_peer:
-            best = max(vs_peer, key=lambda r: r["vs_onnxruntime"])
+            best = _best_vs_peer(vs_peer)
             spans.append((best["vs_onnxruntime_iqr"], 1 / PEER_SLACK))
             if best["batch"] == 1:
                 spans.append((best["vs_onnxruntime_iqr"], 1.0))
         for roof_shape, key, floor, _ in ROOFLINE:
             if model == "mlp" and shape == roof_shape:
-                best = min(here, key=lambda r: r["median_s"])
+                best = _fastest(here)
                 # the fraction is (roofline time) / (median time); its IQR comes from the times'
                 q1, q3 = np.percentile(best["rounds_s"], [25, 75])
                 spans.append(([best[key] * best["median_s"] / q3, best[key] * best["median_s"] / q1], floor))
