@@ -9,28 +9,20 @@ and softmax overwrite an input that is not read again. forward returns a
 read-only view into the arena, valid until the next call.
 
 Set ``MLEXEC_NO_PLANNER=1`` to give every tensor its own region (no reuse),
-to tell a planner bug from a kernel bug.
+to tell a planner bug from a kernel bug (``fused`` and ``packed`` honour it too).
 """
 from __future__ import annotations
 
-import os
-
-from .compiled import CompiledEngine
-from .ops import aligned_empty
-from .planner import end_to_end, plan_memory
+from .compiled import CompiledEngine, arena_storage
 
 
 class ArenaEngine(CompiledEngine):
     name = "arena"
 
     def _storage(self, sizes):
-        self.plan = plan_memory(sizes, self.steps, keep=[self.model.output])
-        offsets, total = self.plan.offsets, self.plan.arena_bytes
-        if os.environ.get("MLEXEC_NO_PLANNER"):   # kill switch: every tensor its own region
-            offsets, total = end_to_end(sizes)
-        self.activation_bytes = total
-        self.arena = aligned_empty(total // 4)
-        return {t: self.arena[offsets[t] // 4:(offsets[t] + n) // 4] for t, n in sizes.items()}
+        self.plan, arena, store = arena_storage(sizes, self.steps, keep=[self.model.output])
+        self.activation_bytes = arena.nbytes
+        return store
 
     def report(self) -> dict[str, int]:
         """The arena beside the two sizes it is judged against."""

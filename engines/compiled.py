@@ -12,13 +12,30 @@ are made at bind time, and every call writes with ``out=``.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
 from .base import Engine
 from .models import Model
-from .ops import OPS
-from .planner import Step
+from .ops import OPS, aligned_empty
+from .planner import Plan, Step, end_to_end, plan_memory
+
+
+def arena_storage(sizes: dict[str, int], steps: list[Step], keep: list[str]) \
+        -> tuple[Plan, np.ndarray, dict[str, np.ndarray]]:
+    """Plan ``sizes`` over ``steps`` (``planner.plan_memory``) and carve one 64-byte aligned arena:
+    the plan, the arena, and a flat float32 view of it per tensor at the tensor's offset.
+
+    ``MLEXEC_NO_PLANNER=1`` gives every tensor its own region instead (no reuse), to tell a
+    planner bug from a kernel bug; the plan is still returned, for its reference sizes.
+    """
+    plan = plan_memory(sizes, steps, keep=keep)
+    offsets, total = plan.offsets, plan.arena_bytes
+    if os.environ.get("MLEXEC_NO_PLANNER"):
+        offsets, total = end_to_end(sizes)
+    arena = aligned_empty(total // 4)
+    return plan, arena, {t: arena[offsets[t] // 4:(offsets[t] + n) // 4] for t, n in sizes.items()}
 
 
 class BoundEngine(Engine):

@@ -29,6 +29,11 @@ engine-owned buffers once per batch size (as ``compiled`` does). The steps:
 - **softmax** in place with ``engines.ops``' ``softmax_rows``, its row sums
   bound as the engine's matvec, so that ``packed`` keeps them on MKL.
 - anything else runs its ``engines.ops`` calls.
+- **memory is planned** as ``arena`` plans it (``planner.plan_memory``): the
+  steps' buffers and scratch share one arena wherever their lifetimes do not
+  overlap. At transformer-b1-d256-s128 that is 1.58 MB instead of 3.68 MB with
+  a buffer each, small enough to stay in this machine's 2 MiB L2, and the
+  engine ran 1.40x naive with a buffer each and 1.53x planned, interleaved.
 
 The input is copied into an engine buffer first so every call is bound in
 advance; the loop in forward is ``for fn, args in steps: fn(*args)``.
@@ -45,11 +50,12 @@ from functools import partial
 import numpy as np
 
 from .base import EngineUnavailable
-from .compiled import BoundEngine
+from .compiled import BoundEngine, arena_storage
 from .models import Model
-from .ops import (GELU_C, OPS, aligned_empty, gather_keys, head_columns, keys_per_head, keys_scratch, maximum,
+from .ops import (GELU_C, OPS, gather_keys, head_columns, keys_per_head, keys_scratch, maximum,
                   mean_column, ones_column, rows2d, softmax_rows, split_heads, standardize_calls, tile, tiled_calls,
                   weight_layout, zero_rows)
+from .planner import Step
 
 
 def _import_blas():
@@ -74,17 +80,30 @@ class FusedEngine(BoundEngine):
         super().__init__(model, max_batch)
         self._sgemm, self._sgemv = _import_blas()
         self.shapes: dict[str, tuple[int, ...]] = {}   # per-sample shape of every engine buffer
+        self._scratch: set[str] = set()                 # buffers that live only during their step
         self.steps = self._lower(model)                 # [(kind, output, inputs, operands, attrs)]
         self.weight_bytes = sum(a.nbytes for _, _, inputs, operands, _ in self.steps
                                 for a in (*inputs, *operands) if isinstance(a, np.ndarray))
-        self._buffers = {t: aligned_empty(max_batch * math.prod(s)) for t, s in self.shapes.items()}
-        self.activation_bytes = sum(b.nbytes for b in self._buffers.values())
+        self.plan, arena, self._buffers = arena_storage(
+            {t: 4 * max_batch * math.prod(s) for t, s in self.shapes.items()}, self._schedule(), [self._output])
+        self.activation_bytes = arena.nbytes
 
     # --- lowering: ops -> fused steps, weights folded once --------------------
 
-    def _buffer(self, name: str, shape: tuple[int, ...]) -> str:
+    def _buffer(self, name: str, shape: tuple[int, ...], scratch: bool = False) -> str:
         self.shapes[name] = tuple(shape)
+        if scratch:
+            self._scratch.add(name)
         return name
+
+    def _schedule(self) -> list[Step]:
+        """The steps as the planner sees them: the input copy first, then each step reading its
+        buffers and writing its output and scratch. An in-place step reads and writes one buffer."""
+        schedule = [Step(reads=(), writes=("input",))]
+        for _, out, inputs, _, _ in self.steps:
+            names = tuple(t for t in inputs if isinstance(t, str))
+            schedule.append(Step(reads=names, writes=(out, *(t for t in names if t in self._scratch))))
+        return schedule
 
     def _lower(self, model: Model):
         ops = model.ops
@@ -115,8 +134,8 @@ class FusedEngine(BoundEngine):
                 gamma, beta = (model.params[p] for p in op.params)
                 folded_ln[op.output] = (gamma, beta)
                 where[op.output] = self._buffer(op.output, out_shape)
-                scratch = (self._buffer(op.output + ".tmp", out_shape),
-                           self._buffer(op.output + ".stat", out_shape[:-1] + (1,)))
+                scratch = (self._buffer(op.output + ".tmp", out_shape, scratch=True),
+                           self._buffer(op.output + ".stat", out_shape[:-1] + (1,), scratch=True))
                 steps.append(("standardize", op.output, (where[op.inputs[0]], *scratch),
                               (mean_column(out_shape[-1]),), {"eps": op.attrs["eps"]}))
             elif op.kind == "linear":
@@ -153,7 +172,7 @@ class FusedEngine(BoundEngine):
             elif op.kind == "attn_scores" and op.inputs[0] in scaled:
                 where[op.output] = self._buffer(op.output, out_shape)
                 (keys_shape,) = keys_scratch([model.shapes[op.inputs[0]]])
-                keys = self._buffer(op.output + ".keys", keys_shape)
+                keys = self._buffer(op.output + ".keys", keys_shape, scratch=True)
                 steps.append(("attn_scores", op.output, (where[op.inputs[0]], keys), (), dict(op.attrs)))
             elif op.kind == "attn_context":
                 where[op.output] = self._buffer(op.output, out_shape)
@@ -164,18 +183,18 @@ class FusedEngine(BoundEngine):
                 if not halve:
                     doubled.add(op.output)                         # the reader's weights take the 0.5
                 steps.append(("gelu", where[op.output], (where[op.inputs[0]],
-                              self._buffer(op.output + ".tmp", out_shape)), (), {"halve": halve}))
+                              self._buffer(op.output + ".tmp", out_shape, scratch=True)), (), {"halve": halve}))
             elif op.kind == "softmax" and only_reader.get(op.inputs[0]) is op and where[op.inputs[0]] != "input":
                 where[op.output] = where[op.inputs[0]]             # in place
-                scratch = (self._buffer(op.output + ".tmp", out_shape),
-                           self._buffer(op.output + ".stat", out_shape[:-1] + (1,)))
+                scratch = (self._buffer(op.output + ".tmp", out_shape, scratch=True),
+                           self._buffer(op.output + ".stat", out_shape[:-1] + (1,), scratch=True))
                 steps.append(("softmax", where[op.output], (where[op.inputs[0]], *scratch), (), {}))
             else:                                                  # the op's own calls
                 kind = OPS[op.kind]
                 max_rows = self.max_batch * math.prod(model.shapes[model.input][:-1])
                 params = [model.params[p] for p in op.params]
                 prepared = kind.operands(params, max_rows)
-                scratch = tuple(self._buffer(f"{op.output}.scratch{j}", s) for j, s in
+                scratch = tuple(self._buffer(f"{op.output}.scratch{j}", s, scratch=True) for j, s in
                                 enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs])))
                 where[op.output] = self._buffer(op.output, out_shape)
                 steps.append(("calls", op.output, tuple(where[t] for t in op.inputs) + prepared + scratch,

@@ -120,6 +120,26 @@ def test_forward_allocates_nothing(case, fused):
     assert abs(small - large) <= 256, (small, large)
 
 
+def test_buffers_share_an_arena_only_across_disjoint_lifetimes(fused):
+    eng = fused(model_of("transformer"))
+    spans = {t: (a.ctypes.data, a.ctypes.data + a.nbytes) for t, a in eng._buffers.items()}
+    life = eng.plan.lifetimes
+    for t, u in ((t, u) for t in spans for u in spans if t < u):
+        if life[t][0] <= life[u][1] and life[u][0] <= life[t][1]:     # alive at one step together
+            assert spans[t][1] <= spans[u][0] or spans[u][1] <= spans[t][0], (t, u)
+    assert eng.plan.lower_bound_bytes <= eng.activation_bytes < eng.plan.no_reuse_bytes
+
+
+def test_kill_switch_gives_every_buffer_its_own_region(fused, monkeypatch, rng):
+    model = model_of("transformer")
+    planned = fused(model)
+    monkeypatch.setenv("MLEXEC_NO_PLANNER", "1")
+    unplanned = fused(model)
+    assert unplanned.activation_bytes == planned.plan.no_reuse_bytes > planned.activation_bytes
+    x = model.random_input(MAX_BATCH, rng)
+    np.testing.assert_allclose(unplanned.forward(x), planned.forward(x), rtol=1e-6, atol=1e-6)
+
+
 def test_folds_keep_model_untouched(fused):
     model = model_of("transformer")
     before = {k: v.copy() for k, v in model.params.items()}
