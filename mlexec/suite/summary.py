@@ -5,8 +5,6 @@ from .grid import HEADLINE
 from ..units import fmt_bytes, fmt_time
 
 
-
-
 def rows(results: dict) -> list[dict]:
     """results: {(case_id, engine): {"median": s, "peak": bytes, "held": bytes, "err": float}},
     in the order measured; each case's rows start with naive, the baseline of its ratios."""
