@@ -80,7 +80,6 @@ class FusedEngine(BoundEngine):
         super().__init__(model, max_batch)
         self._sgemm, self._sgemv = _import_blas()
         self.shapes: dict[str, tuple[int, ...]] = {}   # per-sample shape of every engine buffer
-        self._scratch: set[str] = set()                 # buffers that live only during their step
         self.steps = self._lower(model)                 # [(kind, output, inputs, operands, attrs)]
         self.weight_bytes = sum(a.nbytes for _, _, inputs, operands, _ in self.steps
                                 for a in (*inputs, *operands) if isinstance(a, np.ndarray))
@@ -90,19 +89,19 @@ class FusedEngine(BoundEngine):
 
     # --- lowering: ops -> fused steps, weights folded once --------------------
 
-    def _buffer(self, name: str, shape: tuple[int, ...], scratch: bool = False) -> str:
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> str:
         self.shapes[name] = tuple(shape)
-        if scratch:
-            self._scratch.add(name)
         return name
 
     def _schedule(self) -> list[Step]:
         """The steps as the planner sees them: the input copy first, then each step reading its
-        buffers and writing its output and scratch. An in-place step reads and writes one buffer."""
+        buffers and writing its output and its scratch, the buffers it reads that no step outputs.
+        An in-place step reads and writes one buffer."""
+        outputs = {"input", *(out for _, out, *_ in self.steps)}
         schedule = [Step(reads=(), writes=("input",))]
         for _, out, inputs, _, _ in self.steps:
             names = tuple(t for t in inputs if isinstance(t, str))
-            schedule.append(Step(reads=names, writes=(out, *(t for t in names if t in self._scratch))))
+            schedule.append(Step(reads=names, writes=(out, *(t for t in names if t not in outputs))))
         return schedule
 
     def _lower(self, model: Model):
@@ -134,8 +133,8 @@ class FusedEngine(BoundEngine):
                 gamma, beta = (model.params[p] for p in op.params)
                 folded_ln[op.output] = (gamma, beta)
                 where[op.output] = self._buffer(op.output, out_shape)
-                scratch = (self._buffer(op.output + ".tmp", out_shape, scratch=True),
-                           self._buffer(op.output + ".stat", out_shape[:-1] + (1,), scratch=True))
+                scratch = (self._buffer(op.output + ".tmp", out_shape),
+                           self._buffer(op.output + ".stat", out_shape[:-1] + (1,)))
                 steps.append(("standardize", op.output, (where[op.inputs[0]], *scratch),
                               (mean_column(out_shape[-1]),), {"eps": op.attrs["eps"]}))
             elif op.kind == "linear":
@@ -172,7 +171,7 @@ class FusedEngine(BoundEngine):
             elif op.kind == "attn_scores" and op.inputs[0] in scaled:
                 where[op.output] = self._buffer(op.output, out_shape)
                 (keys_shape,) = keys_scratch([model.shapes[op.inputs[0]]])
-                keys = self._buffer(op.output + ".keys", keys_shape, scratch=True)
+                keys = self._buffer(op.output + ".keys", keys_shape)
                 steps.append(("attn_scores", op.output, (where[op.inputs[0]], keys), (), dict(op.attrs)))
             elif op.kind == "attn_context":
                 where[op.output] = self._buffer(op.output, out_shape)
@@ -183,18 +182,18 @@ class FusedEngine(BoundEngine):
                 if not halve:
                     doubled.add(op.output)                         # the reader's weights take the 0.5
                 steps.append(("gelu", where[op.output], (where[op.inputs[0]],
-                              self._buffer(op.output + ".tmp", out_shape, scratch=True)), (), {"halve": halve}))
+                              self._buffer(op.output + ".tmp", out_shape)), (), {"halve": halve}))
             elif op.kind == "softmax" and only_reader.get(op.inputs[0]) is op and where[op.inputs[0]] != "input":
                 where[op.output] = where[op.inputs[0]]             # in place
-                scratch = (self._buffer(op.output + ".tmp", out_shape, scratch=True),
-                           self._buffer(op.output + ".stat", out_shape[:-1] + (1,), scratch=True))
+                scratch = (self._buffer(op.output + ".tmp", out_shape),
+                           self._buffer(op.output + ".stat", out_shape[:-1] + (1,)))
                 steps.append(("softmax", where[op.output], (where[op.inputs[0]], *scratch), (), {}))
             else:                                                  # the op's own calls
                 kind = OPS[op.kind]
                 max_rows = self.max_batch * math.prod(model.shapes[model.input][:-1])
                 params = [model.params[p] for p in op.params]
                 prepared = kind.operands(params, max_rows)
-                scratch = tuple(self._buffer(f"{op.output}.scratch{j}", s, scratch=True) for j, s in
+                scratch = tuple(self._buffer(f"{op.output}.scratch{j}", s) for j, s in
                                 enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs])))
                 where[op.output] = self._buffer(op.output, out_shape)
                 steps.append(("calls", op.output, tuple(where[t] for t in op.inputs) + prepared + scratch,
