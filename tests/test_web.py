@@ -127,3 +127,18 @@ def test_history_page_shows_a_bad_file(tmp_path):
     assert "0001_r.json: invalid JSON" in page and 'id="skipped"' in page
     empty = create_app({"BASELINES_ROOT": str(tmp_path / "none")}).test_client().get("/history")
     assert 'id="empty"' in empty.get_data(as_text=True)
+
+
+def test_served_app_logs_one_line_per_request(caplog):
+    from werkzeug.test import Client
+
+    from mlexec.web.__main__ import access_log
+
+    client = Client(access_log(create_app()))
+    with caplog.at_level("INFO", logger="mlexec.web.access"):
+        client.get("/history?machine=nope")
+        client.get("/missing")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert '"GET /history?machine=nope" 200 ' in lines[0] and lines[0].endswith(" ms")
+    assert '"GET /missing" 404' in lines[1]

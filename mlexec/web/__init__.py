@@ -18,12 +18,12 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from engines import ENGINES, MODELS
 
 from ..analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
-from ..units import fmt_bytes
+from ..units import fmt_bytes, fmt_time
 
 # Room for the largest accepted input text plus the other form fields and encoding overhead.
 MAX_REQUEST_BYTES = LIMITS["max_input_bytes"] + 64 * 1024
 
-DEFAULTS = {"input": "1.0, 0.5", "model": "mlp", "dim": "256", "batch": "1", "repeat": "20",
+DEFAULTS = {"input": "1.0, 0.5", "model": "mlp", "dim": "1024", "batch": "1", "repeat": "20",
             "seed": "0", "engines": list(DEFAULT_ENGINES)}
 API_KEYS = {"values", "model", "dim", "batch", "engines", "repeat", "seed"}
 
@@ -51,7 +51,7 @@ def create_app(config: dict | None = None) -> Flask:
     )
     app.config.update(config or {})
     app.jinja_env.filters["bytes"] = fmt_bytes
-    app.jinja_env.filters["ms"] = lambda s: "-" if s is None else f"{s * 1e3:.4f} ms"
+    app.jinja_env.filters["time"] = fmt_time
 
     @app.get("/")
     def index():
