@@ -412,24 +412,26 @@ def render_charts(history: History, out_dir, fmt: str = "png") -> list[Path]:
         for model, members in by_model.items():
             fig = Figure(figsize=(10, 6), layout="constrained")
             top, bottom = fig.subplots(2, 1, sharex=True)
+            engines = list(dict.fromkeys(s.engine or s.short for s in members))
+            colors = {e: f"C{i % 10}" for i, e in enumerate(engines)}   # one colour per engine, a line per shape
             for s in members:
-                xs = [p.x for p in s.points]
-                label = s.short.removeprefix(f"{s.engine} · {s.model} · ").replace(" · ", " ")
-                label = f"{s.engine} {label}" if s.engine else label
-                line, = top.plot(xs, [p.median * 1e6 for p in s.points], marker="o", ms=3, label=label)
+                color = colors[s.engine or s.short]
+                label = s.engine or s.short
+                top.plot([p.x for p in s.points], [p.median * 1e6 for p in s.points], marker="o", ms=3,
+                         color=color, label=label if label not in top.get_legend_handles_labels()[1] else None)
                 steps = [p for p in s.points if "median" in p.step]
                 top.plot([p.x for p in steps], [p.median * 1e6 for p in steps], "o", ms=10, mfc="none",
                          mec="red", mew=1.5)
-                peaks = [p for p in s.points if p.peak_bytes is not None]
-                bottom.plot([p.x for p in peaks], [p.peak_bytes / 1024 for p in peaks], marker="o", ms=3,
-                            color=line.get_color())
+                peaks = [p for p in s.points if p.peak_bytes]
+                bottom.plot([p.x for p in peaks], [p.peak_bytes for p in peaks], marker="o", ms=3, color=color)
             top.set_yscale("log")
             top.set_ylabel("median latency (µs)")
-            top.set_title(f"{model} on {machine.name}", fontsize="medium")
-            bottom.set_ylabel("peak memory (KiB)")
+            top.set_title(f"{model} on {machine.name}: a line per shape, a colour per engine", fontsize="medium")
+            bottom.set_yscale("log")
+            bottom.set_ylabel("peak memory (bytes)")
             bottom.set_xticks(range(len(machine.commits)), machine.commits, rotation=30, fontsize="small")
             bottom.set_xlabel("commit (red ring: step change)")
-            fig.legend(loc="outside right upper", fontsize="x-small", ncols=1 + len(members) // 24)
+            fig.legend(loc="outside right upper", fontsize="small")
             safe = re.sub(r"[^A-Za-z0-9._-]", "_", f"{machine.name}_{model}")
             path = out_dir / f"{safe}.{fmt}"
             fig.savefig(path, format=fmt)
