@@ -14,6 +14,7 @@ from engines import ENGINES, MODELS
 
 from .analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
 from .baselines import BaselineError
+from .history import DEFAULT_THRESHOLD
 from .report import (DEFAULT_ENGINES as REPORT_ENGINES, DEFAULT_MODELS as REPORT_MODELS, RECHECK_ROUNDS,
                      SETTLE_SECONDS, ReportError)
 from .units import fmt_bytes, fmt_time
@@ -76,12 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     a.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    h = sub.add_parser("history", help="trend of saved benchmark runs over commits")
+    h = sub.add_parser("history", help="each benchmark's trend over the saved runs, with step changes")
     h.add_argument("--root", type=Path, default=Path("baselines"), help="saved runs: ROOT/<machine-id>/*.json")
-    h.add_argument("--out", type=Path, default=Path("reports/history"), help="where the charts go")
     h.add_argument("--machine", help="only this machine id")
-    h.add_argument("--threshold", type=float, default=0.2, help="relative change that counts as a step (0.2)")
-    h.add_argument("--format", choices=("png", "svg"), default="png", help="chart format (png)")
+    h.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                   help=f"relative change that counts as a step (default {DEFAULT_THRESHOLD})")
+    h.add_argument("--html", type=Path, metavar="DIR",
+                   help="also write the history page as a static site into DIR (index.html, one page per machine)")
+    h.add_argument("--out", type=Path, metavar="DIR", help="also write one matplotlib chart per machine and model")
+    h.add_argument("--format", choices=("png", "svg"), default="png", help="chart format for --out (png)")
 
     r = sub.add_parser("report", help="engine x shape table with ratios to naive, ONNX Runtime and the roofline")
     r.add_argument("--quick", action="store_true", help="a few shapes only (seconds, not minutes)")
@@ -152,15 +156,17 @@ def _history(args) -> int:
 
     if args.threshold <= 0:
         raise AnalysisError(f"expected --threshold > 0, got {args.threshold}")
-    commits, series = history.collect(args.root, args.machine)
-    if not series:
+    data = history.collect(args.root, args.machine, threshold=args.threshold)
+    if not data.machines:
         where = f"{args.root}/{args.machine or '<machine-id>'}/NNNN_<name>.json"
-        raise AnalysisError(f"no saved runs found; expected files like {where}")
-    for s in series:
-        history.find_steps(s.points, threshold=args.threshold)
-    print(history.format_table(commits, series))
-    paths = history.render_charts(series, args.out, fmt=args.format)
-    print("\ncharts: " + ", ".join(str(p) for p in paths))
+        skipped = "; skipped " + "; ".join(data.skipped) if data.skipped else ""
+        raise AnalysisError(f"no readable saved runs; expected files like {where}{skipped}")
+    print(history.format_text(data))
+    if args.html:
+        history.write_site(data, args.html)
+        print(f"\nhistory page: {args.html / 'index.html'}")
+    if args.out:
+        print("charts: " + ", ".join(str(p) for p in history.render_charts(data, args.out, fmt=args.format)))
     return 0
 
 

@@ -26,4 +26,4 @@ def test_every_benchmark_runs_once_and_the_summary_prints():
         assert "unavailable:" in line or "compiles for many seconds" in line, line
     assert len(skipped) < len(outcomes)
     assert "engines compared" in proc.stdout
-    assert f"headline, the seed's model ({HEADLINE.id}): naive" in proc.stdout
+    assert f"headline ({HEADLINE.id}): allocated per forward, naive" in proc.stdout

@@ -108,12 +108,15 @@ def test_unexpected_error_is_500_without_traceback(monkeypatch):
 
 
 def test_history_page(client):
-    resp = client.get("/history")
+    resp = client.get("/history?machine=Linux-CPython-3.11-64bit")
     assert resp.status_code == 200
     page = resp.get_data(as_text=True)
-    assert 'id="history-table"' in page and "c3d4e5f6" in page
-    assert "median down at c3d4e5f6" in page
-    assert page.count("<svg") == 2   # one chart per machine and group
+    assert 'id="steps"' in page and "<code>c3d4e5f6</code>" in page
+    assert page.count('<figure class="chart"') == 2   # one chart per benchmark
+    assert 'href="/history?machine=other-machine"' in page
+    assert "style=" not in page and "<script>" not in page   # works under a strict Content-Security-Policy
+    assert client.get("/static/history.js").status_code == 200
+    assert 'id="error"' in client.get("/history?machine=nope").get_data(as_text=True)
 
 
 def test_history_page_shows_a_bad_file(tmp_path):
@@ -121,6 +124,21 @@ def test_history_page_shows_a_bad_file(tmp_path):
     (tmp_path / "m" / "0001_r.json").write_text("{oops")
     client = create_app({"BASELINES_ROOT": str(tmp_path)}).test_client()
     page = client.get("/history").get_data(as_text=True)
-    assert "0001_r.json: invalid JSON" in page
+    assert "0001_r.json: invalid JSON" in page and 'id="skipped"' in page
     empty = create_app({"BASELINES_ROOT": str(tmp_path / "none")}).test_client().get("/history")
     assert 'id="empty"' in empty.get_data(as_text=True)
+
+
+def test_served_app_logs_one_line_per_request(caplog):
+    from werkzeug.test import Client
+
+    from mlexec.web.__main__ import access_log
+
+    client = Client(access_log(create_app()))
+    with caplog.at_level("INFO", logger="mlexec.web.access"):
+        client.get("/history?machine=nope")
+        client.get("/missing")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert '"GET /history?machine=nope" 200 ' in lines[0] and lines[0].endswith(" ms")
+    assert '"GET /missing" 404' in lines[1]

@@ -12,19 +12,18 @@ from __future__ import annotations
 import logging
 import os
 
-from flask import Flask, jsonify, render_template, request
+from flask import Flask, jsonify, render_template, request, url_for
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from engines import ENGINES, MODELS
 
 from ..analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
-from ..baselines import BaselineError
-from ..units import fmt_bytes
+from ..units import fmt_bytes, fmt_time
 
 # Room for the largest accepted input text plus the other form fields and encoding overhead.
 MAX_REQUEST_BYTES = LIMITS["max_input_bytes"] + 64 * 1024
 
-DEFAULTS = {"input": "1.0, 0.5", "model": "mlp", "dim": "256", "batch": "1", "repeat": "20",
+DEFAULTS = {"input": "1.0, 0.5", "model": "mlp", "dim": "1024", "batch": "1", "repeat": "20",
             "seed": "0", "engines": list(DEFAULT_ENGINES)}
 API_KEYS = {"values", "model", "dim", "batch", "engines", "repeat", "seed"}
 
@@ -52,7 +51,7 @@ def create_app(config: dict | None = None) -> Flask:
     )
     app.config.update(config or {})
     app.jinja_env.filters["bytes"] = fmt_bytes
-    app.jinja_env.filters["ms"] = lambda s: "-" if s is None else f"{s * 1e3:.4f} ms"
+    app.jinja_env.filters["time"] = fmt_time
 
     @app.get("/")
     def index():
@@ -101,15 +100,11 @@ def create_app(config: dict | None = None) -> Flask:
         from .. import history
 
         machine = request.args.get("machine") or None
-        root = app.config["BASELINES_ROOT"]
-        try:
-            commits, series = history.collect(root, machine)
-        except BaselineError as exc:
-            return render_template("history.html", error=str(exc), root=root, table=None, charts=[]), 200
-        charts = history.chart_svgs(series) if series else []
-        table = history.format_table(commits, series) if series else None
-        return render_template("history.html", error=None, root=root, table=table, charts=charts,
-                               machine=machine, series=series)
+        data = history.collect(app.config["BASELINES_ROOT"])
+        return render_template("history.html", static=False,
+                               asset=lambda name: url_for("static", filename=name),
+                               machine_href=lambda name: url_for("history_page", machine=name),
+                               **history.page_context(data, machine))
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_exc):
