@@ -1,15 +1,131 @@
-"""50 concurrent requests against the app under waitress, in its own process; RSS stays bounded."""
+"""Engines under threads (ownership, EnginePool), and 50 concurrent requests against the app under waitress."""
 import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, subprocess_env
+from engines import ENGINES, MODELS, EngineBusy, EnginePool, EngineUnavailable
+
+PLANNED = sorted(name for name, cls in ENGINES.items() if cls.returns_view)
+ABS_TOL = 1e-4
+
+
+def build(name, model, max_batch):
+    try:
+        return ENGINES[name](model, max_batch)
+    except EngineUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def in_thread(fn):
+    """fn() in another thread: its result, or the exception it raised."""
+    box = []
+    thread = threading.Thread(target=lambda: box.append(_call(fn)))
+    thread.start()
+    thread.join()
+    return box[0]
+
+
+def _call(fn):
+    try:
+        return fn()
+    except Exception as exc:      # handed back to the test's thread
+        return exc
+
+
+@pytest.mark.parametrize("name", PLANNED)
+def test_second_thread_is_refused_until_release(name):
+    model = MODELS["mlp"](dim=32)
+    engine = build(name, model, 4)
+    x = model.random_input(2, 0)
+    y = engine.forward(x)
+    expected = model.reference(x)
+    refused = in_thread(lambda: engine.forward(model.random_input(2, 1)))
+    assert isinstance(refused, EngineBusy) and "EnginePool" in str(refused) and "release()" in str(refused)
+    np.testing.assert_allclose(y, expected, atol=ABS_TOL)        # the owner's view untouched
+    assert isinstance(in_thread(engine.release), EngineBusy)      # only the owner gives it up
+    engine.release()
+    x2 = model.random_input(3, 2)
+    np.testing.assert_allclose(in_thread(lambda: np.array(engine.forward(x2))), model.reference(x2), atol=ABS_TOL)
+    assert isinstance(_call(lambda: engine.forward(x)), EngineBusy)   # now the other thread's
+
+
+@pytest.mark.parametrize("name", PLANNED)
+def test_worker_shares_weights_not_buffers(name):
+    """A worker allocates its activation memory only: the prepared weights are shared."""
+    import tracemalloc
+
+    model = MODELS["mlp"](dim=256)
+    engine = build(name, model, 2)
+    tracemalloc.start()
+    try:
+        worker = engine.worker()
+        allocated = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert engine.activation_bytes <= allocated < engine.activation_bytes + 64 * 1024 < engine.weight_bytes
+    x = model.random_input(2, 0)
+    a, b = engine.forward(x), worker.forward(x)
+    assert not np.shares_memory(a, b)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", PLANNED + ["naive"])
+def test_pool_from_threads_every_output_checked(name):
+    """4 threads x 60 calls on a pool of 2: every result against the float64 reference."""
+    model = MODELS["mlp"](dim=64)
+    build(name, model, 8)                                      # skips when unavailable
+    pool = EnginePool(name, model, max_batch=8, size=2)
+    rng = np.random.default_rng(0)
+    inputs = [model.random_input(int(rng.integers(1, 9)), rng) for _ in range(240)]
+    expected = [model.reference(x) for x in inputs]
+
+    def work(indices):
+        errors = []
+        for i in indices:
+            out = np.empty(model.output_shape(inputs[i].shape[0]), np.float32)
+            y = pool.run(inputs[i], out=out) if i % 2 else pool.run(inputs[i])
+            errors.append(float(np.max(np.abs(y - expected[i]))))
+        return errors
+
+    with ThreadPoolExecutor(max_workers=4) as threads:
+        errors = [e for chunk in threads.map(work, [range(k, 240, 4) for k in range(4)]) for e in chunk]
+    assert len(errors) == 240 and max(errors) < ABS_TOL
+
+
+@pytest.mark.parametrize("name", PLANNED)
+def test_view_stays_valid_inside_the_block_while_others_run(name):
+    """The view one thread holds inside ``pool.engine()`` is not touched by other threads' forwards
+    on the pool's other engines; it is read-only."""
+    model = MODELS["mlp"](dim=64)
+    build(name, model, 4)
+    pool = EnginePool(name, model, max_batch=4, size=3)
+    x = model.random_input(4, 0)
+    expected = model.reference(x)
+    stop = threading.Event()
+
+    def churn(seed):
+        while not stop.is_set():
+            pool.run(model.random_input(4, seed))
+
+    with pool.engine() as engine:
+        view = engine.forward(x)
+        with pytest.raises(ValueError):
+            view[0, 0] = 1.0
+        with ThreadPoolExecutor(max_workers=2) as threads:
+            futures = [threads.submit(churn, s) for s in (1, 2)]
+            for _ in range(200):
+                assert np.max(np.abs(view - expected)) < ABS_TOL
+            stop.set()
+            [f.result() for f in futures]
 
 RSS_BOUND_MIB = 200   # whole server process (measured ~50 MiB): one analysis at a time, dim=64 models
 
