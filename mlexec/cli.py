@@ -152,7 +152,10 @@ def _history(args) -> int:
 
     if args.threshold <= 0:
         raise AnalysisError(f"expected --threshold > 0, got {args.threshold}")
-    commits, series = history.collect(args.root, args.machine)
+    skipped: list = []
+    commits, series = history.collect(args.root, args.machine, skipped=skipped)
+    for error in skipped:
+        print(f"mlexec: skipped an unreadable run: {error}", file=sys.stderr)
     if not series:
         where = f"{args.root}/{args.machine or '<machine-id>'}/NNNN_<name>.json"
         raise AnalysisError(f"no saved runs found; expected files like {where}")

@@ -44,11 +44,12 @@ class Series:
     points: list[Point] = field(default_factory=list)
 
 
-def collect(root, machine_id: str | None = None) -> tuple[list[str], list[Series]]:
-    """(commit columns in saved order, one Series per machine and benchmark)."""
+def collect(root, machine_id: str | None = None, skipped: list | None = None) -> tuple[list[str], list[Series]]:
+    """(commit columns in saved order, one Series per machine and benchmark). With ``skipped``
+    a list, unreadable runs are left out and their errors (naming the file) appended there."""
     commits: list[str] = []
     series: dict[tuple[str, str], Series] = {}
-    for path, run in iter_runs(root, machine_id):
+    for path, run in iter_runs(root, machine_id, errors=skipped):
         commit = str(run["commit_info"].get("id") or "?")[:8]
         if run["commit_info"].get("dirty"):
             commit += "+"

@@ -116,11 +116,16 @@ def test_history_page(client):
     assert page.count("<svg") == 2   # one chart per machine and group
 
 
-def test_history_page_shows_a_bad_file(tmp_path):
+def test_history_page_shows_the_rest_and_names_a_bad_file(tmp_path):
+    import shutil
+
+    shutil.copytree(FIXTURES / "baselines", tmp_path, dirs_exist_ok=True)
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "0001_r.json").write_text("{oops")
     client = create_app({"BASELINES_ROOT": str(tmp_path)}).test_client()
-    page = client.get("/history").get_data(as_text=True)
-    assert "0001_r.json: invalid JSON" in page
+    resp = client.get("/history")
+    page = resp.get_data(as_text=True)
+    assert resp.status_code == 200 and 'id="skipped"' in page and "0001_r.json: invalid JSON" in page
+    assert 'id="history-table"' in page and "median down at c3d4e5f6" in page
     empty = create_app({"BASELINES_ROOT": str(tmp_path / "none")}).test_client().get("/history")
     assert 'id="empty"' in empty.get_data(as_text=True)

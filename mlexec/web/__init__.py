@@ -102,14 +102,15 @@ def create_app(config: dict | None = None) -> Flask:
 
         machine = request.args.get("machine") or None
         root = app.config["BASELINES_ROOT"]
+        skipped: list[BaselineError] = []
         try:
-            commits, series = history.collect(root, machine)
+            commits, series = history.collect(root, machine, skipped=skipped)
         except BaselineError as exc:
             return render_template("history.html", error=str(exc), root=root, table=None, charts=[]), 200
         charts = history.chart_svgs(series) if series else []
         table = history.format_table(commits, series) if series else None
         return render_template("history.html", error=None, root=root, table=table, charts=charts,
-                               machine=machine, series=series)
+                               machine=machine, series=series, skipped=[str(e) for e in skipped])
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_exc):
