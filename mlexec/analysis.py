@@ -316,6 +316,14 @@ def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
                  engines: Iterable[str] | str = DEFAULT_ENGINES, repeat: int = 20, seed: int = 0,
                  progress: Callable[[int, int], None] | None = None) -> dict:
     """Parse, validate, run and measure; see the module docstring for the result."""
+    return measure_analysis(prepare_analysis(values, model=model, dim=dim, batch=batch, engines=engines,
+                                             repeat=repeat, seed=seed), progress)
+
+
+def prepare_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
+                     engines: Iterable[str] | str = DEFAULT_ENGINES, repeat: int = 20, seed: int = 0) -> dict:
+    """Every check of ``run_analysis`` (input, options, memory, compute budget), nothing run:
+    the validated job for ``measure_analysis``. Cheap, so a server checks before it queues."""
     flat = parse_values(values)
     if not isinstance(model, str) or model not in MODELS:
         raise AnalysisError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
@@ -336,9 +344,14 @@ def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
     weights, per_sample, flops = _model_cost(model, dim)
     check_compute(estimate_seconds(flops * batch, weights + per_sample * batch, len(MODELS[model](dim=8).ops),
                                    repeat, names), repeat, f"model {model!r} with dim={dim}, batch={batch}")
+    return dict(flat=flat, model_name=model, dim=dim, batch=batch, names=names, repeat=repeat, seed=seed,
+                estimate=estimate)
 
+
+def measure_analysis(job: dict, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Run and measure a job from ``prepare_analysis`` (one at a time per process)."""
     with _MEASURE_LOCK:
-        return _measure(flat, model, dim, batch, names, repeat, seed, estimate, progress)
+        return _measure(**job, progress=progress)
 
 
 def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progress) -> dict:

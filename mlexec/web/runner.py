@@ -18,7 +18,7 @@ import os
 import threading
 import time
 
-from ..analysis import AnalysisError
+from ..analysis import AnalysisError, prepare_analysis
 
 
 class Busy(Exception):
@@ -29,14 +29,14 @@ class TimedOut(Exception):
     """The analysis (or its wait in the queue) took longer than the timeout; it was stopped."""
 
 
-def _child(conn, values, options: dict, blas_threads: int) -> None:
+def _child(conn, job: dict, blas_threads: int) -> None:
     from threadpoolctl import threadpool_limits
 
-    from ..analysis import run_analysis
+    from ..analysis import measure_analysis
 
     try:
         with threadpool_limits(blas_threads):
-            conn.send(("ok", run_analysis(values, **options)))
+            conn.send(("ok", measure_analysis(job)))
     except AnalysisError as exc:
         conn.send(("error", str(exc)))
     except Exception as exc:          # handed to the app, which logs it and answers 500
@@ -61,7 +61,9 @@ class AnalysisRunner:
             self.admitted += delta
 
     def run(self, values, **options) -> dict:
-        """run_analysis(values, **options) in a worker process; raises AnalysisError, Busy or TimedOut."""
+        """run_analysis(values, **options), checked here and measured in a worker process;
+        raises AnalysisError (bad input, over a budget: before any queueing), Busy or TimedOut."""
+        job = prepare_analysis(values, **options)
         if not self._admitted.acquire(blocking=False):
             raise Busy(f"{self.workers} analyses are running and {self.queue} are waiting")
         self._count(1)
@@ -69,16 +71,16 @@ class AnalysisRunner:
             if not self._running.acquire(timeout=self.timeout):
                 raise TimedOut(f"waited {self.timeout:g} s in the queue for a free worker")
             try:
-                return self._in_process(values, options)
+                return self._in_process(job)
             finally:
                 self._running.release()
         finally:
             self._count(-1)
             self._admitted.release()
 
-    def _in_process(self, values, options: dict) -> dict:
+    def _in_process(self, job: dict) -> dict:
         receive, send = self._ctx.Pipe(duplex=False)
-        proc = self._ctx.Process(target=_child, args=(send, values, options, self._blas_threads), daemon=True)
+        proc = self._ctx.Process(target=_child, args=(send, job, self._blas_threads), daemon=True)
         start = time.monotonic()
         proc.start()
         send.close()
