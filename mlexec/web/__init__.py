@@ -38,12 +38,24 @@ API_KEYS = {"values", "model", "dim", "batch", "engines", "repeat", "seed"}
 log = logging.getLogger("mlexec.web")
 
 CORES = os.cpu_count() or 1
+# Each can be set in the environment as MLEXEC_<NAME> (e.g. MLEXEC_ANALYSIS_TIMEOUT=60).
 LOAD_DEFAULTS = {
     "ANALYSIS_WORKERS": CORES,            # analyses at once: one per core
     "ANALYSIS_QUEUE": 2 * CORES,          # waiting behind them; serve with threads > workers + queue
     "ANALYSIS_TIMEOUT": 2 * LIMITS["max_estimated_seconds"],   # seconds; room for a loaded machine
     "RETRY_AFTER": 10,                    # seconds, in a 503's Retry-After
 }
+
+
+def _load_settings() -> dict:
+    settings = {}
+    for key, default in LOAD_DEFAULTS.items():
+        text = os.environ.get(f"MLEXEC_{key}")
+        try:
+            settings[key] = default if text is None else type(default)(text)
+        except ValueError:
+            raise SystemExit(f"MLEXEC_{key} must be a number like {default!r}, got {text!r}") from None
+    return settings
 
 # No scripts anywhere (default-src 'none' refuses them). Styles: the page's <style> block,
 # the charts' bar widths (style="width:..%") and matplotlib's SVG (style attributes and a
@@ -75,7 +87,7 @@ def create_app(config: dict | None = None) -> Flask:
         MAX_FORM_MEMORY_SIZE=MAX_REQUEST_BYTES,
         BASELINES_ROOT=os.environ.get("MLEXEC_BASELINES", "baselines"),
         DEBUG=False,
-        **LOAD_DEFAULTS,
+        **_load_settings(),
     )
     app.config.update(config or {})
     runner = AnalysisRunner(app.config["ANALYSIS_WORKERS"], app.config["ANALYSIS_QUEUE"],
