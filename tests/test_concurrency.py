@@ -195,3 +195,18 @@ def test_fifty_concurrent_requests(server):
     assert all(status == 400 and "empty value" in body["error"] for status, body, _ in results[45:])
     print(f"server peak RSS under 50 concurrent requests: {peak:.0f} MiB; {len(ok)} ran, {len(busy)} got 503")
     assert peak < RSS_BOUND_MIB
+
+
+@pytest.mark.load
+def test_load_script_small_run():
+    """scripts/load_test.py end to end, small: 8 analyses at once on a server with 1 worker and a
+    queue of 2 and a short timeout; every answer is 200, 503 or 504, GET / kept answering."""
+    proc = subprocess.run([sys.executable, "scripts/load_test.py", "--requests", "8", "--dim", "64",
+                           "--batch", "4", "--repeat", "3", "--engines", "naive,static", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env=dict(subprocess_env(), MLEXEC_ANALYSIS_WORKERS="1", MLEXEC_ANALYSIS_QUEUE="2"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["other"] == [] and result["get_failed"] == 0 and result["get_polls"] > 0
+    assert result["completed"] >= 1 and result["busy_503"] >= 8 - 3     # 1 running + 2 queued admitted
+    assert result["completed"] + result["busy_503"] + result["timed_out_504"] == 8
