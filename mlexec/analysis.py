@@ -343,7 +343,7 @@ def prepare_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int 
             f"with dim={dim}, batch={batch}; lower dim or batch")
     weights, per_sample, flops = _model_cost(model, dim)
     check_compute(estimate_seconds(flops * batch, weights + per_sample * batch, len(MODELS[model](dim=8).ops),
-                                   repeat, names), repeat, f"model {model!r} with dim={dim}, batch={batch}")
+                                   repeat, names), repeat, f"model {model!r} at dim={dim}, batch={batch}")
     return dict(flat=flat, model_name=model, dim=dim, batch=batch, names=names, repeat=repeat, seed=seed,
                 estimate=estimate)
 
