@@ -11,18 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from conftest import ROOT, subprocess_env
-from engines import ENGINES, MODELS, EngineBusy, EnginePool, EngineUnavailable
+from conftest import ROOT, make_engine, subprocess_env
+from engines import ENGINES, MODELS, EngineBusy, EnginePool
 
 PLANNED = sorted(name for name, cls in ENGINES.items() if cls.returns_view)
 ABS_TOL = 1e-4
-
-
-def build(name, model, max_batch):
-    try:
-        return ENGINES[name](model, max_batch)
-    except EngineUnavailable as exc:
-        pytest.skip(str(exc))
 
 
 def in_thread(fn):
@@ -44,7 +37,7 @@ def _call(fn):
 @pytest.mark.parametrize("name", PLANNED)
 def test_second_thread_is_refused_until_release(name):
     model = MODELS["mlp"](dim=32)
-    engine = build(name, model, 4)
+    engine = make_engine(name, model, 4)
     x = model.random_input(2, 0)
     y = engine.forward(x)
     expected = model.reference(x)
@@ -59,12 +52,42 @@ def test_second_thread_is_refused_until_release(name):
 
 
 @pytest.mark.parametrize("name", PLANNED)
+def test_one_engine_shared_by_two_threads_is_never_silently_wrong(name):
+    """The failure first seen: two threads, one engine, outputs copied at once. Every call
+    either returns the right answer or raises EngineBusy."""
+    model = MODELS["mlp"](dim=64)
+    engine = make_engine(name, model, 8)
+    inputs = [model.random_input(8, seed) for seed in range(4)]
+    expected = [model.reference(x) for x in inputs]
+
+    def calls(offset):
+        right = busy = wrong = 0
+        for i in range(300):
+            k = (i + offset) % len(inputs)
+            try:
+                y = np.array(engine.forward(inputs[k]))
+            except EngineBusy:
+                busy += 1
+                continue
+            if np.max(np.abs(y - expected[k])) < ABS_TOL:
+                right += 1
+            else:
+                wrong += 1
+        return right, busy, wrong
+
+    with ThreadPoolExecutor(max_workers=2) as threads:
+        results = list(threads.map(calls, (0, 1)))
+    assert sum(wrong for *_, wrong in results) == 0
+    assert sorted(right for right, *_ in results) == [0, 300]     # the owner's all right, the other refused
+
+
+@pytest.mark.parametrize("name", PLANNED)
 def test_worker_shares_weights_not_buffers(name):
     """A worker allocates its activation memory only: the prepared weights are shared."""
     import tracemalloc
 
     model = MODELS["mlp"](dim=256)
-    engine = build(name, model, 2)
+    engine = make_engine(name, model, 2)
     tracemalloc.start()
     try:
         worker = engine.worker()
@@ -82,7 +105,7 @@ def test_worker_shares_weights_not_buffers(name):
 def test_pool_from_threads_every_output_checked(name):
     """4 threads x 60 calls on a pool of 2: every result against the float64 reference."""
     model = MODELS["mlp"](dim=64)
-    build(name, model, 8)                                      # skips when unavailable
+    make_engine(name, model, 8)                                      # skips when unavailable
     pool = EnginePool(name, model, max_batch=8, size=2)
     rng = np.random.default_rng(0)
     inputs = [model.random_input(int(rng.integers(1, 9)), rng) for _ in range(240)]
@@ -106,7 +129,7 @@ def test_view_stays_valid_inside_the_block_while_others_run(name):
     """The view one thread holds inside ``pool.engine()`` is not touched by other threads' forwards
     on the pool's other engines; it is read-only."""
     model = MODELS["mlp"](dim=64)
-    build(name, model, 4)
+    make_engine(name, model, 4)
     pool = EnginePool(name, model, max_batch=4, size=3)
     x = model.random_input(4, 0)
     expected = model.reference(x)

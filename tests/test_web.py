@@ -160,7 +160,8 @@ def test_full_queue_is_503_with_retry_after():
     assert resp.status_code == 503 and resp.headers["Retry-After"] == "7"
     assert "the server is busy (1 analyses running, 0 waiting); try again in 7 s" in resp.get_json()["error"]
     assert page.status_code == 503 and page.headers["Retry-After"] == "7"
-    assert "the server is busy" in page.get_data(as_text=True) and "0.25, -1.5</textarea>" in page.get_data(as_text=True)
+    text = page.get_data(as_text=True)
+    assert "the server is busy" in text and "0.25, -1.5</textarea>" in text    # the form kept
 
 
 def test_past_the_timeout_the_analysis_is_killed_and_answers_504():
