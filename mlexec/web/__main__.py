@@ -9,5 +9,6 @@ from waitress import serve
 
 from . import app
 
-serve(app, host="0.0.0.0", port=int(os.environ.get("PORT", "8000")),
-      threads=app.config["ANALYSIS_WORKERS"] + app.config["ANALYSIS_QUEUE"] + 4)
+if __name__ == "__main__":     # not when a worker process imports the main module
+    serve(app, host="0.0.0.0", port=int(os.environ.get("PORT", "8000")),
+          threads=app.config["ANALYSIS_WORKERS"] + app.config["ANALYSIS_QUEUE"] + 4)
