@@ -101,7 +101,7 @@ def test_worker_shares_weights_not_buffers(name):
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("name", PLANNED + ["naive"])
+@pytest.mark.parametrize("name", PLANNED + ["naive", "onnxruntime", "torch"])
 def test_pool_from_threads_every_output_checked(name):
     """4 threads x 60 calls on a pool of 2: every result against the float64 reference."""
     model = MODELS["mlp"](dim=64)
