@@ -20,6 +20,7 @@ def test_form_page(client):
         assert f'name="{name}"' in page
     for engine in ("naive", "static", "arena"):
         assert f'value="{engine}"' in page
+    assert "estimated compute &le; 60 s" in page
 
 
 def test_results_page_has_table_and_charts(client):
