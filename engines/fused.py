@@ -56,8 +56,11 @@ class FusedEngine(BoundEngine):
         self.steps = self._lower(model)                 # [(kind, output, inputs, operands, attrs)]
         self.weight_bytes = sum(a.nbytes for _, _, inputs, operands, _ in self.steps
                                 for a in (*inputs, *operands) if isinstance(a, np.ndarray))
+        self._own_memory()
+
+    def _own_memory(self) -> None:
         self.plan, arena, self._buffers = arena_storage(
-            {t: 4 * max_batch * math.prod(s) for t, s in self.shapes.items()}, self._schedule(), [self._output])
+            {t: 4 * self.max_batch * math.prod(s) for t, s in self.shapes.items()}, self._schedule(), [self._output])
         self.activation_bytes = arena.nbytes
 
     # --- lowering: ops -> fused steps, weights folded once --------------------

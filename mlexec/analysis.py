@@ -18,7 +18,9 @@ chosen engines and returns a JSON-serializable dict:
 
 Every bad input raises ``AnalysisError`` (a ``ValueError``) whose message says
 what was expected and what came; nothing is allocated for a model before its
-estimated memory has been checked against ``LIMITS``.
+estimated memory and its estimated compute time (``estimate_seconds``, from
+flops, bytes, repeat and engines; any model, zoo or not, can feed it) have been
+checked against ``LIMITS``.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import threading
 import time
 import tracemalloc
 from fractions import Fraction
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -50,6 +52,17 @@ LIMITS = {
     "max_dim": 4096,
     "max_repeat": 500,
     "max_estimated_bytes": 512 * 2**20,  # weights + activations of every copy the analysis holds
+    "max_estimated_seconds": 60.0,       # compute budget: estimate_seconds, before anything runs
+}
+
+# What estimate_seconds assumes of one core (an analysis may share the machine with others):
+# deliberately below this machine kind's measured roofs (190 GFLOP/s for a 4096^3 matmul on both
+# cores, 23 GB/s copy; shared/FACTS), so that a loaded machine still finishes near the estimate.
+COMPUTE_RATES = {
+    "flops_per_second": 20e9,
+    "bytes_per_second": 5e9,        # weights and activations streamed once per forward
+    "seconds_per_op": 10e-6,        # Python dispatch per op, what dominates small shapes
+    "compile_seconds": 30.0,        # an engine with slow_build (torch-compile): 10-50 s on 2 cores
 }
 
 DEFAULT_ENGINES = ("naive", "static", "arena")
@@ -178,16 +191,22 @@ def _engine_names(engines) -> list[str]:
 
 
 def _model_size(model_name: str, dim: int) -> tuple[int, int]:
-    """(weight bytes, activation bytes per sample) of a model at ``dim``, without building it.
+    """(weight bytes, activation bytes per sample) of a model at ``dim``, without building it."""
+    weights, activations, _ = _model_cost(model_name, dim)
+    return weights, activations
 
-    Weights grow as dim^2, activations at most as dim^2 too, so both are the
-    quadratic through three tiny builds, evaluated at ``dim``: exact for the
-    zoo's models, and it keeps a huge ``dim`` from being allocated to be measured.
+
+def _model_cost(model_name: str, dim: int) -> tuple[int, int, int]:
+    """(weight bytes, activation bytes per sample, flops per sample) at ``dim``, without building it.
+
+    Weights grow as dim^2, activations and flops at most as dim^2 too, so each is the
+    quadratic through three tiny builds, evaluated at ``dim``: exact for the zoo's
+    models, and it keeps a huge ``dim`` from being allocated to be measured.
     """
     points = []
     for d in (8, 16, 24):
         m = MODELS[model_name](dim=d, seed=0)
-        points.append((d, m.weight_bytes, sum(m.tensor_bytes(t) for t in m.shapes)))
+        points.append((d, m.weight_bytes, sum(m.tensor_bytes(t) for t in m.shapes), m.flops(1)))
 
     def at(index: int) -> int:
         total = Fraction(0)
@@ -199,7 +218,46 @@ def _model_size(model_name: str, dim: int) -> tuple[int, int]:
             total += term
         return max(0, int(total))
 
-    return at(0), at(1)
+    return at(0), at(1), at(2)
+
+
+def estimate_seconds(flops: int, bytes_moved: int, ops: int, repeat: int, engines: Sequence[str]) -> dict[str, float]:
+    """Estimated seconds of compute of one analysis, per part: ``"reference"`` (the float64
+    reference and the per-op breakdown) and one entry per engine (build, compile for a
+    slow_build engine, warm-up, peak, settling and ``repeat`` timed calls).
+
+    ``flops`` and ``bytes_moved`` are one forward's at the analysis's batch, ``ops`` its op
+    count; the rates are ``COMPUTE_RATES``. Any model can feed it (the zoo through
+    ``_model_cost``; an uploaded graph from its own op list).
+    """
+    rates = COMPUTE_RATES
+    forward = (flops / rates["flops_per_second"] + bytes_moved / rates["bytes_per_second"]
+               + ops * rates["seconds_per_op"])
+    parts = {"reference": forward * (2 + 2 + min(repeat, 5))}     # float64 costs about two forwards
+    for name in engines:
+        slow = getattr(ENGINES.get(name), "slow_build", False)
+        parts[name] = ((rates["compile_seconds"] if slow else 0.0) + forward * (repeat + 3)
+                       + 2 * max(SETTLE_SECONDS, forward))
+    return parts
+
+
+def check_compute(parts: dict[str, float], repeat: int, what: str) -> float:
+    """The total of ``estimate_seconds``' parts, or AnalysisError saying what to lower."""
+    total = sum(parts.values())
+    budget = LIMITS["max_estimated_seconds"]
+    if total <= budget:
+        return total
+    engines = [name for name in parts if name != "reference"]
+    per_call = (parts["reference"] / (4 + min(repeat, 5)))              # one forward's estimate
+    fixed = total - per_call * repeat * len(engines)
+    fits = int((budget - fixed) / (per_call * len(engines))) if engines and per_call > 0 else 0
+    biggest = max(engines, key=parts.get) if engines else "reference"
+    advice = [f"lower repeat to {fits} or less" if 1 <= fits < repeat else None, "lower dim or batch",
+              f"run fewer engines ({biggest} alone: {parts[biggest]:.0f} s)" if len(engines) > 1 else None]
+    raise AnalysisError(
+        f"expected an analysis estimated at {budget:.0f} s of compute or less, got an estimated "
+        f"{total:.0f} s for {what} with repeat={repeat} and {len(engines)} engine(s); "
+        + ", or ".join(a for a in advice if a))
 
 
 def estimate_bytes(model_name: str, dim: int, batch: int, n_engines: int) -> int:
@@ -258,6 +316,14 @@ def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
                  engines: Iterable[str] | str = DEFAULT_ENGINES, repeat: int = 20, seed: int = 0,
                  progress: Callable[[int, int], None] | None = None) -> dict:
     """Parse, validate, run and measure; see the module docstring for the result."""
+    return measure_analysis(prepare_analysis(values, model=model, dim=dim, batch=batch, engines=engines,
+                                             repeat=repeat, seed=seed), progress)
+
+
+def prepare_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
+                     engines: Iterable[str] | str = DEFAULT_ENGINES, repeat: int = 20, seed: int = 0) -> dict:
+    """Every check of ``run_analysis`` (input, options, memory, compute budget), nothing run:
+    the validated job for ``measure_analysis``. Cheap, so a server checks before it queues."""
     flat = parse_values(values)
     if not isinstance(model, str) or model not in MODELS:
         raise AnalysisError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
@@ -275,9 +341,17 @@ def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
             f"expected an analysis that fits in {LIMITS['max_estimated_bytes'] / 2**20:.0f} MiB "
             f"(weights + activations), got an estimated {estimate / 2**20:.0f} MiB for model {model!r} "
             f"with dim={dim}, batch={batch}; lower dim or batch")
+    weights, per_sample, flops = _model_cost(model, dim)
+    check_compute(estimate_seconds(flops * batch, weights + per_sample * batch, len(MODELS[model](dim=8).ops),
+                                   repeat, names), repeat, f"model {model!r} at dim={dim}, batch={batch}")
+    return dict(flat=flat, model_name=model, dim=dim, batch=batch, names=names, repeat=repeat, seed=seed,
+                estimate=estimate)
 
+
+def measure_analysis(job: dict, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Run and measure a job from ``prepare_analysis`` (one at a time per process)."""
     with _MEASURE_LOCK:
-        return _measure(flat, model, dim, batch, names, repeat, seed, estimate, progress)
+        return _measure(**job, progress=progress)
 
 
 def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progress) -> dict:

@@ -113,3 +113,51 @@ def test_history_page_charts_and_filter(browser, tmp_path_factory):
     finally:
         srv.shutdown()
         thread.join(timeout=10)
+
+
+# --- the pages under their Content-Security-Policy ---------------------------------
+
+def csp_errors(page) -> list[str]:
+    """Console errors Chromium logs for CSP violations on this page, collected from now on."""
+    errors: list[str] = []
+    page.on("console", lambda msg: errors.append(msg.text)
+            if msg.type == "error" and "Content Security Policy" in msg.text else None)
+    return errors
+
+
+def test_results_page_renders_its_styles_and_charts_under_the_csp(server, browser):
+    page = browser.new_page()
+    errors = csp_errors(page)
+    response = page.goto(server + "/")
+    assert "default-src 'none'" in response.headers["content-security-policy"]
+    assert "monospace" in page.eval_on_selector("#input", "e => getComputedStyle(e).fontFamily")  # <style> applied
+    page.fill("#input", "0.5, -0.25, 1")
+    page.fill("#dim", "40")
+    page.fill("#repeat", "2")
+    page.click("#submit")                                    # form-action 'self'
+    page.wait_for_selector("#result-table")
+    widths = page.eval_on_selector_all("#chart-latency .bar", "bars => bars.map(b => b.getBoundingClientRect().width)")
+    assert len(widths) == 3 and max(widths) > 50               # style="width:..%" applied
+    assert page.eval_on_selector(".bar", "e => getComputedStyle(e).backgroundColor") == "rgb(74, 123, 208)"
+    assert errors == []
+
+
+def test_history_svg_charts_render_under_the_csp(server, browser):
+    page = browser.new_page()
+    errors = csp_errors(page)
+    page.goto(server + "/history")
+    boxes = page.eval_on_selector_all("figure.chart svg", "svgs => svgs.map(s => s.getBoundingClientRect().height)")
+    assert len(boxes) >= 2 and min(boxes) > 40
+    assert page.inner_text("#shown") == f"{len(boxes)} of {len(boxes)} charts shown"   # the filter script ran
+    assert errors == []
+
+
+def test_the_check_sees_a_csp_violation(server, browser):
+    """A script the policy refuses (from another origin) is logged, and the listener above catches it."""
+    page = browser.new_page()
+    errors = csp_errors(page)
+    page.goto(server + "/")
+    page.evaluate("""() => { const s = document.createElement('script'); s.src = 'http://127.0.0.2:9/x.js';
+                             document.body.appendChild(s); }""")
+    page.wait_for_timeout(200)
+    assert errors and ("default-src" in errors[0] or "script-src" in errors[0])

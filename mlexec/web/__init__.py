@@ -6,6 +6,12 @@ analysis goes through ``mlexec.analysis.run_analysis``; bad input is a 400
 (the form page again, with the user's values and the error, or
 ``{"error": ...}`` from the API), never a 500. Requests larger than
 ``MAX_CONTENT_LENGTH`` get the same 400-style message instead of a bare 413.
+
+Load (``runner``): an analysis over the compute budget is a 400 before it runs;
+at most ``ANALYSIS_WORKERS`` run at once, each in its own process, and
+``ANALYSIS_QUEUE`` more wait; beyond those a 503 with ``Retry-After``; one
+past ``ANALYSIS_TIMEOUT`` seconds is killed and answers 504. Every response
+carries ``SECURITY_HEADERS`` (docs/reliability.md).
 """
 from __future__ import annotations
 
@@ -17,8 +23,9 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from engines import ENGINES, MODELS
 
-from ..analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
+from ..analysis import DEFAULT_ENGINES, LIMITS, AnalysisError
 from ..units import fmt_bytes, fmt_time
+from .runner import AnalysisRunner, Busy, TimedOut
 
 # Room for the largest accepted input text plus the other form fields and encoding overhead.
 MAX_REQUEST_BYTES = LIMITS["max_input_bytes"] + 64 * 1024
@@ -29,6 +36,38 @@ API_KEYS = {"values", "model", "dim", "batch", "engines", "repeat", "seed"}
 
 log = logging.getLogger("mlexec.web")
 
+CORES = os.cpu_count() or 1
+# Each can be set in the environment as MLEXEC_<NAME> (e.g. MLEXEC_ANALYSIS_TIMEOUT=60).
+LOAD_DEFAULTS = {
+    "ANALYSIS_WORKERS": CORES,            # analyses at once: one per core
+    "ANALYSIS_QUEUE": 2 * CORES,          # waiting behind them; serve with threads > workers + queue
+    "ANALYSIS_TIMEOUT": 2 * LIMITS["max_estimated_seconds"],   # seconds; room for a loaded machine
+    "RETRY_AFTER": 10,                    # seconds, in a 503's Retry-After
+}
+
+
+def _load_settings() -> dict:
+    settings = {}
+    for key, default in LOAD_DEFAULTS.items():
+        text = os.environ.get(f"MLEXEC_{key}")
+        try:
+            settings[key] = default if text is None else type(default)(text)
+        except ValueError:
+            raise SystemExit(f"MLEXEC_{key} must be a number like {default!r}, got {text!r}") from None
+    return settings
+
+# Scripts only from the app's own static files (the history page's filter), never inline.
+# Styles: the app's stylesheet, and inline ones: the page's <style> block, the charts' bar widths
+# (style="width:..%") and matplotlib's SVG (style attributes) are inline, so style-src needs
+# 'unsafe-inline'; nothing else loads.
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 def _form_page(form: dict, error: str, status: int = 400):
@@ -48,8 +87,25 @@ def create_app(config: dict | None = None) -> Flask:
         MAX_FORM_MEMORY_SIZE=MAX_REQUEST_BYTES,
         BASELINES_ROOT=os.environ.get("MLEXEC_BASELINES", "baselines"),
         DEBUG=False,
+        **_load_settings(),
     )
     app.config.update(config or {})
+    runner = AnalysisRunner(app.config["ANALYSIS_WORKERS"], app.config["ANALYSIS_QUEUE"],
+                            app.config["ANALYSIS_TIMEOUT"])
+    app.extensions["analysis_runner"] = runner
+    retry_after = {"Retry-After": str(app.config["RETRY_AFTER"])}
+
+    def busy_message() -> str:
+        return f"the server is busy ({runner.workers} analyses running, {runner.queue} waiting); " \
+               f"try again in {app.config['RETRY_AFTER']} s"
+
+    def timeout_message(exc) -> str:
+        return f"{exc}; lower repeat, dim or batch, or run fewer engines"
+
+    @app.after_request
+    def security_headers(response):
+        response.headers.update(SECURITY_HEADERS)
+        return response
     app.jinja_env.filters["bytes"] = fmt_bytes
     app.jinja_env.filters["time"] = fmt_time
 
@@ -70,10 +126,15 @@ def create_app(config: dict | None = None) -> Flask:
                 return _form_page(form, f"expected at most {LIMITS['max_input_bytes']:,} bytes of input "
                                         f"text, got more in {upload.filename!r}")
         try:
-            result = run_analysis(values, model=form["model"], dim=form["dim"], batch=form["batch"],
-                                  engines=form["engines"], repeat=form["repeat"], seed=form["seed"] or 0)
+            result = runner.run(values, model=form["model"], dim=form["dim"], batch=form["batch"],
+                                engines=form["engines"], repeat=form["repeat"], seed=form["seed"] or 0)
         except AnalysisError as exc:
             return _form_page(form, str(exc))
+        except Busy:
+            page, status = _form_page(form, busy_message(), 503)
+            return page, status, retry_after
+        except TimedOut as exc:
+            return _form_page(form, timeout_message(exc), 504)
         return render_template("results.html", result=result, form=form)
 
     @app.post("/api/analyze")
@@ -91,9 +152,13 @@ def create_app(config: dict | None = None) -> Flask:
         if "dim" not in options:
             options["dim"] = int(DEFAULTS["dim"])
         try:
-            return jsonify(run_analysis(body["values"], **options))
+            return jsonify(runner.run(body["values"], **options))
         except AnalysisError as exc:
             return jsonify(error=str(exc)), 400
+        except Busy:
+            return jsonify(error=busy_message()), 503, retry_after
+        except TimedOut as exc:
+            return jsonify(error=timeout_message(exc)), 504
 
     @app.get("/history")
     def history_page():

@@ -1,7 +1,8 @@
 """``python -m mlexec.web``: serve the app with waitress on 0.0.0.0:$PORT (default 8000), debug off.
 
-Prints the address it serves (waitress's own "Serving on ..." line) and one access-log line per
-request on stderr: client, method, path, status and the time the app took.
+Prints the address it serves and one access-log line per request on stderr: client, method,
+path, status and the time the app took. waitress gets enough threads for every admitted analysis
+(running and queued) plus four for pages, so that a full queue never keeps ``GET /`` waiting.
 """
 import logging
 import os
@@ -34,8 +35,9 @@ def access_log(wsgi_app):
     return logged
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":     # not when a worker process imports the main module
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     port = int(os.environ.get("PORT", "8000"))
     log.info("open http://127.0.0.1:%d/ in a browser (Ctrl-C stops)", port)
-    serve(access_log(app), host="0.0.0.0", port=port)
+    serve(access_log(app), host="0.0.0.0", port=port,
+          threads=app.config["ANALYSIS_WORKERS"] + app.config["ANALYSIS_QUEUE"] + 4)
