@@ -8,8 +8,9 @@ with the batch), so an importer passes a node's attributes through.
 What keeps the calls free of per-call allocation (measured on this machine, numpy 2.4):
 a ufunc allocates NumPy's 8192-element buffer whenever an operand is strided or broadcast
 along an inner axis (a shifted window view, a (C, 1) per-channel vector), but not when every
-operand is contiguous, and ``np.copyto`` and ``np.matmul(out=)`` never do. So every kernel
-here is "gather with copyto, then compute on contiguous blocks":
+operand is contiguous, and ``np.copyto`` and ``np.matmul(out=)`` never do. Scalar operands
+are Python floats: a NumPy float64 scalar makes a float32 ufunc compute in float64, through
+the buffer. So every kernel here is "gather with copyto, then compute on contiguous blocks":
 
 - **conv** (general): im2col into a planned workspace laid out (group, Cg·kh·kw + 1, OH·OW),
   one ``copyto`` per kernel tap (the taps' out-of-image parts filled with zeros, so no padded
@@ -168,14 +169,14 @@ def activation_calls(y, activation="none", clip_min=-np.inf, clip_max=np.inf) ->
     if activation == "relu":
         return [(maximum, (y, 0.0, y))]
     if activation == "clip":
-        return [(np.clip, (y, clip_min, clip_max, y))]
+        return [(np.clip, (y, float(clip_min), float(clip_max), y))]
     if activation != "none":
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     return []
 
 
 def sigmoid_eager(x):
-    return 1 / (1 + np.exp(-x))
+    return 0.5 * np.tanh(0.5 * x) + 0.5          # 1 / (1 + exp(-x)), without exp's overflow
 
 
 def sigmoid_calls(out, x) -> Calls:
@@ -189,7 +190,7 @@ def clip_eager(x, *, min=-np.inf, max=np.inf):      # noqa: A002 (ONNX's names)
 
 
 def clip_calls(out, x, *, min=-np.inf, max=np.inf) -> Calls:   # noqa: A002
-    return [(np.clip, (x, min, max, out))]
+    return [(np.clip, (x, float(min), float(max), out))]
 
 
 # --- conv ----------------------------------------------------------------------
@@ -384,7 +385,7 @@ def avgpool_calls(out, x, tap, count_include_pad=0, **attrs) -> Calls:
     calls = _pool_calls(np.add, 0.0, out, x, tap, win)
     counts = _pool_counts(x.shape[-2:], win, bool(count_include_pad))
     if np.all(counts == counts.flat[0]):
-        return calls + [(np.multiply, (out, 1.0 / counts.flat[0], out))]
+        return calls + [(np.multiply, (out, 1.0 / float(counts.flat[0]), out))]
     divisors = _divisors(x.shape[1:], win, bool(count_include_pad))
     return calls + [(np.multiply, (out[n], divisors, out[n])) for n in range(out.shape[0])]
 
@@ -436,8 +437,8 @@ def lrn_calls(out, x, sq, *, size, alpha=1e-4, beta=0.75, bias=1.0) -> Calls:
     flat = lambda a: split_view(a, (batch, channels, h * w))   # noqa: E731
     return [(np.multiply, (x, x, sq)),
             (np.matmul, (_lrn_band(channels, size, alpha), flat(sq), flat(out))),
-            (np.add, (out, bias, out)),
-            (np.power, (out, -beta, out)),
+            (np.add, (out, float(bias), out)),
+            (np.power, (out, -float(beta), out)),
             (np.multiply, (out, x, out))]
 
 
