@@ -24,6 +24,9 @@ the buffer. So every kernel here is "gather with copyto, then compute on contigu
 - **pools**: tap by tap, gathered then ``np.maximum``/``np.add`` into the output; global
   average pool and LRN's channel window sum as matrix products.
 
+Concat, Transpose, Sigmoid and Clip are the ONNX importer's generic kinds in ``engines.ops``
+(a copy per part, a strided copy, elementwise), not repeated here.
+
 ``scratch`` and ``flops`` read the op's attributes (a convolution's workspace depends on its
 kernel, strides and pads). Constants that depend on attributes (batchnorm's scale and shift,
 LRN's band matrix, average pooling's divisors) are made when the calls are bound, not per call.
@@ -150,7 +153,7 @@ def block_rows(plane: int) -> int:
     return max(1, TILE_BYTES // (4 * plane))
 
 
-# --- activations fused into a conv, and as ops of their own ------------------
+# --- activations fused into a conv --------------------------------------------------
 
 ACTIVATIONS = ("none", "relu", "clip")
 
@@ -173,24 +176,6 @@ def activation_calls(y, activation="none", clip_min=-np.inf, clip_max=np.inf) ->
     if activation != "none":
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     return []
-
-
-def sigmoid_eager(x):
-    return 0.5 * np.tanh(0.5 * x) + 0.5          # 1 / (1 + exp(-x)), without exp's overflow
-
-
-def sigmoid_calls(out, x) -> Calls:
-    # 0.5·tanh(x/2) + 0.5: no exp overflow for large negative x, no temporaries
-    return [(np.multiply, (x, 0.5, out)), (np.tanh, (out, out)),
-            (np.multiply, (out, 0.5, out)), (np.add, (out, 0.5, out))]
-
-
-def clip_eager(x, *, min=-np.inf, max=np.inf):      # noqa: A002 (ONNX's names)
-    return np.clip(x, min, max)
-
-
-def clip_calls(out, x, *, min=-np.inf, max=np.inf) -> Calls:   # noqa: A002
-    return [(np.clip, (x, float(min), float(max), out))]
 
 
 # --- conv ----------------------------------------------------------------------
@@ -466,7 +451,7 @@ def batchnorm_calls(out, x, scale, bias, mean, var, block, *, epsilon=1e-5) -> C
     return per_channel_calls(np.multiply, y, s, rows, x3) + per_channel_calls(np.add, y, shift, rows)
 
 
-# --- pad, sum, concat, transpose -----------------------------------------------
+# --- pad, sum -----------------------------------------------------------------------
 
 def _per_sample_pads(pads, ndim):
     """ONNX pads (all begins, then all ends, axes counted with the batch) per sample axis."""
@@ -509,30 +494,6 @@ def sum_calls(out, *xs) -> Calls:
     return [(np.add, (xs[0], xs[1], out))] + [(np.add, (out, x, out)) for x in xs[2:]]
 
 
-def concat_eager(*xs, axis=1):
-    return np.concatenate(xs, axis=axis)
-
-
-def concat_calls(out, *xs, axis=1) -> Calls:
-    if axis < 1:
-        raise ValueError(f"concat: axis must be a non-batch axis (>= 1, counted with the batch), got {axis}")
-    calls, at = [], 0
-    for x in xs:
-        calls.append((np.copyto, (out[(slice(None),) * axis + (slice(at, at + x.shape[axis]),)], x)))
-        at += x.shape[axis]
-    return calls
-
-
-def transpose_eager(x, *, perm):
-    return np.transpose(x, perm)
-
-
-def transpose_calls(out, x, *, perm) -> Calls:
-    if perm[0] != 0:
-        raise ValueError(f"transpose: the batch axis must stay first, got perm {tuple(perm)}")
-    return [(np.copyto, (out, np.transpose(x, perm)))]
-
-
 CONV_OPS: dict[str, OpKind] = {
     "conv": OpKind(conv_eager, conv_calls, prepare=conv_prepare, scratch=conv_scratch, flops=conv_flops,
                    eager_temps=2),
@@ -544,8 +505,4 @@ CONV_OPS: dict[str, OpKind] = {
                         flops_per_element=2, eager_temps=1),
     "pad": OpKind(pad_eager, pad_calls, flops_per_element=0),
     "sum": OpKind(sum_eager, sum_calls, inplace=(0, 1)),
-    "concat": OpKind(concat_eager, concat_calls, flops_per_element=0),
-    "transpose": OpKind(transpose_eager, transpose_calls, flops_per_element=0),
-    "sigmoid": OpKind(sigmoid_eager, sigmoid_calls, inplace=(0,), flops_per_element=4, eager_temps=1),
-    "clip": OpKind(clip_eager, clip_calls, inplace=(0,), flops_per_element=2),
 }
