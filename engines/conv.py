@@ -92,13 +92,13 @@ class Window:
     def taps(self):
         return [(i, j) for i in range(self.kernel[0]) for j in range(self.kernel[1])]
 
-    def tap_range(self, axis: int, k: int, n: int, out: int) -> tuple[int, int, int]:
-        """(first output index, end output index, first input index) of the outputs whose tap k
-        lands inside the input along this axis; an empty range when none does."""
+    def tap_range(self, axis: int, k: int, n: int, lo: int, hi: int) -> tuple[int, int, int]:
+        """(first output index, end output index, first input index) of the outputs in [lo, hi)
+        whose tap k lands inside the input along this axis; an empty range when none does."""
         s, offset = self.strides[axis], k * self.dilations[axis] - self.pads[axis]
-        lo = max(0, -(-(-offset) // s))                 # ceil(-offset / s)
-        hi = min(out, (n - 1 - offset) // s + 1)
-        return lo, max(lo, hi), lo * s + offset
+        first = max(lo, -(offset // s))                   # ceil(-offset / s)
+        end = min(hi, (n - 1 - offset) // s + 1)
+        return first, max(first, end), first * s + offset
 
     def padded(self, x: np.ndarray, value: float) -> np.ndarray:
         """x with its pads (and the ceil_mode overhang) filled with value: the eager form's input."""
@@ -117,12 +117,15 @@ class Window:
         return win[..., :(oh - 1) * sh + 1:sh, :(ow - 1) * sw + 1:sw, ::dh, ::dw]
 
 
-def tap_calls(dst: np.ndarray, x: np.ndarray, win: Window, tap: tuple[int, int], fill: float) -> Calls:
-    """Calls that copy kernel tap (i, j) of every window of x (..., H, W) into dst (..., OH, OW):
-    one strided ``copyto`` for the part inside the image, ``fill`` for the rest (the pads)."""
-    (h, w), (oh, ow) = x.shape[-2:], dst.shape[-2:]
-    r0, r1, ih = win.tap_range(0, tap[0], h, oh)
-    c0, c1, iw = win.tap_range(1, tap[1], w, ow)
+def tap_calls(dst: np.ndarray, x: np.ndarray, win: Window, tap: tuple[int, int], fill: float,
+              row0: int = 0) -> Calls:
+    """Calls that copy kernel tap (i, j) of the windows of x (..., H, W) into dst (..., rows, OW),
+    the output rows row0 .. row0 + rows: one strided ``copyto`` for the part inside the image,
+    ``fill`` for the rest (the pads)."""
+    (h, w), (rows, ow) = x.shape[-2:], dst.shape[-2:]
+    r0, r1, ih = win.tap_range(0, tap[0], h, row0, row0 + rows)
+    c0, c1, iw = win.tap_range(1, tap[1], w, 0, ow)
+    r0, r1 = r0 - row0, r1 - row0
     (sh, sw) = win.strides
     calls = []
     if r1 > r0 and c1 > c0:
@@ -178,6 +181,10 @@ def activation_calls(y, activation="none", clip_min=-np.inf, clip_max=np.inf) ->
     return []
 
 
+# The im2col workspace of one sample is cut to this many bytes, a block of output rows at a
+# time: whole, VGG-19's second conv alone would need 116 MB (577 x 224 x 224 floats).
+COL_BYTES = 1 << 20
+
 # --- conv ----------------------------------------------------------------------
 
 CONV_ATTRS = ("kernel_shape", "strides", "pads", "dilations", "group", "activation", "clip_min", "clip_max")
@@ -232,8 +239,13 @@ def conv_scratch(in_shapes, **attrs):
         return ((block_rows(h * w_), h * w_),)                         # a bias block
     if path == "depthwise":
         return ((channels, oh, ow), (channels, oh * ow))               # a tap; its weights' block
-    kk = win.kernel[0] * win.kernel[1]
-    return ((group, channels // group * kk + 1, oh * ow),)              # im2col + a row of ones
+    return ((group, channels // group * win.kernel[0] * win.kernel[1] + 1, col_rows(channels, win, oh, ow) * ow),)
+
+
+def col_rows(channels: int, win: Window, oh: int, ow: int) -> int:
+    """Output rows per im2col block: as many as fit COL_BYTES (one sample), at least one."""
+    per_row = 4 * (channels * win.kernel[0] * win.kernel[1] + 1) * ow
+    return max(1, min(oh, COL_BYTES // per_row))
 
 
 def conv_calls(out, x, wb, *scratch, **attrs) -> Calls:
@@ -274,13 +286,20 @@ def conv_calls(out, x, wb, *scratch, **attrs) -> Calls:
             calls.append((np.copyto, (wblock, bias[:, None])))
             calls += [(np.add, (y[n], wblock, y[n])) for n in range(batch)]
     else:
+        # Output rows in blocks of col_rows: each block's taps into the workspace, then one GEMM
+        # for every sample and group into the block's columns of the output.
         (col,) = scratch
-        col7 = split_view(col[:, :, :-1], (batch, group, cg, *win.kernel, oh, ow))
+        rows = col.shape[-1] // ow
         xg = split_view(x, (batch, group, cg, h, w_))
-        calls = [c for ij in win.taps() for c in tap_calls(col7[:, :, :, ij[0], ij[1]], xg, win, ij, 0.0)]
-        calls.append((np.copyto, (col[:, :, -1], 1.0)))                  # the bias's row of ones
-        calls.append((np.matmul, (split_view(wb, (group, out_ch // group, cg * kk + 1)), col,
-                                  split_view(out, (batch, group, out_ch // group, oh * ow)))))
+        w3 = split_view(wb, (group, out_ch // group, cg * kk + 1))
+        y4 = split_view(out, (batch, group, out_ch // group, oh * ow))
+        calls = [(np.copyto, (col[:, :, -1], 1.0))]                      # the bias's row of ones
+        for r0 in range(0, oh, rows):
+            n = min(rows, oh - r0)
+            block = col[..., :n * ow]
+            col7 = split_view(block[:, :, :-1], (batch, group, cg, *win.kernel, n, ow))
+            calls += [c for ij in win.taps() for c in tap_calls(col7[:, :, :, ij[0], ij[1]], xg, win, ij, 0.0, r0)]
+            calls.append((np.matmul, (w3, block, y4[..., r0 * ow:(r0 + n) * ow])))
     return calls + activation_calls(out, **act)
 
 

@@ -7,6 +7,7 @@ import math
 import os
 import tempfile
 import tracemalloc
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 from threadpoolctl import threadpool_limits
 
 from conftest import make_engine
+from engines import conv
 from engines.conv import CONV_OPS, Window, fold_batchnorm
 from engines.models import Model, Op
 from engines.ops import OPS
@@ -146,7 +148,10 @@ def test_conv_matches_reference_and_onnxruntime(case, batch, seed):
     (channels, h, w), out_ch, attrs = case
     rng = np.random.default_rng(seed)
     params = conv_params(rng, out_ch, channels // attrs["group"], *attrs["kernel_shape"])
-    check_kind("conv", [normal(rng, (batch, channels, h, w))], params, **attrs)
+    x = normal(rng, (batch, channels, h, w))
+    check_kind("conv", [x], params, **attrs)
+    with mock.patch.object(conv, "COL_BYTES", 1):          # im2col one output row at a time
+        check_kind("conv", [x], params, with_onnxruntime=False, **attrs)
 
 
 @pytest.mark.parametrize("attrs, path", [
@@ -164,6 +169,14 @@ def test_conv_takes_the_lowering_its_shape_allows(attrs, path):
         kk = win.kernel[0] * win.kernel[1]
         col = 8 // group * kk * 16 * 16
         assert all(math.prod(s) < col * group or kk == 1 for s in OPS["conv"].scratch_shapes([(8, 16, 16)], attrs))
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_im2col_in_row_blocks_matches_onnxruntime(batch, rng):
+    # 3 x 3 over 32 channels of 48 x 48: 289 x 48 floats a row, 18 rows a 1 MiB block, 3 blocks
+    attrs = dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), strides=(1, 1), group=1)
+    assert OPS["conv"].scratch_shapes([(32, 48, 48)], attrs) == ((1, 289, 18 * 48),)
+    check_kind("conv", [normal(rng, (batch, 32, 48, 48))], conv_params(rng, 8, 32, 3, 3), **attrs)
 
 
 def test_conv_refuses_mismatched_weights():
@@ -285,6 +298,7 @@ def test_kinds_refuse_what_they_cannot_run():
 # call to take it: outputs of >= 16 x 24 x 24 = 9216 elements.
 ALLOC_CASES = {
     "conv-3x3": ("conv", (16, 24, 24), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), activation="relu"), 16),
+    "conv-3x3-row-blocks": ("conv", (16, 64, 64), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), 16),   # 5 blocks
     "conv-3x3-s2-asym": ("conv", (16, 49, 49), dict(kernel_shape=(3, 3), strides=(2, 2), pads=(0, 0, 1, 1)), 16),
     "conv-grouped": ("conv", (16, 24, 24), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), group=4,
                                                 activation="clip", clip_min=0.0, clip_max=6.0), 16),
