@@ -181,9 +181,13 @@ def activation_calls(y, activation="none", clip_min=-np.inf, clip_max=np.inf) ->
     return []
 
 
-# The im2col workspace of one sample is cut to this many bytes, a block of output rows at a
-# time: whole, VGG-19's second conv alone would need 116 MB (577 x 224 x 224 floats).
+# The im2col workspace holds a block of output rows at a time: enough rows for COL_COLUMNS
+# GEMM columns, and at most COL_BYTES a sample. Whole, VGG-19's second conv alone would need
+# 116 MB (577 x 224 x 224 floats); ResNet-50's first, 7.4 MB where its output is 3.2 MB, and
+# the workspace is planned beside the output at the model's busiest step. On ResNet-50's
+# 3 x 3 layers 1 MiB blocks ran within 1.0-1.2x of one whole workspace (docs/cnn.md).
 COL_BYTES = 1 << 20
+COL_COLUMNS = 512
 
 # --- conv ----------------------------------------------------------------------
 
@@ -243,9 +247,10 @@ def conv_scratch(in_shapes, **attrs):
 
 
 def col_rows(channels: int, win: Window, oh: int, ow: int) -> int:
-    """Output rows per im2col block: as many as fit COL_BYTES (one sample), at least one."""
+    """Output rows per im2col block: enough for COL_COLUMNS GEMM columns, within COL_BYTES (one
+    sample), at least one."""
     per_row = 4 * (channels * win.kernel[0] * win.kernel[1] + 1) * ow
-    return max(1, min(oh, COL_BYTES // per_row))
+    return max(1, min(oh, -(-COL_COLUMNS // ow), COL_BYTES // per_row))
 
 
 def conv_calls(out, x, wb, *scratch, **attrs) -> Calls:

@@ -1,6 +1,6 @@
 """NCHW against NHWC for a convolution lowered to im2col + one GEMM, interleaved in one process.
 
-NCHW is ``engines.conv``'s conv kind as engines bind it. NHWC is the same lowering written for
+NCHW is ``engines.conv``'s conv kind as engines bind it, with one whole workspace (no row blocks). NHWC is the same lowering written for
 channels-last: one strided copy per kernel tap into a (batch·OH·OW, kh·kw·C + 1) workspace whose
 last column is ones, then one GEMM against (kh·kw·C + 1, O) weights; a 1x1 stride-1 conv is the
 input (batch·H·W, C) times the weights, then a pre-tiled bias added in row blocks (``ops.linear``).
@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from engines import conv
 from engines.conv import Window, tap_calls
 from engines.ops import OPS, aligned, tile, tiled_calls
 
@@ -30,6 +31,7 @@ LAYERS = [
 
 
 def nchw_calls(batch, c, o, h, k, s, p, rng):
+    conv.COL_BYTES = conv.COL_COLUMNS = 1 << 40      # one whole workspace, as the NHWC side has
     kind = OPS["conv"]
     attrs = dict(kernel_shape=(k, k), strides=(s, s), pads=(p,) * 4)
     w = rng.standard_normal((o, c, k, k), dtype=np.float32) / math.sqrt(c * k * k)
