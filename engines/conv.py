@@ -442,17 +442,32 @@ def _lrn_band(channels: int, size: int, alpha: float) -> np.ndarray:
 
 
 def lrn_calls(out, x, sq, *, size, alpha=1e-4, beta=0.75, bias=1.0) -> Calls:
+    # Per sample and block of pixels: the block gathered (copyto), squared, and its channel
+    # windows summed by one band-matrix product into the output; then three contiguous passes.
     batch, channels, h, w = x.shape
-    flat = lambda a: split_view(a, (batch, channels, h * w))   # noqa: E731
-    return [(np.multiply, (x, x, sq)),
-            (np.matmul, (_lrn_band(channels, size, alpha), flat(sq), flat(out))),
-            (np.add, (out, float(bias), out)),
-            (np.power, (out, -float(beta), out)),
-            (np.multiply, (out, x, out))]
+    band = _lrn_band(channels, size, alpha)
+    x3, y3 = (split_view(a, (batch, channels, h * w)) for a in (x, out))
+    step = sq.shape[-1]
+    calls = []
+    for n in range(batch):
+        for p in range(0, h * w, step):
+            block = sq[0, :, :len(range(p, min(p + step, h * w)))]
+            calls += [(np.copyto, (block, x3[n, :, p:p + step])),
+                      (np.multiply, (block, block, block)),
+                      (np.matmul, (band, block, y3[n, :, p:p + step]))]
+    return calls + [(np.add, (out, float(bias), out)),
+                    (np.power, (out, -float(beta), out)),
+                    (np.multiply, (out, x, out))]
 
 
-def same_scratch(in_shapes, **_attrs):
-    return (in_shapes[0],)
+def lrn_scratch(in_shapes, **_attrs):
+    channels, h, w = in_shapes[0]
+    return ((channels, min(h * w, max(1, TILE_BYTES // (4 * channels)))),)    # a block of pixels
+
+
+def channel_block_scratch(in_shapes, **_attrs):
+    channels, h, w = in_shapes[0]
+    return ((min(channels, block_rows(h * w)), h * w),)                     # a block of channels
 
 
 def lrn_flops(in_shapes, out_shape, size, **_attrs):
@@ -470,9 +485,7 @@ def batchnorm_calls(out, x, scale, bias, mean, var, block, *, epsilon=1e-5) -> C
     s = aligned(s)
     batch, channels = x.shape[:2]
     y, x3 = (split_view(a, (batch, channels, -1)) for a in (out, x))
-    plane = y.shape[2]
-    rows = split_view(block[0], (channels, plane))[:block_rows(plane)]
-    return per_channel_calls(np.multiply, y, s, rows, x3) + per_channel_calls(np.add, y, shift, rows)
+    return per_channel_calls(np.multiply, y, s, block[0], x3) + per_channel_calls(np.add, y, shift, block[0])
 
 
 # --- pad, sum -----------------------------------------------------------------------
@@ -524,8 +537,8 @@ CONV_OPS: dict[str, OpKind] = {
     "maxpool": OpKind(maxpool_eager, maxpool_calls, scratch=pool_scratch, flops=pool_flops),
     "averagepool": OpKind(avgpool_eager, avgpool_calls, scratch=pool_scratch, flops=pool_flops),
     "globalaveragepool": OpKind(globalavgpool_eager, globalavgpool_calls, flops=lambda i, o, **_: 2 * math.prod(i[0])),
-    "lrn": OpKind(lrn_eager, lrn_calls, scratch=same_scratch, flops=lrn_flops, eager_temps=3),
-    "batchnorm": OpKind(batchnorm_eager, batchnorm_calls, scratch=same_scratch, inplace=(0,),
+    "lrn": OpKind(lrn_eager, lrn_calls, scratch=lrn_scratch, flops=lrn_flops, eager_temps=3),
+    "batchnorm": OpKind(batchnorm_eager, batchnorm_calls, scratch=channel_block_scratch, inplace=(0,),
                         flops_per_element=2, eager_temps=1),
     "pad": OpKind(pad_eager, pad_calls, flops_per_element=0),
     "sum": OpKind(sum_eager, sum_calls, inplace=(0, 1)),

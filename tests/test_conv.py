@@ -282,6 +282,17 @@ def test_importer_kinds_as_cnns_use_them(batch, rng):
     check_kind("clip", [x], lo=0.0, hi=6.0)                                      # ReLU6
 
 
+@pytest.mark.parametrize("batch", BATCHES)
+def test_blocked_lrn_and_batchnorm_match_onnxruntime(batch, rng):
+    # LRN over 96 channels of 40 x 40 in blocks of 682 pixels; batchnorm over 96 x 96 planes in
+    # blocks of 7 channels: both with a partial last block
+    assert OPS["lrn"].scratch_shapes([(96, 40, 40)]) == ((96, 682),)
+    assert OPS["batchnorm"].scratch_shapes([(16, 96, 96)]) == ((7, 96 * 96),)
+    check_kind("lrn", [normal(rng, (batch, 96, 40, 40), 10)], size=5, alpha=1e-4, beta=0.75, bias=1.0)
+    bn = (normal(rng, (16,)), normal(rng, (16,)), normal(rng, (16,)), rng.random(16).astype(np.float32) + 0.1)
+    check_kind("batchnorm", [normal(rng, (batch, 16, 96, 96))], bn, epsilon=1e-5)
+
+
 def test_kinds_refuse_what_they_cannot_run():
     x = np.zeros((1, 2, 3, 3), np.float32)
     with pytest.raises(ValueError, match="batch"):
@@ -311,8 +322,8 @@ ALLOC_CASES = {
     "averagepool-include-pad": ("averagepool", (16, 24, 24),
                                 dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), count_include_pad=1), None),
     "globalaveragepool": ("globalaveragepool", (64, 24, 24), {}, None),
-    "lrn": ("lrn", (16, 24, 24), dict(size=5, alpha=1e-4, beta=0.75, bias=1.0), None),
-    "batchnorm": ("batchnorm", (16, 24, 24), dict(epsilon=1e-5), None),
+    "lrn": ("lrn", (96, 40, 40), dict(size=5, alpha=1e-4, beta=0.75, bias=1.0), None),   # 3 pixel blocks
+    "batchnorm": ("batchnorm", (16, 96, 96), dict(epsilon=1e-5), None),                 # 3 channel blocks
     "pad": ("pad", (16, 24, 24), dict(pads=(0, 0, 1, 2, 0, 0, 2, 1), value=0.0), None),
     "sum": ("sum", (16, 24, 24), {}, None),
 }
