@@ -451,7 +451,8 @@ def lrn_calls(out, x, sq, *, size, alpha=1e-4, beta=0.75, bias=1.0) -> Calls:
     calls = []
     for n in range(batch):
         for p in range(0, h * w, step):
-            block = sq[0, :, :len(range(p, min(p + step, h * w)))]
+            pixels = min(step, h * w - p)
+            block = split_view(sq[0].reshape(-1)[:channels * pixels], (channels, pixels))   # contiguous
             calls += [(np.copyto, (block, x3[n, :, p:p + step])),
                       (np.multiply, (block, block, block)),
                       (np.matmul, (band, block, y3[n, :, p:p + step]))]
