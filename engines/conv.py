@@ -103,7 +103,8 @@ class Window:
     def padded(self, x: np.ndarray, value: float) -> np.ndarray:
         """x with its pads (and the ceil_mode overhang) filled with value: the eager form's input."""
         (h, w), (oh, ow) = x.shape[-2:], self.out_size(*x.shape[-2:])
-        need = [(o - 1) * s + d * (k - 1) + 1 for o, s, d, k in zip((oh, ow), self.strides, self.dilations, self.kernel)]
+        need = [(o - 1) * s + d * (k - 1) + 1
+                for o, s, d, k in zip((oh, ow), self.strides, self.dilations, self.kernel)]
         pt, pl, pb, pr = self.pads
         pb, pr = max(pb, need[0] - h - pt), max(pr, need[1] - w - pl)
         if not any((pt, pb, pl, pr)):

@@ -1,9 +1,10 @@
 """NCHW against NHWC for a convolution lowered to im2col + one GEMM, interleaved in one process.
 
-NCHW is ``engines.conv``'s conv kind as engines bind it, with one whole workspace (no row blocks). NHWC is the same lowering written for
-channels-last: one strided copy per kernel tap into a (batch·OH·OW, kh·kw·C + 1) workspace whose
-last column is ones, then one GEMM against (kh·kw·C + 1, O) weights; a 1x1 stride-1 conv is the
-input (batch·H·W, C) times the weights, then a pre-tiled bias added in row blocks (``ops.linear``).
+NCHW is ``engines.conv``'s conv kind as engines bind it, with one whole workspace (no row
+blocks). NHWC is the same lowering written for channels-last: one strided copy per kernel tap
+into a (batch·OH·OW, kh·kw·C + 1) workspace whose last column is ones, then one GEMM against
+(kh·kw·C + 1, O) weights; a 1x1 stride-1 conv is the input (batch·H·W, C) times the weights,
+then a pre-tiled bias added in row blocks (``ops.linear``).
 Prints the fastest call of each (the least disturbed by other load on the cores) and the
 ratios of the fastest and of the median calls.
 

@@ -122,7 +122,8 @@ def schedule(path: str, copy_free_concat: bool = False, fuse_residual: bool = Fa
             root[out] = acts[0]
             producer[out] = producer.get(acts[0])
             continue
-        if n.op_type in AFFINE and len(acts) == 1 and only_reader and producer.get(acts[0]) in folds_into | {"BatchNormalization"}:
+        if (n.op_type in AFFINE and len(acts) == 1 and only_reader
+                and producer.get(acts[0]) in folds_into | {"BatchNormalization"}):
             root[out] = acts[0]               # folded into the Conv/Gemm (or standalone BN) before it
             producer[out] = producer[acts[0]]
             continue
@@ -213,7 +214,8 @@ def main(argv=None):
         print(f"| {name} | {mb(full.no_reuse_bytes)} | {mb(full.lower_bound_bytes)} | {mb(full.arena_bytes)} "
               f"| {full.arena_bytes / full.lower_bound_bytes:.3f} "
               f"| {mb(tensors.arena_bytes)} / {mb(tensors.lower_bound_bytes)} "
-              f"| {mb(cf.arena_bytes)} / {mb(cf.lower_bound_bytes)} | {mb(fused.arena_bytes)} / {mb(fused.lower_bound_bytes)} "
+              f"| {mb(cf.arena_bytes)} / {mb(cf.lower_bound_bytes)} "
+              f"| {mb(fused.arena_bytes)} / {mb(fused.lower_bound_bytes)} "
               f"| {mb(off)} | {mb(on)} |", flush=True)
 
 

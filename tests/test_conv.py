@@ -418,7 +418,8 @@ class CNNBuilder:
 
     def conv(self, x, out_ch, kernel, group=1, **attrs):
         cg = self.shapes[x][0] // group
-        return self.op("conv", [x], conv_params(self.rng, out_ch, cg, *kernel), kernel_shape=kernel, group=group, **attrs)
+        params = conv_params(self.rng, out_ch, cg, *kernel)
+        return self.op("conv", [x], params, kernel_shape=kernel, group=group, **attrs)
 
     def batchnorm(self, x):
         c = self.shapes[x][0]
