@@ -12,10 +12,11 @@ operand is contiguous, and ``np.copyto`` and ``np.matmul(out=)`` never do. Scala
 are Python floats: a NumPy float64 scalar makes a float32 ufunc compute in float64, through
 the buffer. So every kernel here is "gather with copyto, then compute on contiguous blocks":
 
-- **conv** (general): im2col into a planned workspace laid out (group, Cg·kh·kw + 1, OH·OW),
-  one ``copyto`` per kernel tap (the taps' out-of-image parts filled with zeros, so no padded
-  copy of the input), then ONE batched ``np.matmul`` for every sample and group. The bias rides
-  in the GEMM as a last weight column against a row of ones, so it costs no pass.
+- **conv** (general): im2col into a planned workspace laid out (group, Cg·kh·kw + 1, columns),
+  a block of output rows at a time (``COL_BYTES``): one ``copyto`` per kernel tap (the taps'
+  out-of-image parts filled with zeros, so no padded copy of the input), then ONE batched
+  ``np.matmul`` for every sample and group into the block's output columns. The bias rides in
+  the GEMM as a last weight column against a row of ones, so it costs no pass.
 - **conv 1x1, stride 1, no pads**: the GEMM reads the input itself (no im2col); the bias is
   added per sample from a per-channel block broadcast into a small scratch with ``copyto``.
 - **depthwise** (group == channels): per-tap multiply-accumulate, k·k passes, no im2col: each
