@@ -119,7 +119,7 @@ class CompiledEngine(BoundEngine):
             prepared = kind.operands(params, max_rows)
             prepared_bytes += sum(a.nbytes for a in prepared)
             scratch = []
-            for j, shape in enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs])):
+            for j, shape in enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs], op.attrs)):
                 name = f"{op.output}.scratch{j}"
                 self.shapes[name] = shape
                 scratch.append(name)

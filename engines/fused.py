@@ -170,7 +170,7 @@ class FusedEngine(BoundEngine):
                 params = [model.params[p] for p in op.params]
                 prepared = kind.operands(params, max_rows)
                 scratch = tuple(self._buffer(f"{op.output}.scratch{j}", s) for j, s in
-                                enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs])))
+                                enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs], op.attrs)))
                 where[op.output] = self._buffer(op.output, out_shape)
                 steps.append(("calls", op.output, tuple(where[t] for t in op.inputs) + prepared + scratch,
                               (kind.calls,), dict(op.attrs)))

@@ -65,7 +65,7 @@ class Model:
 
     def flops(self, batch: int = 1) -> int:
         return batch * sum(
-            OPS[op.kind].flop_count([self.shapes[t] for t in op.inputs], self.shapes[op.output])
+            OPS[op.kind].flop_count([self.shapes[t] for t in op.inputs], self.shapes[op.output], op.attrs)
             for op in self.ops)
 
     def eager_peak_bytes(self, batch: int) -> int:

@@ -17,8 +17,8 @@ Every op kind is one `OpKind`:
   statistics are broadcast with ``np.copyto`` (which needs no buffer) into a
   scratch tensor, and row means are matrix-vector products.
 - ``prepare``: turns the model's parameters into what the calls read.
-- ``scratch``: per-sample shapes of the temporaries the calls need; the
-  engine decides where they live.
+- ``scratch``: per-sample shapes of the temporaries the calls need, from the
+  input shapes and the op's attributes; the engine decides where they live.
 - ``inplace``: the inputs whose buffer the output may take over when that
   input is not read again.
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -131,7 +131,7 @@ def linear_calls(out, x, w, b_tiled) -> Calls:
     return [(np.matmul, (rows2d(x), w, y))] + tiled_calls(np.add, y, b_tiled)
 
 
-def linear_flops(in_shapes, out_shape):
+def linear_flops(in_shapes, out_shape, **_attrs):
     rows = math.prod(out_shape[:-1])
     return 2 * rows * in_shapes[0][-1] * out_shape[-1] + rows * out_shape[-1]
 
@@ -217,7 +217,7 @@ def standardize_calls(y, x, tmp, stat, eps, matvec) -> Calls:
             (np.multiply, (y, tmp, y))]
 
 
-def rowwise_scratch(in_shapes):
+def rowwise_scratch(in_shapes, **_attrs):
     shape = in_shapes[0]
     return shape, shape[:-1] + (1,)
 
@@ -295,7 +295,7 @@ def attn_scores_calls(out, qkv, keys, *, heads) -> Calls:
             (np.matmul, (q, keys_per_head(keys, heads), out))]
 
 
-def keys_scratch(in_shapes):
+def keys_scratch(in_shapes, **_attrs):
     seq, width = in_shapes[0]
     return ((width // 3, seq),)                 # K transposed: (dim, seq), head after head
 
@@ -337,7 +337,7 @@ def attn_context_calls(out, probs, qkv, *, heads) -> Calls:
     return [(np.matmul, (probs, v, head_columns(out, heads)))]
 
 
-def attn_flops(in_shapes, out_shape):
+def attn_flops(in_shapes, out_shape, **_attrs):
     # scores: (seq x hd) @ (hd x seq) per head; context: (seq x seq) @ (seq x hd) per head
     if len(out_shape) == 3:            # scores (heads, seq, seq) from qkv (seq, 3·dim)
         seq, width = in_shapes[0]
@@ -351,10 +351,10 @@ class OpKind:
     eager: Callable
     calls: Callable
     prepare: Callable | None = None          # (*params, max_rows) -> operands of the calls
-    scratch: Callable | None = None          # (in_shapes) -> per-sample scratch shapes
+    scratch: Callable | None = None          # (in_shapes, **attrs) -> per-sample scratch shapes
     inplace: tuple[int, ...] = ()            # inputs the output may overwrite
     flops_per_element: int = 1               # for elementwise ops
-    flops: Callable | None = None            # (in_shapes, out_shape) -> FLOPs per sample
+    flops: Callable | None = None            # (in_shapes, out_shape, **attrs) -> FLOPs per sample
     # What ``eager`` holds at its peak besides its output, measured with memray:
     eager_temps: int = 0                     # output-sized temporaries (x @ W before + b)
     eager_row_stats: int = 0                 # (rows, 1) statistics (means, maxima)
@@ -373,12 +373,13 @@ class OpKind:
         """What the calls read for these parameters: prepared once, or the parameters as they are."""
         return tuple(self.prepare(*params, max_rows)) if self.prepare else tuple(params)
 
-    def scratch_shapes(self, in_shapes) -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(s) for s in self.scratch(in_shapes)) if self.scratch else ()
+    def scratch_shapes(self, in_shapes, attrs: Mapping = {}) -> tuple[tuple[int, ...], ...]:
+        """The op's attributes too: a convolution's workspace depends on its kernel, strides, pads."""
+        return tuple(tuple(s) for s in self.scratch(in_shapes, **attrs)) if self.scratch else ()
 
-    def flop_count(self, in_shapes, out_shape) -> int:
+    def flop_count(self, in_shapes, out_shape, attrs: Mapping = {}) -> int:
         if self.flops is not None:
-            return self.flops(in_shapes, out_shape)
+            return self.flops(in_shapes, out_shape, **attrs)
         return self.flops_per_element * math.prod(out_shape)
 
 
@@ -397,3 +398,5 @@ OPS: dict[str, OpKind] = {
                           eager_temps=1),
     "attn_context": OpKind(attn_context_eager, attn_context_calls, flops=attn_flops, eager_temps=1),
 }
+
+from .conv import CONV_OPS; OPS.update(CONV_OPS)  # noqa: E402,E702  (conv.py imports this module)
