@@ -7,6 +7,7 @@ from .base import Engine, EngineUnavailable
 from .fused import FusedEngine
 from .models import MODELS, Model, Op
 from .naive import NaiveEngine
+from .onnx_import import OnnxImportError, load_onnx
 from .onnxrt import OnnxRuntimeEngine
 from .packed import PackedEngine
 from .static import StaticEngine
@@ -25,4 +26,4 @@ ENGINES: dict[str, type[Engine]] = {
     "torch-compile": TorchCompileEngine,
 }
 
-__all__ = ["ENGINES", "MODELS", "Engine", "EngineUnavailable", "Model", "Op"]
+__all__ = ["ENGINES", "MODELS", "Engine", "EngineUnavailable", "Model", "OnnxImportError", "Op", "load_onnx"]
