@@ -100,6 +100,10 @@ def maximum(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     np.maximum(a, b, out=out)    # a positional out is deprecated for np.maximum
 
 
+def minimum(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    np.minimum(a, b, out=out)
+
+
 @functools.lru_cache(maxsize=None)
 def zero_rows(width: int) -> np.ndarray:
     """A read-only block of zero rows of this width, as many as fit in TILE_BYTES."""
@@ -396,7 +400,7 @@ def clip_calls(out, x, *, lo=None, hi=None) -> Calls:
         calls.append((maximum, (src, lo, out)))
         src = out
     if hi is not None:
-        calls.append((np.minimum, (src, hi, out)))
+        calls.append((minimum, (src, hi, out)))
         src = out
     return calls or [(np.copyto, (out, x))]
 

@@ -72,6 +72,11 @@ class TorchEngine(Engine):
         if torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
         fns = op_functions(torch)
+        missing = sorted({op.kind for op in model.ops if op.kind not in fns})
+        if missing:
+            nodes = [n for op in model.ops if op.kind in missing for n in model.origin.get(op.output, (op.output,))]
+            raise EngineUnavailable(f"the torch engines have no mapping for op kind(s) {', '.join(missing)} "
+                                    f"(from {', '.join(nodes[:5])}{', ...' if len(nodes) > 5 else ''})")
         self._program = []        # (fn, input names, param tensors, attrs, output name)
         self.weight_bytes = 0
         for op in model.ops:
