@@ -48,8 +48,8 @@ class OnnxImportError(ValueError):
 
     def __init__(self, problems: list[str] | str):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
-        super().__init__(self.problems[0] if len(self.problems) == 1 else
-                         f"{len(self.problems)} problems:\n" + "\n".join(f"- {p}" for p in self.problems))
+        super().__init__(self.problems[0] if len(self.problems) == 1 else     # one line, for the CLI
+                         f"{len(self.problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(self.problems, 1)))
 
 
 def _onnx():
