@@ -367,3 +367,62 @@ def test_a_graph_that_mixes_samples_is_refused():
     mixing = build([N("ReduceMean", ["x", "ax0"], ["m"], keepdims=1), N("Sub", ["x", "m"], ["y"])],
                    {"ax0": I64(0)}, in_shape=("N", 4))
     assert "mixes samples" in _error(mixing) or "batch" in _error(mixing)
+
+
+# --- the web page takes an uploaded model ---------------------------------------------
+
+@pytest.fixture
+def web():
+    pytest.importorskip("flask", reason="the web extra")
+    from mlexec.web import create_app
+    return create_app().test_client()
+
+
+def _post(web, data: bytes, **form):
+    fields = {"input": "", "model": "mlp", "dim": "16", "batch": "2", "repeat": "2", "seed": "0",
+              "engines": ["naive", "arena"], "model_file": (io.BytesIO(data), "mine.onnx"), **form}
+    return web.post("/analyze", data=fields, content_type="multipart/form-data")
+
+
+def test_web_upload_runs_the_model(web):
+    assert "at most 8 MiB" in web.get("/").get_data(as_text=True)
+    resp = _post(web, GRAPHS["attention"])
+    page = resp.get_data(as_text=True)
+    assert resp.status_code == 200, page
+    assert "input shape 2×4×6" in page and "all engines within" in page
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"not a model", "not an ONNX file"),
+    (build([N("Sin", ["x"], ["y"])]), "Sin (domain ai.onnx"),
+])
+def test_web_bad_upload_is_400(web, data, message):
+    resp = _post(web, data)
+    assert resp.status_code == 400 and message in resp.get_data(as_text=True)
+
+
+def test_web_refuses_external_data(web, tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(onnx.load_from_string(GRAPHS["gemm-mlp"]), path, save_as_external_data=True, location="w.bin",
+              size_threshold=0)
+    resp = _post(web, path.read_bytes())
+    assert resp.status_code == 400 and "external files" in resp.get_data(as_text=True)
+
+
+# --- the command line ------------------------------------------------------------
+
+def test_cli_analyze_and_report_a_model_file(tmp_path, capsys):
+    from mlexec.cli import main
+    path = tmp_path / "net.onnx"
+    path.write_bytes(GRAPHS["gemm-mlp"])
+    np.save(tmp_path / "x.npy", np.arange(8, dtype=np.float32))
+    assert main(["analyze", "--model", str(path), "--input-file", str(tmp_path / "x.npy"), "--repeat", "2",
+                 "--engines", "naive,arena"]) == 0
+    out = capsys.readouterr().out
+    assert "model net batch=1" in out and "from nodes" in out and "m, y" in out
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(GRAPHS["gemm-mlp"][:40])
+    assert main(["analyze", "--model", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("mlexec: error: cannot use this model file")
+    assert main(["report", "--model", str(bad)]) == 2
