@@ -110,5 +110,60 @@ def fuse_gelu_erf(model: Model) -> Model:
     return _rebuild(model, [op for op in ops if op is not None], origin=origin)
 
 
+def fuse_layernorm(model: Model) -> Model:
+    """LayerNorm as exporters decompose it before opset 17, over the last axis:
+    d = x - mean(x); y = d / sqrt(mean(d^2) + eps) * gamma + beta  (Pow 2 or d * d),
+    becomes one ``layernorm``; gamma and beta are constant vectors of the row's width."""
+    ops, readers = list(model.ops), _readers(model.ops)
+    by_out = {op.output: op for op in ops}
+    origin, params = dict(model.origin), dict(model.params)
+
+    def producer(t, kind):
+        op = by_out.get(t)
+        return op if op is not None and op.kind == kind else None
+
+    def binary(t, fn):
+        op = by_out.get(t)
+        return op if op is not None and op.kind == "binary" and op.attrs.get("fn") == fn else None
+
+    def unexpanded(t):                  # a (rows, 1) statistic, broadcast by an expand
+        e = producer(t, "expand")
+        return e.inputs[0] if e is not None else None
+
+    for shift in [op for op in ops if op.kind == "binary" and op.attrs.get("fn") == "add"
+                  and op.attrs.get("width") is not None]:
+        scale = binary(shift.inputs[0], "mul")
+        div = scale and binary(scale.inputs[0], "div")
+        if not (div and scale.attrs.get("width") and len(div.inputs) == 2):
+            continue
+        width = model.shapes[shift.output][-1]
+        if scale.attrs["width"] != width or shift.attrs["width"] != width:
+            continue
+        d, root = div.inputs[0], producer(unexpanded(div.inputs[1]) or "", "sqrt")
+        plus = root and binary(root.inputs[0], "add")
+        var = plus and plus.attrs.get("scalar") is not None and producer(plus.inputs[0], "reduce_mean")
+        sq = var and by_out.get(var.inputs[0])
+        sub = binary(d, "sub")
+        if not (sq and sub and len(sub.inputs) == 2):
+            continue
+        squares = (_scalar_is(sq, "pow", 2.0) and sq.inputs == (d,)) or \
+            (sq.kind == "binary" and sq.attrs.get("fn") == "mul" and sq.inputs == (d, d))
+        x, mean = sub.inputs[0], producer(unexpanded(sub.inputs[1]) or "", "reduce_mean")
+        if not (squares and mean and mean.inputs == (x,)):
+            continue
+        chain = [mean, by_out[sub.inputs[1]], sub, sq, var, plus, root, by_out[div.inputs[1]], div, scale]
+        inner = {op.output for op in chain}
+        if any(r not in inner and ops[i] is not shift for t in inner for i in readers.get(t, ())
+               for r in [ops[i].output]) or model.output in inner:
+            continue                    # an intermediate is read outside the pattern
+        ops = [op for op in ops if op.output not in inner]
+        ops[ops.index(shift)] = Op("layernorm", (x,), shift.output, (scale.params[0], shift.params[0]),
+                                   {"eps": plus.attrs["scalar"]})
+        origin[shift.output] = sum((model.origin.get(op.output, ()) for op in (*chain, shift)), ())
+        by_out = {op.output: op for op in ops}
+        readers = _readers(ops)
+    return _rebuild(model, ops, params, origin)
+
+
 # In order: fusions first, then what they left unread.
-PASSES = (fold_bias, fuse_gelu_erf, remove_dead)
+PASSES = (fold_bias, fuse_gelu_erf, fuse_layernorm, remove_dead)

@@ -118,6 +118,14 @@ GRAPHS = {
         N("Mul", ["g", "a2"], ["m2"]), N("Mul", ["m2", "almost_half"], ["y"]),
     ], {"sqrt2": np.array(math.sqrt(2), np.float32), "one": np.array(1.0, np.float32),
         "half": np.array(0.5, np.float32), "almost_half": np.array(0.51, np.float32)}),
+    **{name: build([
+        # LayerNorm as exporters wrote it before opset 17; the second also reads d outside it
+        N("ReduceMean", ["x"], ["m"], axes=[-1]), N("Sub", ["x", "m"], ["d"]), N("Pow", ["d", "two"], ["sq"]),
+        N("ReduceMean", ["sq"], ["v"], axes=[-1]), N("Add", ["v", "eps"], ["ve"]), N("Sqrt", ["ve"], ["s"]),
+        N("Div", ["d", "s"], ["n"]), N("Mul", ["n", "g"], ["ng"]), N("Add", ["ng", "b"], ["ln" if leak else "y"]),
+        *([N("Add", ["ln", "d"], ["y"])] if leak else []),
+    ], {"two": np.array(2.0, np.float32), "eps": np.array(1e-5, np.float32), "g": 1 + _w(6), "b": _w(6)}, opset=13)
+       for name, leak in (("layernorm-decomposed", False), ("layernorm-almost", True))},
     "fixed-batch-1": build([N("Gemm", ["x", "w"], ["h"], transB=1), N("Tanh", ["h"], ["y"])],
                            {"w": _w(5, 7)}, in_shape=(1, 7), out_shape=(1, 5)),
 }
@@ -236,9 +244,12 @@ def test_passes_fold_matmul_add_and_gelu_exactly():
     assert gelu[0] == "gelu_erf" and gelu.count("gelu_erf") == 1   # the second has 0.51: not GELU
 
 
-def test_torch_mlp_gelu_is_one_op(exported):
-    kinds = [op.kind for op in load_onnx(exported["mlp-torchscript-opset17"]).ops]
-    assert kinds == ["linear", "gelu_erf", "layernorm", "linear"]
+def test_torch_mlp_gelu_and_layernorm_are_one_op_each(exported):
+    for opset in (14, 17):   # 14: LayerNorm decomposed, recognised; 17: LayerNormalization
+        kinds = [op.kind for op in load_onnx(exported[f"mlp-torchscript-opset{opset}"]).ops]
+        assert kinds == ["linear", "gelu_erf", "layernorm", "linear"], opset
+    assert [op.kind for op in load_onnx(GRAPHS["layernorm-decomposed"]).ops] == ["layernorm"]
+    assert "layernorm" not in [op.kind for op in load_onnx(GRAPHS["layernorm-almost"]).ops]
 
 
 # --- memory: the planner on imported graphs, and no allocation per forward -------------
