@@ -67,6 +67,29 @@ def workload_version(source: bytes | str | os.PathLike) -> str:
     return "onnx-" + hashlib.sha256(data).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class FileWorkload:
+    """What the benchmark suite needs to add a model file to its matrix at one batch."""
+    model: Model
+    batch: int
+    version: str                 # the file's content hash (``workload_version``)
+
+    @property
+    def id(self) -> str:         # like the zoo's ids: test_forward[arena-mymodel-b8]
+        return f"{self.model.name}-b{self.batch}"
+
+    def input(self, seed: int = 0) -> np.ndarray:
+        return self.model.random_input(self.batch, rng=seed)
+
+
+def file_workload(path: str | os.PathLike, batch: int, **limits) -> FileWorkload:
+    """The model in ``path`` (named by the file's stem) at ``batch``, with its version."""
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+    model = load_onnx(path, **limits)
+    return FileWorkload(model, int(batch), workload_version(model.source))
+
+
 # --- reading and checking -------------------------------------------------------
 
 def read(source, *, allow_external_data: bool = True, max_nodes: int = MAX_NODES,

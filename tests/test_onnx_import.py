@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from engines import ENGINES, EngineUnavailable, OnnxImportError, load_onnx  # noqa: E402
 from engines import onnx_passes  # noqa: E402
-from engines.onnx_import import workload_version  # noqa: E402
+from engines.onnx_import import file_workload, workload_version  # noqa: E402
 
 OWN = ["naive", "static", "arena", "fused", "packed"]
 PLANNED = ["static", "arena", "fused", "packed"]
@@ -314,6 +314,14 @@ def test_torch_refuses_ops_it_has_no_mapping_for():
     pytest.importorskip("torch")
     with pytest.raises(EngineUnavailable, match="binary"):
         ENGINES["torch"](load_onnx(GRAPHS["elementwise"]), 2)
+
+
+def test_file_workload_for_the_suite(tmp_path):
+    path = tmp_path / "mymodel.onnx"
+    path.write_bytes(GRAPHS["gemm-mlp"])
+    w = file_workload(path, 8)
+    assert w.id == "mymodel-b8" and w.version == workload_version(GRAPHS["gemm-mlp"])
+    assert w.input().shape == (8, 8) and ENGINES["arena"](w.model, w.batch).forward(w.input()).shape == (8, 5)
 
 
 def test_workload_version_is_the_content_hash():
