@@ -302,6 +302,37 @@ def test_planned_engines_allocate_nothing_per_forward(name, exported):
         assert peak <= 4096, f"{name} on {graph}: {peak} B per warm forward"
 
 
+def _memray_peak(engine, x, calls=3):
+    memray = pytest.importorskip("memray", reason="memray is part of the bench extra")
+    from threadpoolctl import threadpool_limits
+    import os
+    import tempfile
+    with threadpool_limits(1), tempfile.TemporaryDirectory() as tmp:
+        for _ in range(2):
+            engine.forward(x)
+        peaks = []
+        for session in range(3):
+            path = os.path.join(tmp, f"{session}.bin")
+            with memray.Tracker(path):
+                for _ in range(calls):
+                    engine.forward(x)
+            peaks.append(memray.FileReader(path).metadata.peak_memory)
+        return min(peaks)
+
+
+@pytest.mark.parametrize("name", PLANNED)
+def test_planned_engines_allocate_nothing_under_memray(name, exported):
+    """Every native allocation counted, BLAS pinned to one thread (as tests/test_zero_alloc.py does)."""
+    for graph in ("elementwise", "shapes", "encoder-prenorm-dynamo"):
+        data = {**GRAPHS, **exported}.get(graph)
+        if data is None:
+            continue
+        model = load_onnx(data)
+        engine = ENGINES[name](model, 64)
+        peak = _memray_peak(engine, model.random_input(64, rng=0))
+        assert peak <= 4096, f"{name} on {graph}: {peak} B per warm forward"
+
+
 # --- peers --------------------------------------------------------------------
 
 def test_onnxruntime_runs_the_original_file():
