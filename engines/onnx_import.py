@@ -529,7 +529,8 @@ def _slice_index(L: Lowering, x: Act, axes, starts, ends, steps) -> tuple:
                 raise Unsupported("it slices the batch axis")
             continue
         a = x.axis(axis)
-        index[a] = slice(start, end, step).indices(x.per_sample[a])
+        begin, stop, stride = slice(start, end, step).indices(x.per_sample[a])
+        index[a] = (begin, None if stop < 0 else stop, stride)    # -1 here means "past the front"
     return tuple(index)
 
 

@@ -194,7 +194,7 @@ def test_helper_graphs_every_engine(graph):
 def test_torch_exports_every_engine(exported):
     assert exported, "no export"
     for name, data in exported.items():
-        model = _check(data, engines=OWN + ["onnxruntime"])
+        model = _check(data, engines=OWN + ["onnxruntime", "torch"])
         assert model.input == "x", name
 
 
@@ -341,10 +341,25 @@ def test_onnxruntime_runs_the_original_file():
     assert engine.session is not None and model.source == GRAPHS["elementwise"]
 
 
-def test_torch_refuses_ops_it_has_no_mapping_for():
+def test_torch_runs_imported_graphs():
     pytest.importorskip("torch")
-    with pytest.raises(EngineUnavailable, match="binary"):
-        ENGINES["torch"](load_onnx(GRAPHS["elementwise"]), 2)
+    for graph in ("elementwise", "shapes", "attention", "layernorm-almost"):
+        model = load_onnx(GRAPHS[graph])
+        x = model.random_input(MAX_BATCH, rng=3)
+        ref = model.reference(x)
+        got = ENGINES["torch"](model, MAX_BATCH).forward(x)
+        assert np.abs(got - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max()), graph
+
+
+def test_torch_refuses_what_it_has_no_mapping_for():
+    pytest.importorskip("torch")
+    reverse = build([N("Slice", ["x", "st", "en", "ax", "step"], ["y"])],
+                    {"st": I64(-1), "en": I64(-100), "ax": I64(2), "step": I64(-1)})
+    model = load_onnx(reverse)
+    assert np.array_equal(ENGINES["arena"](model, 2).forward(model.random_input(2, rng=0)),
+                          model.random_input(2, rng=0)[..., ::-1])
+    with pytest.raises(EngineUnavailable, match="negative step"):
+        ENGINES["torch"](model, 2).forward(model.random_input(2, rng=0))
 
 
 def test_file_workload_for_the_suite(tmp_path):
