@@ -731,7 +731,12 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
         proto2.CopyFrom(proto)
         proto2.graph.input[[i.name for i in proto2.graph.input].index(input_name)] \
             .type.tensor_type.shape.dim[0].dim_param = "batch"
-        two = evaluate(proto2, input_name, x2)
+        try:
+            two = evaluate(proto2, input_name, x2)
+        except OnnxImportError as exc:
+            raise OnnxImportError(f"the file fixes the batch at 1 and {exc.problems[0]}: a shape in it "
+                                  f"hardcodes the batch; export with a dynamic batch axis (torch: "
+                                  f"dynamic_axes={{'x': {{0: 'batch'}}}} or dynamic_shapes)") from None
     else:
         two = evaluate(proto, input_name, x2)
     acts, problems = _measure(proto, dynamic, one, two)

@@ -423,6 +423,12 @@ def test_signature_problems():
     assert "fixed first axis of 4" in _error(build([N("Relu", ["x"], ["y"])], in_shape=[4, 3]))
 
 
+def test_a_batch_fixed_at_1_and_hardcoded_is_refused():
+    hard = build([N("Reshape", ["x", "one_row"], ["y"])], {"one_row": I64(1, 24)}, in_shape=(1, 4, 6),
+                 out_shape=(1, 24))
+    assert "hardcodes the batch; export with a dynamic batch axis" in _error(hard)
+
+
 def test_size_limits():
     message = _error(GRAPHS["elementwise"], max_nodes=5, max_initializer_bytes=8)
     assert "limit is 5" in message and "limit is 8" in message
