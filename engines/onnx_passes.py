@@ -14,6 +14,7 @@ from dataclasses import replace
 import numpy as np
 
 from .models import Model, Op
+from .ops import OPS, split_heads
 
 
 def live_ops(ops, output: str) -> list[Op]:
@@ -165,5 +166,113 @@ def fuse_layernorm(model: Model) -> Model:
     return _rebuild(model, ops, params, origin)
 
 
+MOVES = ("reshape", "transpose", "slice", "take")     # kinds that only move elements
+
+
+def _scale_of(op: Op) -> float | None:
+    """The factor of a multiply or divide by a scalar, else None."""
+    s, fn = op.attrs.get("scalar"), op.attrs.get("fn")
+    if op.kind != "binary" or s is None or op.attrs.get("swap"):
+        return None
+    return s if fn == "mul" else 1.0 / s if fn == "div" and s != 0 else None
+
+
+def _moves_from(t: str, by_out) -> tuple[list[Op], float, str]:
+    """Walk back from t through element moves and scalar scalings: (ops, product of scales, source)."""
+    chain, scale = [], 1.0
+    while t in by_out:
+        op = by_out[t]
+        factor = _scale_of(op)
+        if op.kind not in MOVES and factor is None:
+            break
+        chain.append(op)
+        scale *= 1.0 if factor is None else factor
+        t = op.inputs[0]
+    return chain[::-1], scale, t
+
+
+def _replay(chain, x: np.ndarray) -> np.ndarray:
+    """The element moves of chain applied to x (the scalings skipped): where each element comes from."""
+    for op in chain:
+        if op.kind in MOVES:
+            x = OPS[op.kind].eager(x, **op.attrs)
+    return x
+
+
+def fuse_attention(model: Model) -> Model:
+    """Multi-head self-attention as exporters decompose it (q, k and v cut out of one fused
+    projection by reshapes, transposes and slices; scores = q @ k^T scaled; softmax; context =
+    probs @ v, moved back to (seq, dim)) becomes ``attn_scores``, ``softmax``, ``attn_context``.
+
+    Exact by construction: the moves are replayed on element indices and must give precisely
+    the zoo's head layout (``ops.split_heads``, ``ops.head_columns``), and the scalings must
+    multiply to 1/sqrt(head_dim) to float32 precision.
+    """
+    ops = list(model.ops)
+    for soft in [op for op in ops if op.kind == "softmax"]:
+        by_out, readers = {op.output: op for op in ops}, _readers(ops)
+        scores = by_out.get(soft.inputs[0])
+        users = readers.get(soft.output, [])
+        if scores is None or scores.kind != "matmul" or len(users) != 1 or ops[users[0]].kind != "matmul":
+            continue
+        context = ops[users[0]]
+        if context.inputs[0] != soft.output or len(readers.get(scores.output, [])) != 1:
+            continue
+        (qc, qs, qsrc), (kc, ks, ksrc), (vc, vs, vsrc) = (_moves_from(t, by_out) for t in
+                                                           (*scores.inputs, context.inputs[1]))
+        shape = model.shapes.get(qsrc, ())
+        if not (qsrc == ksrc == vsrc and len(shape) == 2 and shape[1] % 3 == 0 and vs == 1.0):
+            continue
+        seq, width = shape
+        heads = model.shapes[scores.output][0] if len(model.shapes[scores.output]) == 3 else 0
+        if not heads or (width // 3) % heads or model.shapes[scores.output] != (heads, seq, seq):
+            continue
+        hd = width // 3 // heads
+        if not math.isclose(qs * ks, 1.0 / math.sqrt(hd), rel_tol=1e-6):
+            continue
+        index = np.arange(seq * width, dtype=np.float64).reshape(1, seq, width)
+        q, k, v = (np.ascontiguousarray(a) for a in split_heads(index, heads))
+        try:
+            same = (np.array_equal(_replay(qc, index), q) and np.array_equal(_replay(kc, index), k.swapaxes(-1, -2))
+                    and np.array_equal(_replay(vc, index), v))
+        except (ValueError, IndexError):
+            same = False
+        if not same:
+            continue
+        # after the context: moves back to (seq, dim), each read once
+        after, t = [], context.output
+        while len(readers.get(t, [])) == 1 and ops[readers[t][0]].kind in MOVES and model.shapes[t] != (seq, width // 3):
+            after.append(ops[readers[t][0]])
+            t = after[-1].output
+        heads_out = np.arange(seq * width // 3, dtype=np.float64).reshape(1, heads, seq, hd)
+        if model.shapes[t] != (seq, width // 3) or not np.array_equal(
+                _replay(after, heads_out), heads_out.transpose(0, 2, 1, 3).reshape(1, seq, width // 3)):
+            continue
+        inner = {op.output for op in (*qc, *kc, *vc, scores, context, *after)}
+        if model.output in inner - {t} or any(
+                ops[i].output not in inner and ops[i] is not soft for name in inner - {t}
+                for i in readers.get(name, ())):
+            continue                     # a piece of the pattern is read outside it
+        new_scores = Op("attn_scores", (qsrc,), scores.output, (), {"heads": heads})
+        new_context = Op("attn_context", (soft.output, qsrc), t, (), {"heads": heads})
+        origin = dict(model.origin)
+        origin[scores.output] = sum((model.origin.get(op.output, ()) for op in (*qc, *kc, scores)), ())
+        origin[t] = sum((model.origin.get(op.output, ()) for op in (*vc, context, *after)), ())
+        rebuilt = []
+        for op in ops:
+            if op is scores:
+                rebuilt.append(new_scores)
+            elif op is soft:
+                rebuilt += [op]
+            elif op.output == t:
+                rebuilt.append(new_context)
+            elif op.output not in inner:
+                rebuilt.append(op)
+        ops = rebuilt
+        model = _rebuild(model, ops, origin=origin)
+        ops = list(model.ops)
+    return _rebuild(model, ops)
+
+
 # In order: fusions first, then what they left unread.
-PASSES = (fold_bias, fuse_gelu_erf, fuse_layernorm, remove_dead)
+PASSES = (fold_bias, fuse_gelu_erf, fuse_layernorm, fuse_attention, remove_dead)

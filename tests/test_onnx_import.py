@@ -212,12 +212,18 @@ def test_torchscript_exporter_on_an_encoder_layer():
     _check(f.getvalue())
 
 
-def test_exported_transformers_keep_attention_generic_but_fold_linears(exported):
-    for name in ("encoder-prenorm-dynamo", "encoder-postnorm-dynamo"):
+def test_exported_transformers_become_the_zoos_block(exported):
+    """Attention, LayerNorm and the linears recognised: the same op kinds as the zoo's transformer."""
+    for name, first in (("encoder-prenorm-dynamo", "layernorm"), ("encoder-postnorm-dynamo", "linear")):
         if name not in exported:
             pytest.skip("the dynamo exporter needs onnxscript")
         kinds = [op.kind for op in load_onnx(exported[name]).ops]
-        assert kinds.count("linear") == 4 and kinds.count("layernorm") == 2 and "softmax" in kinds
+        assert kinds[0] == first and kinds.count("linear") == 4 and kinds.count("layernorm") == 2, kinds
+        assert kinds[kinds.index("attn_scores"):][:3] == ["attn_scores", "softmax", "attn_context"], kinds
+        assert not {"transpose", "slice", "matmul", "reshape", "binary"} & set(kinds), kinds
+    # separate q, k, v projections are not the fused layout: they stay generic ops
+    kinds = [op.kind for op in load_onnx(GRAPHS["attention"]).ops]
+    assert "attn_scores" not in kinds and kinds.count("matmul") == 2
 
 
 # --- passes: the float64 output does not change ----------------------------------
