@@ -760,7 +760,6 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
     ops = live_ops(L.ops, result)
     if not ops or ops[-1].output != result:       # the output is the input itself: end on a copy
         shape = L.shapes[result]
-        L.node = next(n for n in proto.graph.node if output in n.output)
         ops.append(Op("expand", (result,), L._fresh(output), (), {"aligned": shape, "shape": shape}))
         L.shapes[ops[-1].output] = shape
     L.ops = ops

@@ -368,6 +368,21 @@ def test_torch_refuses_what_it_has_no_mapping_for():
         ENGINES["torch"](model, 2).forward(model.random_input(2, rng=0))
 
 
+def test_randomized_weights_run_in_onnxruntime_too():
+    plain, random = load_onnx(GRAPHS["gemm-mlp"]), load_onnx(GRAPHS["gemm-mlp"], randomize_weights=1)
+    assert random.source != plain.source and load_onnx(GRAPHS["gemm-mlp"], randomize_weights=1).source == random.source
+    x = random.random_input(2, rng=0)
+    assert not np.allclose(random.reference(x), plain.reference(x))
+    got = ENGINES["onnxruntime"](random, 2).forward(x)          # the changed file, not the original
+    assert np.abs(got - random.reference(x)).max() <= 1e-4
+
+
+def test_a_model_that_is_its_input():
+    model = load_onnx(build([N("Identity", ["x"], ["y"])]))
+    x = model.random_input(2, rng=0)
+    assert np.array_equal(ENGINES["arena"](model, 2).forward(x), x)
+
+
 def test_file_workload_for_the_suite(tmp_path):
     path = tmp_path / "mymodel.onnx"
     path.write_bytes(GRAPHS["gemm-mlp"])
