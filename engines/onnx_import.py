@@ -40,6 +40,7 @@ from .onnx_passes import PASSES, live_ops
 # are for, and the web page must not spend minutes on an upload.
 MAX_NODES = 20_000
 MAX_INITIALIZER_BYTES = 1 << 30
+MAX_VALUE_BYTES = 1 << 30        # any one value of the graph, as shape inference sizes it
 SEPARABLE_RTOL = 1e-4       # the batch-2 run's first sample against the batch-1 run
 
 
@@ -238,13 +239,26 @@ def _measure(proto, dynamic, one: dict, two: dict) -> tuple[dict[str, Act], list
         acts[name] = Act(name, tuple(s1), i if s1[i] == 1 else None)
     return acts, problems
 
+def _oversized_values(inferred, max_value_bytes: int) -> list[str]:
+    """Values whose inferred shape (known axes only) is larger than the limit, before anything runs."""
+    graph = inferred.graph
+    problems = []
+    for vi in (*graph.value_info, *graph.output):
+        dims = [d if isinstance(d, int) else 1 for d in _dims(vi)]
+        if 4 * math.prod(dims) > max_value_bytes:
+            problems.append(f"value {vi.name!r} would hold {4 * math.prod(dims):,} bytes at batch 1; "
+                            f"the limit is {max_value_bytes:,}")
+    return problems
+
+
 def load_onnx(source, *, randomize_weights: int | None = None, name: str | None = None,
-              passes: bool = True, **limits) -> Model:
+              passes: bool = True, max_value_bytes: int = MAX_VALUE_BYTES, **limits) -> Model:
     """A ``Model`` from an ONNX file (a path, or its bytes), ready for every engine.
 
     ``randomize_weights``: a seed; every float initializer is replaced by seeded random
     values of its shape before import (the model's ``source`` then holds the file so
     changed), for graphs exported with untrained or absent weights.
+    ``max_value_bytes``: the largest value shape inference may find (checked before the graph runs).
     ``limits``: ``allow_external_data``, ``max_nodes``, ``max_initializer_bytes`` (see ``read``).
     Raises ``OnnxImportError`` naming every problem found.
     """
@@ -254,9 +268,12 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
     input_name, sample_shape, symbolic = check_signature(proto)
     try:
         import onnx
-        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False, data_prop=True)
     except Exception as exc:
         raise OnnxImportError(f"ONNX shape inference fails: {str(exc).strip().splitlines()[0][:300]}") from exc
+    oversized = _oversized_values(inferred, max_value_bytes)
+    if oversized:
+        raise OnnxImportError(oversized)
     dynamic = dynamic_values(proto, input_name)
     bad = unsupported_nodes(proto, dynamic)
     if bad:

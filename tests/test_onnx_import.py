@@ -453,6 +453,9 @@ def test_a_batch_fixed_at_1_and_hardcoded_is_refused():
 def test_size_limits():
     message = _error(GRAPHS["elementwise"], max_nodes=5, max_initializer_bytes=8)
     assert "limit is 5" in message and "limit is 8" in message
+    huge = build([N("ConstantOfShape", ["big"], ["c"]), N("Add", ["x", "c"], ["y"])], {"big": I64(1 << 28, 4)},
+                 in_shape=("N", 4))
+    assert "would hold 4,294,967,296 bytes" in _error(huge)         # refused before anything runs
 
 
 def test_a_graph_that_mixes_samples_is_refused():

@@ -49,7 +49,7 @@ def _uploaded_model(upload):
     if len(data) > limit:
         raise AnalysisError(f"expected a model file of at most {limit:,} bytes, got more in {upload.filename!r}")
     return load_model_file(data, allow_external_data=False, max_nodes=MODEL_LIMITS["max_nodes"],
-                           max_initializer_bytes=limit)
+                           max_initializer_bytes=limit, max_value_bytes=LIMITS["max_estimated_bytes"] // 8)
 
 
 def _too_large_message() -> str:
