@@ -65,7 +65,7 @@ class Lowering:
 
     def param(self, array, hint: str) -> str:
         name = self._fresh(hint)
-        self.params[name] = np.ascontiguousarray(array, dtype=np.float32)
+        self.params[name] = np.array(array, dtype=np.float32, order="C")     # an own, writable copy
         return name
 
     def _fresh(self, hint: str) -> str:

@@ -199,10 +199,24 @@ def _replay(chain, x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _parallel_projections(sources, model: Model, by_out, readers) -> list[Op] | None:
+    """Three distinct ``linear`` ops of one input and one width, each read once: q, k and v
+    projected separately (as in BERT), which the zoo's attention takes as one (seq, 3·dim) qkv."""
+    proj = [by_out.get(s) for s in sources]
+    if len(set(sources)) != 3 or any(p is None or p.kind != "linear" or len(readers.get(p.output, ())) != 1
+                                     for p in proj):
+        return None
+    if len({p.inputs for p in proj}) != 1 or len({model.shapes[s] for s in sources}) != 1 \
+            or len(model.shapes[sources[0]]) != 2:
+        return None
+    return proj
+
+
 def fuse_attention(model: Model) -> Model:
     """Multi-head self-attention as exporters decompose it (q, k and v cut out of one fused
-    projection by reshapes, transposes and slices; scores = q @ k^T scaled; softmax; context =
-    probs @ v, moved back to (seq, dim)) becomes ``attn_scores``, ``softmax``, ``attn_context``.
+    projection by reshapes, transposes and slices, or projected by three linears of one input;
+    scores = q @ k^T scaled; softmax; context = probs @ v, moved back to (seq, dim)) becomes
+    ``attn_scores``, ``softmax``, ``attn_context`` (three projections become one).
 
     Exact by construction: the moves are replayed on element indices and must give precisely
     the zoo's head layout (``ops.split_heads``, ``ops.head_columns``), and the scalings must
@@ -211,7 +225,9 @@ def fuse_attention(model: Model) -> Model:
     ops = list(model.ops)
     for soft in [op for op in ops if op.kind == "softmax"]:
         by_out, readers = {op.output: op for op in ops}, _readers(ops)
-        scores = by_out.get(soft.inputs[0])
+        scores, scaled = by_out.get(soft.inputs[0]), None
+        if scores is not None and _scale_of(scores) is not None and len(readers.get(scores.output, [])) == 1:
+            scaled, scores = scores, by_out.get(scores.inputs[0])     # the scale applied to the scores
         users = readers.get(soft.output, [])
         if scores is None or scores.kind != "matmul" or len(users) != 1 or ops[users[0]].kind != "matmul":
             continue
@@ -220,21 +236,27 @@ def fuse_attention(model: Model) -> Model:
             continue
         (qc, qs, qsrc), (kc, ks, ksrc), (vc, vs, vsrc) = (_moves_from(t, by_out) for t in
                                                            (*scores.inputs, context.inputs[1]))
-        shape = model.shapes.get(qsrc, ())
-        if not (qsrc == ksrc == vsrc and len(shape) == 2 and shape[1] % 3 == 0 and vs == 1.0):
+        merged = _parallel_projections((qsrc, ksrc, vsrc), model, by_out, readers)
+        qkv = qsrc if merged is None else qsrc + ".qkv"
+        shape = model.shapes.get(qsrc, ()) if merged is None else \
+            (model.shapes[qsrc][0], 3 * model.shapes[qsrc][1])
+        if not ((qsrc == ksrc == vsrc or merged) and len(shape) == 2 and shape[1] % 3 == 0 and vs == 1.0):
             continue
         seq, width = shape
         heads = model.shapes[scores.output][0] if len(model.shapes[scores.output]) == 3 else 0
         if not heads or (width // 3) % heads or model.shapes[scores.output] != (heads, seq, seq):
             continue
         hd = width // 3 // heads
-        if not math.isclose(qs * ks, 1.0 / math.sqrt(hd), rel_tol=1e-6):
+        if not math.isclose(qs * ks * (1.0 if scaled is None else _scale_of(scaled)), 1.0 / math.sqrt(hd),
+                            rel_tol=1e-6):
             continue
         index = np.arange(seq * width, dtype=np.float64).reshape(1, seq, width)
+        starts = [index] * 3 if merged is None else [index[..., i * width // 3:(i + 1) * width // 3] for i in range(3)]
         q, k, v = (np.ascontiguousarray(a) for a in split_heads(index, heads))
         try:
-            same = (np.array_equal(_replay(qc, index), q) and np.array_equal(_replay(kc, index), k.swapaxes(-1, -2))
-                    and np.array_equal(_replay(vc, index), v))
+            same = (np.array_equal(_replay(qc, starts[0]), q)
+                    and np.array_equal(_replay(kc, starts[1]), k.swapaxes(-1, -2))
+                    and np.array_equal(_replay(vc, starts[2]), v))
         except (ValueError, IndexError):
             same = False
         if not same:
@@ -248,28 +270,34 @@ def fuse_attention(model: Model) -> Model:
         if model.shapes[t] != (seq, width // 3) or not np.array_equal(
                 _replay(after, heads_out), heads_out.transpose(0, 2, 1, 3).reshape(1, seq, width // 3)):
             continue
-        inner = {op.output for op in (*qc, *kc, *vc, scores, context, *after)}
+        inner = {op.output for op in (*qc, *kc, *vc, scores, context, *after, *([scaled] if scaled else []))}
         if model.output in inner - {t} or any(
                 ops[i].output not in inner and ops[i] is not soft for name in inner - {t}
                 for i in readers.get(name, ())):
             continue                     # a piece of the pattern is read outside it
-        new_scores = Op("attn_scores", (qsrc,), scores.output, (), {"heads": heads})
-        new_context = Op("attn_context", (soft.output, qsrc), t, (), {"heads": heads})
-        origin = dict(model.origin)
-        origin[scores.output] = sum((model.origin.get(op.output, ()) for op in (*qc, *kc, scores)), ())
+        new_scores = Op("attn_scores", (qkv,), soft.inputs[0], (), {"heads": heads})
+        new_context = Op("attn_context", (soft.output, qkv), t, (), {"heads": heads})
+        origin, params = dict(model.origin), dict(model.params)
+        origin[soft.inputs[0]] = sum((model.origin.get(op.output, ())
+                                      for op in (*qc, *kc, scores, *([scaled] if scaled else []))), ())
         origin[t] = sum((model.origin.get(op.output, ()) for op in (*vc, context, *after)), ())
+        if merged is not None:          # one projection to (seq, 3·dim), as the zoo's qkv linear
+            params[qkv + ".w"] = np.concatenate([params[p.params[0]] for p in merged], axis=1)
+            params[qkv + ".b"] = np.concatenate([params[p.params[1]] for p in merged])
+            origin[qkv] = sum((model.origin.get(p.output, ()) for p in merged), ())
+            model = replace(model, shapes={**model.shapes, qkv: shape})
         rebuilt = []
         for op in ops:
             if op is scores:
-                rebuilt.append(new_scores)
-            elif op is soft:
-                rebuilt += [op]
+                rebuilt.append(new_scores)          # where the scores were, written as softmax reads them
             elif op.output == t:
                 rebuilt.append(new_context)
-            elif op.output not in inner:
+            elif merged is not None and any(op is p for p in merged):
+                if qkv not in {r.output for r in rebuilt}:         # where the first of the three was
+                    rebuilt.append(Op("linear", op.inputs, qkv, (qkv + ".w", qkv + ".b")))
+            elif op is soft or op.output not in inner:
                 rebuilt.append(op)
-        ops = rebuilt
-        model = _rebuild(model, ops, origin=origin)
+        model = _rebuild(model, rebuilt, params, origin)
         ops = list(model.ops)
     return _rebuild(model, ops)
 
