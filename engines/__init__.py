@@ -7,6 +7,7 @@ from .base import Engine, EngineBusy, EngineUnavailable
 from .fused import FusedEngine
 from .models import MODELS, Model, Op
 from .naive import NaiveEngine
+from .onnx_import import OnnxImportError, load_onnx
 from .onnxrt import OnnxRuntimeEngine
 from .packed import PackedEngine
 from .pool import EnginePool
@@ -26,4 +27,5 @@ ENGINES: dict[str, type[Engine]] = {
     "torch-compile": TorchCompileEngine,
 }
 
-__all__ = ["ENGINES", "MODELS", "Engine", "EngineBusy", "EnginePool", "EngineUnavailable", "Model", "Op"]
+__all__ = ["ENGINES", "MODELS", "Engine", "EngineBusy", "EnginePool", "EngineUnavailable", "Model",
+           "OnnxImportError", "Op", "load_onnx"]

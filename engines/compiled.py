@@ -112,9 +112,14 @@ class CompiledEngine(BoundEngine):
         self.shapes = dict(model.shapes)          # every tensor, scratch included
         self.steps: list[Step] = [Step(reads=(), writes=(model.input,))]   # the copy of the input
         self._ops = []                            # (calls, out, inputs, prepared, scratch, attrs)
+        self._root: dict[str, str] = {}           # view tensor -> the tensor whose storage it shares
         prepared_bytes = 0
         for op in model.ops:
             kind = OPS[op.kind]
+            if kind.view:                         # no call, no buffer: reads of it read its root
+                self._root[op.output] = self.root(op.inputs[0])
+                continue
+            reads = tuple(self.root(t) for t in op.inputs)
             params = [model.params[p] for p in op.params]
             prepared = kind.operands(params, max_rows)
             prepared_bytes += sum(a.nbytes for a in prepared)
@@ -123,11 +128,12 @@ class CompiledEngine(BoundEngine):
                 name = f"{op.output}.scratch{j}"
                 self.shapes[name] = shape
                 scratch.append(name)
-            self.steps.append(Step(reads=op.inputs + tuple(scratch), writes=(op.output, *scratch),
-                                   inplace=tuple((op.output, op.inputs[i]) for i in kind.inplace)))
+            self.steps.append(Step(reads=reads + tuple(scratch), writes=(op.output, *scratch),
+                                   inplace=tuple((op.output, reads[i]) for i in kind.inplace if i < len(reads))))
             self._ops.append((kind.calls, op.output, op.inputs, prepared, tuple(scratch), dict(op.attrs)))
         self.weight_bytes = prepared_bytes
-        self.sizes = {t: 4 * max_batch * math.prod(shape) for t, shape in self.shapes.items()}
+        self.sizes = {t: 4 * max_batch * math.prod(shape) for t, shape in self.shapes.items()
+                      if t not in self._root}
         self._own_memory()
 
     def _own_memory(self) -> None:
@@ -136,9 +142,13 @@ class CompiledEngine(BoundEngine):
     def _storage(self, sizes: dict[str, int]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def root(self, name: str) -> str:
+        """The tensor whose storage ``name`` lives in: itself, or what a view op reinterprets."""
+        return self._root.get(name, name)
+
     def _view(self, name: str, batch: int) -> np.ndarray:
         shape = (batch, *self.shapes[name])
-        return self._store[name][:math.prod(shape)].reshape(shape)
+        return self._store[self.root(name)][:math.prod(shape)].reshape(shape)
 
     def _bind(self, batch: int):
         calls = []

@@ -36,7 +36,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from engines import ENGINES, MODELS, EngineUnavailable
+from engines import ENGINES, MODELS, EngineUnavailable, Model, OnnxImportError, load_onnx
 
 from . import heap
 from .report import SETTLE_SECONDS, settle
@@ -307,43 +307,67 @@ def _op_breakdown(model, x, runs: int) -> list[dict]:
     ranked = sorted(range(len(medians)), key=lambda i: medians[i], reverse=True)
     rank = {i: r for r, i in enumerate(ranked, 1)}
     flagged = max(1, min(3, len(medians) // 3))   # the slowest third, at most 3 ops
-    return [{"name": op.output, "kind": op.kind, "median_s": medians[i], "bytes": sizes[i],
+    return [{"name": op.output, "kind": op.kind, "origin": list(model.origin.get(op.output, ())),
+             "median_s": medians[i], "bytes": sizes[i],
              "share_pct": 100.0 * medians[i] / total, "rank": rank[i], "slowest": rank[i] <= flagged}
             for i, op in enumerate(model.ops)]
 
 
+def load_model_file(source, **limits) -> Model:
+    """An ONNX file (path or bytes) as a model; any problem with it is an ``AnalysisError``."""
+    try:
+        return load_onnx(source, **limits)
+    except OnnxImportError as exc:
+        raise AnalysisError(f"cannot use this model file: {exc}") from None
+
+
 def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
                  engines: Iterable[str] | str = DEFAULT_ENGINES, repeat: int = 20, seed: int = 0,
-                 progress: Callable[[int, int], None] | None = None) -> dict:
+                 progress: Callable[[int, int], None] | None = None, model_file: Model | None = None) -> dict:
     """Parse, validate, run and measure; see the module docstring for the result."""
     return measure_analysis(prepare_analysis(values, model=model, dim=dim, batch=batch, engines=engines,
-                                             repeat=repeat, seed=seed), progress)
+                                             repeat=repeat, seed=seed, model_file=model_file), progress)
 
 
 def prepare_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
-                     engines: Iterable[str] | str = DEFAULT_ENGINES, repeat: int = 20, seed: int = 0) -> dict:
+                     engines: Iterable[str] | str = DEFAULT_ENGINES, repeat: int = 20, seed: int = 0,
+                     model_file: Model | None = None) -> dict:
     """Every check of ``run_analysis`` (input, options, memory, compute budget), nothing run:
-    the validated job for ``measure_analysis``. Cheap, so a server checks before it queues."""
-    flat = parse_values(values)
-    if not isinstance(model, str) or model not in MODELS:
-        raise AnalysisError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
-    dim = _int_option("dim", dim, 1, LIMITS["max_dim"])
+    the validated job for ``measure_analysis``. Cheap, so a server checks before it queues.
+
+    ``model_file``: an imported model (``load_model_file``) instead of the zoo's ``model`` at
+    ``dim``; then ``values`` may be None, for a seeded random input.
+    """
+    flat = None if values is None and model_file is not None else parse_values(values)
     batch = _int_option("batch", batch, 1, LIMITS["max_batch"])
     repeat = _int_option("repeat", repeat, 1, LIMITS["max_repeat"])
     seed = _int_option("seed", seed, 0, 2**32 - 1)
     names = _engine_names(engines)
-    try:
-        estimate = estimate_bytes(model, dim, batch, len(names))
-    except ValueError as exc:
-        raise AnalysisError(f"invalid options for model {model!r}: {exc}") from None
+    if model_file is not None:
+        m = model_file
+        estimate = (3 + len(names)) * (m.weight_bytes + m.no_reuse_peak_bytes(batch))
+        what = compute_what = f"{m.name!r} at batch={batch}"
+        lower = "lower the batch"
+        moved, flops, ops = m.weight_bytes + m.no_reuse_peak_bytes(batch), m.flops(batch), len(m.ops)
+    else:
+        if not isinstance(model, str) or model not in MODELS:
+            raise AnalysisError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
+        dim = _int_option("dim", dim, 1, LIMITS["max_dim"])
+        try:
+            estimate = estimate_bytes(model, dim, batch, len(names))
+        except ValueError as exc:
+            raise AnalysisError(f"invalid options for model {model!r}: {exc}") from None
+        what, lower = f"model {model!r} with dim={dim}, batch={batch}", "lower dim or batch"
+        compute_what = f"model {model!r} at dim={dim}, batch={batch}"
+        weights, per_sample, flops = _model_cost(model, dim)
+        moved, flops, ops = weights + per_sample * batch, flops * batch, len(MODELS[model](dim=8).ops)
     if estimate > LIMITS["max_estimated_bytes"]:
         raise AnalysisError(
             f"expected an analysis that fits in {LIMITS['max_estimated_bytes'] / 2**20:.0f} MiB "
-            f"(weights + activations), got an estimated {estimate / 2**20:.0f} MiB for model {model!r} "
-            f"with dim={dim}, batch={batch}; lower dim or batch")
-    weights, per_sample, flops = _model_cost(model, dim)
-    check_compute(estimate_seconds(flops * batch, weights + per_sample * batch, len(MODELS[model](dim=8).ops),
-                                   repeat, names), repeat, f"model {model!r} at dim={dim}, batch={batch}")
+            f"(weights + activations), got an estimated {estimate / 2**20:.0f} MiB for {what}; {lower}")
+    check_compute(estimate_seconds(flops, moved, ops, repeat, names), repeat, compute_what)
+    if model_file is not None:
+        model, dim = model_file, None
     return dict(flat=flat, model_name=model, dim=dim, batch=batch, names=names, repeat=repeat, seed=seed,
                 estimate=estimate)
 
@@ -356,11 +380,15 @@ def measure_analysis(job: dict, progress: Callable[[int, int], None] | None = No
 
 def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progress) -> dict:
     heap_state = heap.pin()      # naive's temporaries reused, never faulted back in (see mlexec.heap)
-    try:
-        model = MODELS[model_name](dim=dim, seed=seed)
-    except ValueError as exc:
-        raise AnalysisError(f"invalid options for model {model_name!r}: {exc}") from None
-    x = tile_values(flat, model.input_shape(batch))
+    if isinstance(model_name, Model):                 # imported from a file
+        model, model_name = model_name, model_name.name
+    else:
+        try:
+            model = MODELS[model_name](dim=dim, seed=seed)
+        except ValueError as exc:
+            raise AnalysisError(f"invalid options for model {model_name!r}: {exc}") from None
+    x = (model.random_input(batch, rng=seed) if flat is None
+         else tile_values(flat, model.input_shape(batch)))
     reference = model.reference(x)
     op_runs = min(repeat, 5)
     total_steps = len(names) + repeat + op_runs
@@ -434,8 +462,9 @@ def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progre
                   "input_shape": list(model.input_shape(batch)),
                   "output_shape": list(model.output_shape(batch)),
                   "flops": int(model.flops(batch)), "weight_bytes": int(model.weight_bytes)},
-        "input": {"values": int(flat.size), "tiled_to": int(x.size),
-                  "first_values": [float(v) for v in flat[:8]]},
+        "input": {"values": 0 if flat is None else int(flat.size), "tiled_to": int(x.size),
+                  "random": flat is None,
+                  "first_values": [float(v) for v in (x.reshape(-1) if flat is None else flat)[:8]]},
         "repeat": repeat,
         "heap": heap_state,
         "tolerance": TOLERANCE,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from engines import ENGINES, MODELS
 
-from .analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
+from .analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, load_model_file, run_analysis
 from .baselines import BaselineError
 from .history import DEFAULT_THRESHOLD
 from .report import (DEFAULT_ENGINES as REPORT_ENGINES, DEFAULT_MODELS as REPORT_MODELS, RECHECK_ROUNDS,
@@ -31,8 +31,10 @@ def _table(rows: list[list[str]]) -> str:
 
 def format_result(result: dict) -> str:
     m = result["model"]
-    out = [f"model {m['name']} dim={m['dim']} batch={m['batch']} input {tuple(m['input_shape'])} "
-           f"from {result['input']['values']} value(s), {result['repeat']} timed calls per engine", ""]
+    given = "a seeded random input" if result["input"].get("random") else f"{result['input']['values']} value(s)"
+    size = "" if m["dim"] is None else f" dim={m['dim']}"
+    out = [f"model {m['name']}{size} batch={m['batch']} input {tuple(m['input_shape'])} "
+           f"from {given}, {result['repeat']} timed calls per engine", ""]
     rows = [["engine", "median", "speedup", "peak fwd", "activations", "weights", "mem saved", "max abs err", "check"]]
     for e in result["engines"]:
         if not e["available"]:
@@ -45,10 +47,12 @@ def format_result(result: dict) -> str:
                      f"{e['max_abs_error']:.2e}", "pass" if e["passed"] else f"FAIL (> {result['tolerance']:g})"])
     out.append(_table(rows))
     out += ["", "naive run, per op (* = among the slowest):"]
-    ops = [["op", "kind", "median", "share", "output"]]
+    origins = any(o.get("origin") for o in result["ops"])       # an imported model: its file's nodes
+    ops = [["op", "kind", "median", "share", "output"] + (["from nodes"] if origins else [])]
     for o in result["ops"]:
         ops.append([("* " if o["slowest"] else "  ") + o["name"], o["kind"], fmt_time(o["median_s"]),
-                    f"{o['share_pct']:.1f}%", fmt_bytes(o["bytes"])])
+                    f"{o['share_pct']:.1f}%", fmt_bytes(o["bytes"])]
+                   + ([", ".join(o["origin"])] if origins else []))
     out.append(_table(ops))
     return "\n".join(out)
 
@@ -65,10 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     a = sub.add_parser("analyze", help="run the engines on your input values and compare them")
-    src = a.add_mutually_exclusive_group(required=True)
+    src = a.add_mutually_exclusive_group()
     src.add_argument("--input", help='comma-separated numbers, e.g. "1.0, 0.5"')
-    src.add_argument("--input-file", type=Path, help="CSV file: one value or one row per line")
-    a.add_argument("--model", default="mlp", help=f"one of {', '.join(MODELS)} (default mlp)")
+    src.add_argument("--input-file", type=Path,
+                     help="CSV file (one value or one row per line) or a NumPy .npy array")
+    a.add_argument("--model", default="mlp",
+                   help=f"one of {', '.join(MODELS)} (default mlp), or an ONNX file (path.onnx); "
+                        f"with a file, the input may be left out for a seeded random one")
     a.add_argument("--dim", type=int, default=1024, help=f"model width, 1..{LIMITS['max_dim']} (default 1024)")
     a.add_argument("--batch", type=int, default=1, help=f"batch size, 1..{LIMITS['max_batch']} (default 1)")
     a.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
@@ -93,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma list from mlp, transformer (default {','.join(REPORT_MODELS)})")
     r.add_argument("--engines", default=",".join(REPORT_ENGINES),
                    help=f"comma list from {', '.join(ENGINES)} (default {','.join(REPORT_ENGINES)})")
+    r.add_argument("--model", type=Path, metavar="FILE.onnx",
+                   help="an ONNX file to report on instead of --models (see docs/importing.md)")
+    r.add_argument("--batches", default="1,8", help="batch sizes for --model (default 1,8)")
     r.add_argument("--shapes", help="instead of the built-in grid: BATCHxDIM (mlp) and BATCHxDIMxSEQ "
                                     "(transformer) entries, e.g. 1x256,8x256,1x256x64")
     r.add_argument("--rounds", type=int, default=9, help="interleaved rounds per shape (default 9)")
@@ -127,8 +137,33 @@ def _read_input_file(path: Path) -> str:
                             "got undecodable bytes") from None
 
 
+def _model_file(name: str):
+    """--model as an imported model when it names an ONNX file, else None (a zoo name)."""
+    if name in MODELS:
+        return None
+    if not name.endswith(".onnx") and not Path(name).is_file():
+        raise AnalysisError(f"unknown model {name!r}; expected one of {', '.join(MODELS)} or an ONNX file (.onnx)")
+    return load_model_file(Path(name))
+
+
+def _read_npy(path: Path):
+    import numpy as np
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise AnalysisError(f"cannot read --input-file {str(path)!r} as a NumPy array: {exc}") from None
+
+
 def _analyze(args) -> int:
-    values = args.input if args.input is not None else _read_input_file(args.input_file)
+    model_file = _model_file(args.model)
+    if args.input is not None:
+        values = args.input
+    elif args.input_file is not None:
+        values = _read_npy(args.input_file) if args.input_file.suffix == ".npy" else _read_input_file(args.input_file)
+    elif model_file is None:
+        raise AnalysisError("expected --input or --input-file (a model file may go without: a seeded random input)")
+    else:
+        values = None
     bar = None
 
     def progress(done, total):
@@ -143,7 +178,7 @@ def _analyze(args) -> int:
 
     try:
         result = run_analysis(values, model=args.model, dim=args.dim, batch=args.batch, engines=args.engines,
-                              repeat=args.repeat, seed=args.seed, progress=progress)
+                              repeat=args.repeat, seed=args.seed, progress=progress, model_file=model_file)
     finally:
         if bar is not None:
             bar.close()

@@ -48,7 +48,7 @@ def test_analyze_json_and_input_file(tmp_path):
     (["--input", "1", "--engines", "naive,turbo"], "unknown engine 'turbo'"),
     (["--input", "1", "--batch", "x"], "argument --batch: invalid int value: 'x'"),
     (["--input-file", "/nonexistent/data.csv"], "cannot read --input-file"),
-    ([], "one of the arguments --input --input-file is required"),
+    ([], "expected --input or --input-file"),
 ])
 def test_bad_input_exits_2_with_one_line(args, expected):
     proc = mlexec("analyze", "--dim", "32", "--repeat", "1", *args)

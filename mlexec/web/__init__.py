@@ -2,7 +2,7 @@
 
 ``create_app()`` builds the Flask app; ``app`` is the module-level instance
 for ``waitress-serve --host 0.0.0.0 --port $PORT mlexec.web:app``. Every
-analysis goes through ``mlexec.analysis.run_analysis``; bad input is a 400
+analysis goes through ``mlexec.analysis`` (checked by ``prepare_analysis``, run by the runner); bad input is a 400
 (the form page again, with the user's values and the error, or
 ``{"error": ...}`` from the API), never a 500. Requests larger than
 ``MAX_CONTENT_LENGTH`` get the same 400-style message instead of a bare 413.
@@ -23,12 +23,15 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from engines import ENGINES, MODELS
 
-from ..analysis import DEFAULT_ENGINES, LIMITS, AnalysisError
+from ..analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, load_model_file
 from ..units import fmt_bytes, fmt_time
 from .runner import AnalysisRunner, Busy, TimedOut
 
-# Room for the largest accepted input text plus the other form fields and encoding overhead.
-MAX_REQUEST_BYTES = LIMITS["max_input_bytes"] + 64 * 1024
+# An uploaded ONNX model (stated on the form): one file, no external data, at most this many
+# bytes and graph nodes, checked before any engine is built.
+MODEL_LIMITS = {"max_model_bytes": 8 * 2**20, "max_nodes": 2000}
+# Room for the largest accepted input text and model file plus the other fields and encoding overhead.
+MAX_REQUEST_BYTES = LIMITS["max_input_bytes"] + MODEL_LIMITS["max_model_bytes"] + 64 * 1024
 
 DEFAULTS = {"input": "1.0, 0.5", "model": "mlp", "dim": "1024", "batch": "1", "repeat": "20",
             "seed": "0", "engines": list(DEFAULT_ENGINES)}
@@ -72,7 +75,19 @@ SECURITY_HEADERS = {
 
 def _form_page(form: dict, error: str, status: int = 400):
     return render_template("form.html", form=form, error=error, models=list(MODELS),
-                           engines=list(ENGINES), limits=LIMITS), status
+                           engines=list(ENGINES), limits=LIMITS, model_limits=MODEL_LIMITS), status
+
+
+def _uploaded_model(upload):
+    """The uploaded ONNX file as a model (None when none was chosen); AnalysisError when bad."""
+    if upload is None or not upload.filename:
+        return None
+    limit = MODEL_LIMITS["max_model_bytes"]
+    data = upload.read(limit + 1)
+    if len(data) > limit:
+        raise AnalysisError(f"expected a model file of at most {limit:,} bytes, got more in {upload.filename!r}")
+    return load_model_file(data, allow_external_data=False, max_nodes=MODEL_LIMITS["max_nodes"],
+                           max_initializer_bytes=limit, max_value_bytes=LIMITS["max_estimated_bytes"] // 8)
 
 
 def _too_large_message() -> str:
@@ -126,8 +141,12 @@ def create_app(config: dict | None = None) -> Flask:
                 return _form_page(form, f"expected at most {LIMITS['max_input_bytes']:,} bytes of input "
                                         f"text, got more in {upload.filename!r}")
         try:
+            model_file = _uploaded_model(request.files.get("model_file"))
+            if model_file is not None and isinstance(values, str) and not values.strip():
+                values = None                      # a model file runs on a seeded random input
             result = runner.run(values, model=form["model"], dim=form["dim"], batch=form["batch"],
-                                engines=form["engines"], repeat=form["repeat"], seed=form["seed"] or 0)
+                                engines=form["engines"], repeat=form["repeat"], seed=form["seed"] or 0,
+                                model_file=model_file)
         except AnalysisError as exc:
             return _form_page(form, str(exc))
         except Busy:
