@@ -88,6 +88,8 @@ def file_workload(path: str | os.PathLike, batch: int, **limits) -> FileWorkload
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
         raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
     model = load_onnx(path, **limits)
+    if model.fixed_batch and batch > 1:
+        raise ValueError(f"{model.name}: batch {batch} refused: {model.fixed_batch}")
     return FileWorkload(model, int(batch), workload_version(model.source))
 
 
@@ -239,6 +241,67 @@ def _measure(proto, dynamic, one: dict, two: dict) -> tuple[dict[str, Act], list
         acts[name] = Act(name, tuple(s1), i if s1[i] == 1 else None)
     return acts, problems
 
+def _separable(proto, acts, one, two) -> list[str]:
+    """The output keeps its batch axis first, and the batch-2 run's first sample is the batch-1 run."""
+    output = proto.graph.output[0].name
+    out = acts.get(output)
+    if out is None:
+        return [f"the output {output!r} does not depend on the input"]
+    if out.bpos != 0:
+        return [f"the output {output!r} does not have the batch axis first (shape {out.shape} at batch 1)"]
+    if not np.allclose(two[output][:1], one[output], rtol=SEPARABLE_RTOL,
+                       atol=SEPARABLE_RTOL * max(1.0, float(np.max(np.abs(one[output]))))):
+        return ["the graph mixes samples: at batch 2 the first sample's output differs from its "
+                "output at batch 1 (an op works across the batch axis)"]
+    return []
+
+
+def _batch_free(proto, input_name: str, one: dict):
+    """A copy of a file that fixes the batch at 1, with the batch axis made symbolic and every
+    Reshape to a literal shape led by 1 ((1, 2048)) made to lead by -1 instead; and the names of
+    those Reshape nodes. Whether the leading 1 really was the batch the batch-2 run then shows
+    (each value keeps one batch axis, the first sample's output unchanged)."""
+    import onnx
+    from onnx import numpy_helper
+    proto2 = onnx.ModelProto()
+    proto2.CopyFrom(proto)
+    graph = proto2.graph
+    graph.input[[i.name for i in graph.input].index(input_name)].type.tensor_type.shape.dim[0].dim_param = "batch"
+    literal, inits = [], {t.name: numpy_helper.to_array(t) for t in graph.initializer if t.data_type == 7}
+    for node in graph.node:
+        if node.op_type != "Reshape" or len(node.input) < 2:
+            continue
+        target = one.get(node.input[1], inits.get(node.input[1]))
+        if target is None or np.ndim(target) != 1 or len(target) < 1 or int(target[0]) != 1:
+            continue
+        literal.append(f"node {node.name or node.output[0]!r}: Reshape to {tuple(int(d) for d in target)}")
+        if -1 in target:                 # (1, -1): a second -1 is not allowed; stays batch 1
+            continue
+        shape = np.array(target, dtype=np.int64)
+        shape[0] = -1
+        name = f"{node.input[1]}.batch_free"
+        graph.initializer.append(numpy_helper.from_array(shape, name))
+        node.input[1] = name
+    return proto2, literal
+
+
+def _batch_one(proto, dynamic, one: dict) -> tuple[dict[str, Act], list[str]]:
+    """Each activation at batch 1 only: its leading axis (which must be 1) is the batch."""
+    acts, problems = {}, []
+    owner = {o: n for n in proto.graph.node for o in n.output}
+    for name in dynamic:
+        if name not in one:
+            continue
+        shape = tuple(np.shape(one[name]))
+        if not shape or shape[0] != 1:
+            node = owner.get(name)
+            problems.append(f"node {node.name if node else name!r}: its output {name!r} has shape {shape} at "
+                            f"batch 1, which does not lead with the batch axis")
+            continue
+        acts[name] = Act(name, shape, 0)
+    return acts, problems
+
+
 def _oversized_values(inferred, max_value_bytes: int) -> list[str]:
     """Values whose inferred shape (known axes only) is larger than the limit, before anything runs."""
     graph = inferred.graph
@@ -281,34 +344,28 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
     rng = np.random.default_rng(0)
     x2 = rng.standard_normal((2, *sample_shape)).astype(np.float32)
     one = evaluate(proto, input_name, x2[:1])
-    if not symbolic:          # a fixed batch of 1: try it at 2 anyway, to find each value's batch axis
-        import onnx
-        proto2 = onnx.ModelProto()
-        proto2.CopyFrom(proto)
-        proto2.graph.input[[i.name for i in proto2.graph.input].index(input_name)] \
-            .type.tensor_type.shape.dim[0].dim_param = "batch"
+    fixed_batch = None
+    if symbolic:
+        two = evaluate(proto, input_name, x2)
+        acts, problems = _measure(proto, dynamic, one, two)
+        problems += _separable(proto, acts, one, two)
+    else:     # a fixed batch of 1: try it at 2 anyway, to find each value's batch axis
+        proto2, literal = _batch_free(proto, input_name, one)
         try:
             two = evaluate(proto2, input_name, x2)
+            acts, problems = _measure(proto2, dynamic, one, two)
+            problems += _separable(proto, acts, one, two)
         except OnnxImportError as exc:
-            raise OnnxImportError(f"the file fixes the batch at 1 and {exc.problems[0]}: a shape in it "
-                                  f"hardcodes the batch; export with a dynamic batch axis (torch: "
-                                  f"dynamic_axes={{'x': {{0: 'batch'}}}} or dynamic_shapes)") from None
-    else:
-        two = evaluate(proto, input_name, x2)
-    acts, problems = _measure(proto, dynamic, one, two)
-    output = proto.graph.output[0].name
-    if not problems:
-        out = acts.get(output)
-        if out is None:
-            problems.append(f"the output {output!r} does not depend on the input")
-        elif out.bpos != 0:
-            problems.append(f"the output {output!r} does not have the batch axis first (shape {out.shape} at batch 1)")
-        elif not np.allclose(two[output][:1], one[output], rtol=SEPARABLE_RTOL,
-                             atol=SEPARABLE_RTOL * max(1.0, float(np.max(np.abs(one[output]))))):
-            problems.append("the graph mixes samples: at batch 2 the first sample's output differs from its "
-                            "output at batch 1 (an op works across the batch axis)")
+            problems = [exc.problems[0]]
+        if problems:        # batch 1 only: every activation's leading axis is the batch
+            where = ", ".join(literal) if literal else "a shape computed in the graph"
+            fixed_batch = (f"the file fixes the batch at 1 ({where}), and at batch 2 {problems[0]}; "
+                           f"it runs at batch 1 only: export with a dynamic batch axis (torch: "
+                           f"dynamic_axes={{'x': {{0: 'batch'}}}} or dynamic_shapes)")
+            acts, problems = _batch_one(proto, dynamic, one)
     if problems:
         raise OnnxImportError(problems)
+    output = proto.graph.output[0].name
     L, problems = lower(proto, input_name, one, acts)
     if problems:
         raise OnnxImportError(problems)
@@ -322,7 +379,7 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
     used = {p for op in ops for p in op.params}
     L.params = {k: v for k, v in L.params.items() if k in used}
     model = Model(name or _stem(source, proto), tuple(L.ops), dict(L.shapes), dict(L.params),
-                  input=input_name, source=data, origin=dict(L.origin))
+                  input=input_name, source=data, origin=dict(L.origin), fixed_batch=fixed_batch)
     if passes:
         for p in PASSES:
             model = p(model)
@@ -336,15 +393,40 @@ def _stem(source, proto) -> str:
 
 
 def _randomized(proto, seed: int):
+    """A copy with every float weight (an initializer, or a ``ConstantOfShape`` of a constant
+    shape, as the onnx package's CNNs make theirs) replaced by seeded random values of its shape:
+    matrices and kernels scaled by their fan-in (kernels He-style, so a deep ReLU net keeps its
+    scale), vectors small, and BatchNormalization's scale and variance in [0.5, 1.5)."""
     import onnx
-    from onnx import numpy_helper
+    from onnx import helper, numpy_helper
     rng = np.random.default_rng(seed)
     out = onnx.ModelProto()
     out.CopyFrom(proto)
-    for t in out.graph.initializer:
+    graph = out.graph
+    positive = {n.input[i] for n in graph.node if n.op_type == "BatchNormalization"
+                for i in (1, 4) if i < len(n.input)}
+    inits = {t.name: t for t in graph.initializer}
+
+    def draw(shape, name):
+        if name in positive:
+            return rng.uniform(0.5, 1.5, shape).astype(np.float32)
+        if len(shape) >= 3:
+            std = math.sqrt(2 / max(1, math.prod(shape[1:])))
+        else:
+            std = 1 / math.sqrt(shape[0]) if len(shape) == 2 else 0.1
+        return rng.standard_normal(shape).astype(np.float32) * np.float32(std)
+
+    for t in graph.initializer:
         a = numpy_helper.to_array(t)
-        if a.dtype != np.float32 or a.size <= 1:
+        if a.dtype == np.float32 and a.size > 1:
+            t.CopyFrom(numpy_helper.from_array(draw(a.shape, t.name), t.name))
+    for i, node in enumerate(graph.node):
+        if node.op_type != "ConstantOfShape" or node.input[0] not in inits:
             continue
-        std = 1 / math.sqrt(a.shape[0]) if a.ndim >= 2 else 0.1
-        t.CopyFrom(numpy_helper.from_array(rng.standard_normal(a.shape).astype(np.float32) * np.float32(std), t.name))
+        value = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "value"), None)
+        shape = tuple(int(d) for d in numpy_helper.to_array(inits[node.input[0]]))
+        if value is None or value.data_type != onnx.TensorProto.FLOAT or math.prod(shape) <= 1:
+            continue
+        array = numpy_helper.from_array(draw(shape, node.output[0]))
+        graph.node[i].CopyFrom(helper.make_node("Constant", [], [node.output[0]], name=node.name, value=array))
     return out, out.SerializeToString()
