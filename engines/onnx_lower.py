@@ -601,7 +601,10 @@ def lower(proto, input_name: str, one: dict, acts: dict[str, Act]) -> tuple[Lowe
             LOWER[node.op_type](L)
         except Unsupported as exc:
             problems.append(f"node {node.name or node.output[0]!r}: {node.op_type} is supported, but not here: {exc}")
-            failed.update(node.output)
+            for o in node.output:          # a stand-in of the measured shape: the nodes after it are checked too
+                if o in acts:
+                    L.shapes[o + ".unlowered"] = acts[o].per_sample
+                    L.values[o] = Act(o + ".unlowered", acts[o].shape, acts[o].bpos)
         except KeyError as exc:
             problems.append(f"node {node.name or node.output[0]!r}: {node.op_type}: missing value {exc}")
             failed.update(node.output)
