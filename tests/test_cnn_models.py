@@ -16,9 +16,10 @@ float64 reference (``Model.reference``), and against ONNX Runtime on the file it
 - The logits (the softmax's input): max abs error <= 1e-3 x max|ref|, both weights.
 
 BLAS is pinned to one thread (on this machine kind threaded OpenBLAS under load made
-ResNet-50's convs 6x slower, and zero-allocation needs it). The big three (VGG-19's 550 MB
-of weights, AlexNet, ZFNet-512) run ``naive`` and ``arena`` at batch 1 by default; their
-full cross-product is marked ``slow`` (``-m slow``).
+ResNet-50's convs 6x slower, and zero-allocation needs it). The big three's full
+cross-product is marked ``slow`` (``-m slow``): by default AlexNet and ZFNet-512 run ``naive``
+and ``arena`` at batch 1 with random weights, and VGG-19 (550 MB of weights: its import and
+float64 reference alone took 40 s) only under ``-m slow``.
 """
 from __future__ import annotations
 
@@ -112,7 +113,8 @@ def cases():
         for weights in WEIGHTS:
             for batch in (1, 4):
                 for engine in NUMPY_ENGINES:
-                    big = name in BIG and (batch > 1 or engine not in ("naive", "arena"))
+                    big = name in BIG and (batch > 1 or engine not in ("naive", "arena") or weights == "file"
+                                           or name == "vgg19")
                     yield pytest.param(name, weights, batch, engine, id=f"{engine}-{name}-{weights}-b{batch}",
                                        marks=[SLOW] if big else [])
 
