@@ -461,7 +461,7 @@ def test_a_literal_leading_1_shown_to_be_the_batch_allows_any_batch():
     np.testing.assert_array_equal(ENGINES["arena"](model, 3).forward(x), x.reshape(3, 24))
 
 
-def test_a_batch_fixed_at_1_where_the_batch_axis_is_unknown_runs_at_batch_1_only(tmp_path):
+def test_a_batch_fixed_at_1_where_the_batch_axis_is_unknown_runs_at_batch_1_only(tmp_path, capsys):
     hard = build([N("Reshape", ["x", "row"], ["y"], name="flat")], {"row": I64(1, -1)}, in_shape=(1, 4, 6),
                  out_shape=(1, 24))
     model = load_onnx(hard)
@@ -474,6 +474,10 @@ def test_a_batch_fixed_at_1_where_the_batch_axis_is_unknown_runs_at_batch_1_only
         file_workload(path, 4)
     x = model.random_input(1, rng=0)
     np.testing.assert_array_equal(ENGINES["static"](model, 1).forward(x), x.reshape(1, 24))
+    from mlexec.cli import main
+    assert main(["report", "--model", str(path), "--batches", "1,8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "batch 8 refused: the file fixes the batch at 1" in err
 
 
 def test_size_limits():
