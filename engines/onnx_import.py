@@ -15,7 +15,10 @@ on one sample: its per-sample shape is its batch-1 shape without the axis
 that grows with the batch (exporters move and merge that axis: PyTorch's
 attention runs (seq, batch·heads, head_dim)). Because ops then treat each
 sample independently, the import checks that the file does too: at batch 2,
-the first sample's output must equal the batch-1 output.
+the first sample's output must equal the batch-1 output. A file that fixes its
+batch at 1 is run at batch 2 with its literal ``Reshape`` targets led by -1
+(``_batch_free``); if that fails the checks, the model runs at batch 1 only
+(``Model.fixed_batch`` says why and where).
 
 Lowering is one table, ``onnx_lower.LOWER``: ONNX op type -> a function that
 emits IR ops. A new op type is one entry. The passes that turn generic ops into the
@@ -375,8 +378,8 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
               passes: bool = True, max_value_bytes: int = MAX_VALUE_BYTES, **limits) -> Model:
     """A ``Model`` from an ONNX file (a path, or its bytes), ready for every engine.
 
-    ``randomize_weights``: a seed; every float initializer is replaced by seeded random
-    values of its shape before import (the model's ``source`` then holds the file so
+    ``randomize_weights``: a seed; every float initializer and ``ConstantOfShape`` weight is
+    replaced by seeded random values of its shape before import (the model's ``source`` then holds the file so
     changed), for graphs exported with untrained or absent weights.
     ``max_value_bytes``: the largest value shape inference may find (checked before the graph runs).
     ``limits``: ``allow_external_data``, ``max_nodes``, ``max_initializer_bytes`` (see ``read``).
