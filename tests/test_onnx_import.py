@@ -478,6 +478,9 @@ def test_a_batch_fixed_at_1_where_the_batch_axis_is_unknown_runs_at_batch_1_only
     assert main(["report", "--model", str(path), "--batches", "1,8"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "batch 8 refused: the file fixes the batch at 1" in err
+    from mlexec.analysis import AnalysisError, prepare_analysis
+    with pytest.raises(AnalysisError, match="batch 2 refused"):          # the web page's 400
+        prepare_analysis(None, batch=2, engines="naive", model_file=model)
 
 
 def test_size_limits():
