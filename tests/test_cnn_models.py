@@ -141,7 +141,7 @@ def test_engine_matches_reference_and_onnxruntime(name, weights, batch, engine):
         assert error(logits, ort_logits, top) <= 2 * LOGITS_TOL
 
 
-@pytest.mark.parametrize("name", [n for n in MODELS if n not in BIG] + [pytest.param(n, marks=SLOW) for n in sorted(BIG)])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[SLOW] if n in BIG else []) for n in MODELS])
 def test_import_folds_and_fuses(name):
     model = imported(name, "file")
     assert model.fixed_batch is None        # each file's literal leading 1 was shown to be the batch
