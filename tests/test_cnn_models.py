@@ -201,3 +201,38 @@ def test_refusals_are_listed_at_once_with_node_names():
     assert "'same'" in message and "auto_pad=SAME_UPPER" in message
     assert "'order'" in message and "storage_order=1" in message
     assert "'multiplier'" in message and "channel multiplier" in message
+
+
+def test_what_pytorch_exports_for_standard_layers():
+    """Pad, Conv + Clip (ReLU6), AveragePool with count_include_pad, MaxPool with ceil_mode,
+    Sigmoid, ReduceMean over the spatial axes, Flatten, Gemm: every engine against ONNX Runtime."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in (
+        ("w", rng.standard_normal((8, 3, 3, 3)) / 5), ("b", rng.standard_normal(8)), ("lo", np.array(0.0)),
+        ("hi", np.array(6.0)), ("fc", rng.standard_normal((5, 8)) / 3), ("fcb", rng.standard_normal(5)))]
+    inits.append(numpy_helper.from_array(np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64), "pads"))   # asymmetric
+    N = helper.make_node
+    nodes = [N("Pad", ["x", "pads"], ["p"], name="pad"),
+             N("Conv", ["p", "w", "b"], ["c"], kernel_shape=[3, 3], strides=[2, 1]),
+             N("Clip", ["c", "lo", "hi"], ["r6"]),
+             N("AveragePool", ["r6"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1),
+             N("MaxPool", ["a"], ["m"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1),
+             N("Sigmoid", ["m"], ["s"]),
+             N("ReduceMean", ["s"], ["g"], axes=[2, 3], keepdims=1),
+             N("Flatten", ["g"], ["f"]),
+             N("Gemm", ["f", "fc", "fcb"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "torchlike",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 11, 13])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])], inits)
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    model = load_onnx(data)
+    assert {"pad", "conv", "averagepool", "maxpool"} <= {op.kind for op in model.ops}
+    assert any(op.kind == "conv" and op.attrs.get("activation") == "clip" for op in model.ops)
+    x = model.random_input(4, rng=1)
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ref = model.reference(x)
+    assert error(want, ref, max(1.0, float(np.max(np.abs(ref))))) <= SOFTMAX_TOL
+    for engine in NUMPY_ENGINES:
+        got = ENGINES[engine](model, 4).forward(x)
+        assert error(got, ref, max(1.0, float(np.max(np.abs(ref))))) <= SOFTMAX_TOL, engine
