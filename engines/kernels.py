@@ -19,8 +19,8 @@ the fastest.
 - **Timing** (``measure``): the candidates run on scratch arrays of the
   step's shape, in blocks of calls, interleaved in rotating order round after
   round as ``mlexec report`` interleaves engines, so a slow spell of the host
-  falls on all of them; the median per candidate decides. A candidate 1.5x
-  slower than the best after the first rounds is dropped.
+  falls on all of them; the median per candidate decides. A candidate 2x
+  slower than the best after five rounds is dropped.
 - **Cache**: the choices are kept per machine (CPU model and flags, library
   versions, thread count) in ``$MLEXEC_CACHE_DIR`` or
   ``$XDG_CACHE_HOME/mlexec`` (``~/.cache/mlexec``), one JSON file per machine,
@@ -55,7 +55,7 @@ CACHE_VERSION = 1           # bump when a kernel's calls change: older choices a
 BLOCK_SECONDS = 2e-4        # one timed block: long enough that perf_counter's cost is noise
 ROUND_BUDGET_S = 0.12       # total timing per GEMM, spread over the rounds
 MIN_ROUNDS, MAX_ROUNDS = 7, 41
-DROP_AFTER, DROP_RATIO = 3, 1.5  # after this many rounds, drop candidates this much slower than the best
+DROP_AFTER, DROP_RATIO = 5, 2.0  # after this many rounds, drop candidates this much slower than the best
 
 
 def tuning_enabled() -> bool:
@@ -148,8 +148,15 @@ def _scipy_blas():
 
 # ---------------------------------------------------------------- the candidates
 
+class _Pointer(ctypes.c_void_p):
+    """An array's address that keeps the array alive as long as the bound call holding it."""
+    __slots__ = ("array",)
+
+
 def _ptr(a: np.ndarray) -> ctypes.c_void_p:
-    return ctypes.c_void_p(a.ctypes.data)
+    p = _Pointer(a.ctypes.data)
+    p.array = a
+    return p
 
 
 def _bias_start(y2, b, residual) -> list:
@@ -297,12 +304,12 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
     """Median seconds per call of each candidate on scratch arrays shaped like ``gemm``,
     timed in blocks interleaved in rotating order; a candidate far behind is dropped early (inf)."""
     rng = np.random.default_rng(0)
-    x = aligned(rng.standard_normal((gemm.rows, gemm.k)))
-    w_in = rng.standard_normal((gemm.k, gemm.n)) / np.sqrt(gemm.k)
-    w = aligned(w_in.T).T if gemm.transposed else aligned(w_in)
-    b = aligned(rng.standard_normal(gemm.n))
+    def normal(*shape):
+        return aligned(rng.standard_normal(shape, dtype=np.float32))
+    x, b = normal(gemm.rows, gemm.k), normal(gemm.n)
+    w = normal(gemm.n, gemm.k).T if gemm.transposed else normal(gemm.k, gemm.n)
     b_tiled = tile(b, gemm.rows)
-    residual = aligned(rng.standard_normal((gemm.rows, gemm.n))) if gemm.residual else None
+    residual = normal(gemm.rows, gemm.n) if gemm.residual else None
     y = aligned(np.zeros((gemm.rows, gemm.n)))
     bound = {}
     for name in names:
