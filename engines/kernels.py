@@ -428,7 +428,8 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
     path = cache_path()
     cached = _read_cache(path).get(entry)
     if isinstance(cached, dict) and cached.get("kernel") in runnable:
-        choice = Choice(cached["kernel"], "cached", dict(cached.get("times_s", {})))
+        times = {n: float("inf") if t is None else float(t) for n, t in dict(cached.get("times_s", {})).items()}
+        choice = Choice(cached["kernel"], "cached", times)
     else:
         t0 = time.perf_counter()
         times = measure(gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")}

@@ -86,7 +86,19 @@ def test_choice_is_measured_once_then_read_from_the_cache(tuned, monkeypatch):
     monkeypatch.setattr(kernels, "_MEMO", {})        # as a new process would
     monkeypatch.setattr(kernels, "measure", lambda *a, **k: pytest.fail("measured again"))
     again = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
-    assert again.how == "cached" and again.kernel == first.kernel
+    assert again.how == "cached" and again.kernel == first.kernel and again.times_s == first.times_s
+
+
+def test_a_candidate_dropped_early_is_cached_and_reported_as_not_measured(tuned, monkeypatch):
+    monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 1e-6, "scipy": float("inf")})
+    kernels.choose(kernels.Gemm(4, 32, 32), ("numpy", "scipy"), "scipy")
+    monkeypatch.setattr(kernels, "_MEMO", {})
+    linears = kernels.Linears(("numpy", "scipy"), lambda gemm: "scipy")
+    x, w, b, b_tiled, res, _ = operands(4, 32, 32, False, False)
+    linears.calls(x, aligned(np.zeros((4, 32))), w, b, b_tiled, res)
+    (entry,) = linears.report()
+    assert entry["how"] == "cached" and entry["kernel"] == "numpy"
+    assert entry["candidates_us"] == {"numpy": 1.0, "scipy": None}
 
 
 def test_another_machine_does_not_read_this_ones_choices(tuned, monkeypatch):
