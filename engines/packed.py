@@ -12,19 +12,23 @@ MKL's packed GEMM (``cblas_sgemm_pack`` at construction,
 ``cblas_sgemm_compute`` per call), called through ctypes on the engine's own
 NumPy buffers:
 
-- **Packed once.** Each linear's folded weight matrix is packed as the GEMM's
-  B operand at construction. One pack serves every number of rows, but MKL
-  picks its layout by the row count it is told. Packed for 1 row, products of
-  8-128 rows at d4096 ran 2-4x slower. Packed for 128 rows, they ran as fast
-  as or faster than packed for 256 (193 against 115 GFLOP/s at 128 x 256 x
-  256; 173 against 165 at 128 x 4096 x 4096), and a 1024-row product ran as
-  fast as when packed for 256 or 1024. So every pack is made for
-  ``pack_rows`` = 128.
-- **Which calls take it.** A linear runs on the packed weights when it has
-  more than one row and more than ``fused.blas_max_work`` multiply-adds. One
-  row stays on ``sgemv``, which streams the weights once and measured as fast;
-  small products stay on SciPy's ``sgemm``, where the call, not the kernel,
-  is the cost.
+- **Packed once.** A linear that runs on the packed GEMM has its folded
+  weight matrix packed as the GEMM's B operand once, the first time a batch
+  size binds it. One pack serves every number of rows, but MKL picks its
+  layout by the row count it is told. Packed for 1 row, products of 8-128
+  rows at d4096 ran 2-4x slower. Packed for 128 rows, they ran as fast as or
+  faster than packed for 256 (193 against 115 GFLOP/s at 128 x 256 x 256;
+  173 against 165 at 128 x 4096 x 4096), and a 1024-row product ran as fast
+  as when packed for 256 or 1024. So every pack is made for
+  ``kernels.PACK_ROWS`` = 128.
+- **Which calls take it: measured** (``engines.kernels``). Every linear times
+  MKL's packed GEMM and plain ``sgemm`` (each also on one thread) against
+  fused's candidates (NumPy, SciPy's BLAS, oneDNN) at the rows it binds, and
+  keeps the fastest. On an Intel Xeon the packed GEMM won above
+  ``fused.blas_max_work``; on an AMD EPYC it ran at 0.46x naive at b8 d4096
+  (docs/kernels.md). With ``MLEXEC_TUNE=0`` the old fixed rule holds: the
+  packed GEMM for more than one row above ``blas_max_work``, fused's choice
+  below.
 - **Attention and layernorm on MKL too.** The per-head products of attention
   run as MKL gemms (a strided batch over the heads for the scores, one gemm
   per head for the context, whose heads interleave in memory), and
@@ -41,8 +45,8 @@ NumPy buffers:
   against 1.08-1.21x with the default.
 
 After a warm-up, ``cblas_sgemm_compute`` measured 0 native allocations per
-call under memray, threaded or not. The weights are held twice (the folded
-matrix for the small paths, the packed form for the large one).
+call under memray, threaded or not. A linear on the packed GEMM holds its
+weights twice (the folded matrix and the packed form).
 """
 from __future__ import annotations
 
