@@ -1,11 +1,12 @@
 """What an engine's thread pool costs the code that runs right after it in the same process.
 
 For each pool setting (one subprocess each, since MKL and OpenMP read their
-settings when they load), rounds of: a block of the engine, then at once a
-block of the neighbour (naive at mlp b8 d256, on NumPy's OpenBLAS); against
-rounds where the neighbour follows its own block. Printed per setting: the
-engine's time per call, the neighbour's after the engine and after itself,
-and their ratio (the neighbour's cost). Medians over interleaved rounds.
+settings when they load), rounds of: a block of the engine, then at once 20
+calls of the neighbour (naive at mlp b8 d256, on NumPy's OpenBLAS), then the
+neighbour alone for 0.4 s (longer than any pool spins) and 20 more calls as
+its reference. Printed per setting: the engine's time per call, the
+neighbour's right after the engine and after itself, and their ratio (the
+neighbour's cost). Medians over the rounds.
 
     python scripts/neighbour_cost.py                       # packed at mlp b32 d1024, every setting
     python scripts/neighbour_cost.py --engine fused --shape 32x1024
@@ -22,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+ENGINE_BLOCK_S = 0.02      # the engine's block
+NEIGHBOUR_CALLS = 20       # the neighbour's calls timed right after it
+QUIET_S = 0.4              # the neighbour alone this long before its reference calls
 SETTINGS = {                                   # name -> environment for the subprocess
     "MKL default (KMP_BLOCKTIME 200 ms)": {},
     "KMP_BLOCKTIME=20": {"KMP_BLOCKTIME": "20"},
@@ -43,6 +47,14 @@ def _block(fn, x, seconds: float) -> float:
             return elapsed / calls
 
 
+def _calls(fn, x, calls: int) -> float:
+    """Seconds per call over ``calls`` calls."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(x)
+    return (time.perf_counter() - start) / calls
+
+
 def child(engine: str, batch: int, dim: int, rounds: int) -> dict:
     import numpy as np
     from engines import ENGINES, MODELS
@@ -55,13 +67,10 @@ def child(engine: str, batch: int, dim: int, rounds: int) -> dict:
     nx = nmodel.random_input(8, rng=0)
     after_engine, after_self, engine_s = [], [], []
     for r in range(rounds):
-        for first in ((eng, naive) if r % 2 else (naive, eng)):
-            if first is eng:
-                engine_s.append(_block(eng.forward, x, 0.02))
-                after_engine.append(_block(naive.forward, nx, 0.005))
-            else:
-                _block(naive.forward, nx, 0.02)
-                after_self.append(_block(naive.forward, nx, 0.005))
+        engine_s.append(_block(eng.forward, x, ENGINE_BLOCK_S))
+        after_engine.append(_calls(naive.forward, nx, NEIGHBOUR_CALLS))    # at once, no settling
+        _block(naive.forward, nx, QUIET_S)           # longer than any pool's spin: the engine's pool idle
+        after_self.append(_calls(naive.forward, nx, NEIGHBOUR_CALLS))
     med = lambda v: float(np.median(v))                   # noqa: E731
     ratios = [a / b for a, b in zip(after_engine, after_self)]
     return {"engine_us": 1e6 * med(engine_s), "neighbour_after_engine_us": 1e6 * med(after_engine),
@@ -85,7 +94,8 @@ def main() -> int:
           f"{args.rounds} interleaved rounds")
     print(f"{'setting':<36} {'engine µs':>10} {'nb after engine':>16} {'nb after itself':>16} {'cost':>6}")
     for name in args.settings.split(","):
-        env = {**os.environ, **SETTINGS[name], "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, **SETTINGS[name], "PYTHONPATH": str(ROOT), "MLEXEC_TUNE": os.environ.get(
+            "MLEXEC_TUNE", "0")}           # untuned by default: packed on MKL's packed GEMM, the pool asked about
         out = subprocess.run([sys.executable, __file__, "--child", "--engine", args.engine, "--shape", args.shape,
                               "--rounds", str(args.rounds)], env=env, capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.splitlines()[-1])
