@@ -26,7 +26,9 @@ the fastest.
   ``$XDG_CACHE_HOME/mlexec`` (``~/.cache/mlexec``), one JSON file per machine,
   written atomically; a second build on the same machine measures nothing.
 - **Switch**: ``MLEXEC_TUNE=0`` measures nothing and uses each engine's
-  fixed default (the choices made before tuning existed).
+  fixed default (the choices made before tuning existed); ``MLEXEC_TUNE=again``
+  measures every GEMM afresh and overwrites the cached choices (after the
+  machine's load or libraries changed).
 """
 from __future__ import annotations
 
@@ -426,7 +428,7 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
     if memo_key in _MEMO:
         return _MEMO[memo_key]
     path = cache_path()
-    cached = _read_cache(path).get(entry)
+    cached = None if os.environ.get(TUNE_ENV, "").strip().lower() == "again" else _read_cache(path).get(entry)
     if isinstance(cached, dict) and cached.get("kernel") in runnable:
         times = {n: float("inf") if t is None else float(t) for n, t in dict(cached.get("times_s", {})).items()}
         choice = Choice(cached["kernel"], "cached", times)

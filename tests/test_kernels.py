@@ -138,3 +138,15 @@ def test_tuned_engine_is_right_and_reports_every_linear(engine, tuned):
     assert all(r["kernel"] in eng.kernel_candidates for r in report)
     assert {r["how"] for r in report} <= {"measured", "cached"}
     assert all(set(r["candidates_us"]) <= set(eng.kernel_candidates) for r in report)
+
+
+def test_again_measures_afresh_and_overwrites(tuned, monkeypatch):
+    gemm = kernels.Gemm(4, 32, 32)
+    kernels.choose(gemm, ("numpy", "scipy"), "numpy")
+    monkeypatch.setattr(kernels, "_MEMO", {})
+    monkeypatch.setenv(kernels.TUNE_ENV, "again")
+    monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 2e-6, "scipy": 1e-6})
+    assert kernels.choose(gemm, ("numpy", "scipy"), "numpy").how == "measured"
+    monkeypatch.setattr(kernels, "_MEMO", {})
+    monkeypatch.setenv(kernels.TUNE_ENV, "1")
+    assert kernels.choose(gemm, ("numpy", "scipy"), "numpy").kernel == "scipy"
