@@ -64,7 +64,7 @@ class CompiledEngine(BoundEngine):
     peak_slack_bytes = 1024       # measured: 72-96 B (MLPs), 824 B (softmax's reduction state)
     # What a linear may run on, measured at build time (engines.kernels); the same output buffer
     # whichever runs, so the memory plan does not change. Untuned: NumPy's matmul + tiled bias.
-    kernel_candidates = tuple(k for k in KERNELS if not k.startswith("mkl"))
+    kernel_candidates = tuple(k for k, v in KERNELS.items() if not k.startswith("mkl") and not v.allocates)
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)

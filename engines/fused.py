@@ -77,8 +77,8 @@ class FusedEngine(BoundEngine):
     # instead of two competing for the cores.
     blas_max_work = 1 << 19          # 8 rows at dim 256; at 32 rows x 256 NumPy already won
     # What each linear may run on, measured at build time (engines.kernels): all but MKL's, whose
-    # spinning pool is packed's to bring in
-    kernel_candidates = tuple(k for k in KERNELS if not k.startswith("mkl"))
+    # spinning pool is packed's to bring in, and those that allocate per call (oneDNN's sgemm)
+    kernel_candidates = tuple(k for k, v in KERNELS.items() if not k.startswith("mkl") and not v.allocates)
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)

@@ -122,11 +122,13 @@ def _load_onednn():
     return fn
 
 
-def _openblas_threads_setter(path_part: str):
-    """OpenBLAS's set-threads function of the pool whose library path contains ``path_part``."""
+def _openblas_threads_setter(package: str):
+    """OpenBLAS's set-threads function of the pool that ``package`` (numpy or scipy) loaded: the
+    one in its wheel's ``<package>.libs`` folder, else the only OpenBLAS loaded."""
     from threadpoolctl import threadpool_info
-    for pool in threadpool_info():
-        if pool.get("internal_api") == "openblas" and path_part in pool["filepath"]:
+    pools = [p for p in threadpool_info() if p.get("internal_api") == "openblas"]
+    mine = [p for p in pools if f"{os.sep}{package}.libs{os.sep}" in p["filepath"]]
+    for pool in mine or (pools if len(pools) == 1 else []):
             lib = ctypes.CDLL(pool["filepath"])
             for prefix in ("", "scipy_"):
                 for suffix in ("", "64_", "_64"):
@@ -135,7 +137,7 @@ def _openblas_threads_setter(path_part: str):
                         fn = lib[name]
                         fn.restype = None
                         return fn
-    raise ImportError(f"no OpenBLAS loaded from a path with {path_part!r}")
+    raise ImportError(f"cannot tell which OpenBLAS {package} uses")
 
 
 def _load_mkl_rt():
@@ -236,6 +238,9 @@ class Kernel:
     calls: Callable
     prepare: Callable | None = None
     one_thread: str | None = None                  # the pool to pin to one thread around the call
+    # Allocates native memory on every call (oneDNN's sgemm: 74 KB at 64 x 256 x 256, 1-2 MB at
+    # 128 x 1024 x 1024 under memray, pinned or not): not for engines that promise zero allocation
+    allocates: bool = False
 
 
 _LOADERS: dict[str, Callable[[], object]] = {
@@ -261,7 +266,7 @@ KERNELS: dict[str, Kernel] = {
     "mkl-gemm-1t": Kernel("mkl", _mkl_gemm_calls, one_thread="mkl"),
     "mkl-packed": Kernel("mkl", _mkl_packed_calls, prepare=_mkl_pack),
     "mkl-packed-1t": Kernel("mkl", _mkl_packed_calls, prepare=_mkl_pack, one_thread="mkl"),
-    "onednn": Kernel("onednn", _onednn_calls),
+    "onednn": Kernel("onednn", _onednn_calls, allocates=True),
 }
 
 
@@ -288,6 +293,9 @@ def _thread_calls(pool: str, threads: int) -> tuple[tuple, tuple]:
 def bind(name: str, x2, y2, w, b, b_tiled, residual, state=None) -> list:
     """The calls of kernel ``name`` for y2 = x2 @ w + b (+ residual)."""
     kernel = KERNELS[name]
+    for library in (kernel.library, kernel.one_thread):
+        if library is not None and _load(library) is None:
+            raise RuntimeError(f"kernel {name!r} cannot run here: {_WHY.get(library)}")
     calls = kernel.calls(x2, y2, w, b, b_tiled, residual, state)
     if kernel.one_thread is None:
         return calls

@@ -115,7 +115,7 @@ def _load_mkl() -> ctypes.CDLL:
 class PackedEngine(FusedEngine):
     name = "packed"
     pack_rows = kernels.PACK_ROWS
-    kernel_candidates = tuple(kernels.KERNELS)        # MKL's among them
+    kernel_candidates = tuple(k for k, v in kernels.KERNELS.items() if not v.allocates)   # MKL's among them
 
     def __init__(self, model, max_batch: int):
         self._mkl = _load_mkl()

@@ -1,6 +1,8 @@
 """Kernel choice (engines.kernels): every candidate right and allocation-free, the choice measured
 once per machine and then read from the cache, the switch that turns it off, and the report."""
 import json
+import os
+import tempfile
 import tracemalloc
 
 import numpy as np
@@ -72,6 +74,33 @@ def test_every_kernel_allocates_no_arrays(name):
             tracemalloc.stop()
     assert max(peaks) < 2048, peaks
     assert abs(peaks[1] - peaks[0]) < 512, peaks
+
+
+@pytest.mark.parametrize("name", AVAILABLE)
+def test_native_allocations_are_what_the_kernel_declares(name):
+    """memray, BLAS pinned to one thread, after a warm-up: nothing for a kernel the zero-allocation
+    engines may choose; a kernel flagged ``allocates`` shows its per-call scratch."""
+    memray = pytest.importorskip("memray", reason="memray is part of the bench extra")
+    from threadpoolctl import threadpool_limits
+    x, w, b, b_tiled, res, _ = operands(64, 256, 256, False, False)
+    calls = bound(name, x, w, b, b_tiled, res, aligned(np.zeros((64, 256))))
+    with threadpool_limits(1), tempfile.TemporaryDirectory() as tmp:
+        for _ in range(3):
+            kernels._run(calls)
+        path = os.path.join(tmp, "calls.bin")
+        with memray.Tracker(path):
+            for _ in range(3):
+                kernels._run(calls)
+        peak = memray.FileReader(path).metadata.peak_memory
+    if kernels.KERNELS[name].allocates:
+        assert peak > 16 * 1024, peak
+    else:
+        assert peak <= 1024, peak                  # NumPy's matmul keeps 96 B of its own
+
+
+def test_zero_allocation_engines_never_offer_an_allocating_kernel():
+    for engine in ("static", "arena", "fused", "packed"):
+        assert not any(kernels.KERNELS[k].allocates for k in ENGINES[engine].kernel_candidates), engine
 
 
 def test_choice_is_measured_once_then_read_from_the_cache(tuned, monkeypatch):
