@@ -20,7 +20,8 @@ the fastest.
   step's shape, in blocks of calls, interleaved in rotating order round after
   round as ``mlexec report`` interleaves engines, so a slow spell of the host
   falls on all of them; the median per candidate decides. A candidate 2x
-  slower than the best after five rounds is dropped.
+  slower than the best after two rounds is dropped; past 0.6 s of timing the
+  rounds stop at three (large products, where rounds are long and steadier).
 - **Cache**: the choices are kept per machine (CPU model and flags, library
   versions, thread count) in ``$MLEXEC_CACHE_DIR`` or
   ``$XDG_CACHE_HOME/mlexec`` (``~/.cache/mlexec``), one JSON file per machine,
@@ -56,8 +57,10 @@ CACHE_ENV = "MLEXEC_CACHE_DIR"
 CACHE_VERSION = 1           # bump when a kernel's calls change: older choices are then ignored
 BLOCK_SECONDS = 2e-4        # one timed block: long enough that perf_counter's cost is noise
 ROUND_BUDGET_S = 0.12       # total timing per GEMM, spread over the rounds
-MIN_ROUNDS, MAX_ROUNDS = 7, 41
-DROP_AFTER, DROP_RATIO = 5, 2.0  # after this many rounds, drop candidates this much slower than the best
+MIN_ROUNDS, MAX_ROUNDS = 5, 41
+CAP_S = 0.6                 # past this much timing per GEMM, stop after CAP_ROUNDS (large products)
+CAP_ROUNDS = 3
+DROP_AFTER, DROP_RATIO = 2, 2.0  # after this many rounds, drop candidates this much slower than the best
 
 
 def tuning_enabled() -> bool:
@@ -337,7 +340,10 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
     rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, budget_s / (reps * sum(one.values())))))
     times: dict[str, list[float]] = {name: [] for name in bound}
     alive = list(bound)
+    start = time.perf_counter()
     for r in range(rounds):
+        if r >= CAP_ROUNDS and time.perf_counter() - start > CAP_S:
+            break
         # grouped by thread pool, the groups rotated: a pool still spinning after its block slows
         # the next pool's block, so fewer pool changes per round, falling on every group in turn
         groups = list(dict.fromkeys(KERNELS[n].library for n in alive))
