@@ -38,9 +38,12 @@ engine-owned buffers once per batch size (as ``compiled`` does). The steps:
 The input is copied into an engine buffer first so every call is bound in
 advance; the loop in forward is ``for fn, args in steps: fn(*args)``.
 forward returns a read-only view of the output buffer, valid until the next
-call. Small linears (``blas_max_work``) run on SciPy's BLAS (extra ``fast``)
-with the bias fused; large ones on NumPy's matmul plus a pre-tiled bias add,
-where the bias pass is noise next to the gemm.
+call. Which library runs each linear is measured at build time on the
+machine at hand (``engines.kernels``: NumPy's matmul plus a pre-tiled bias,
+SciPy's BLAS with the bias fused, each on all threads or one) and cached per
+machine; with ``MLEXEC_TUNE=0``, small linears (``blas_max_work``) run on
+SciPy's BLAS (extra ``fast``) with the bias fused and large ones on NumPy's
+matmul plus a pre-tiled bias add, where the bias pass is noise next to the gemm.
 """
 from __future__ import annotations
 
