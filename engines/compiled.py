@@ -7,7 +7,9 @@ every op's calls (``OpKind.calls``) to views of those buffers. The caller's
 input is copied into an engine buffer first, so that every call can be bound
 in advance; a forward is then ``for fn, args in calls: fn(*args)``, with no
 per-op Python in between. Nothing in ``forward`` allocates an array: the views
-are made at bind time, and every call writes with ``out=``.
+are made at bind time, and every call writes with ``out=``. A linear runs on
+the kernel measured fastest for its shape on this machine (``engines.kernels``;
+``MLEXEC_TUNE=0``: NumPy's matmul and a pre-tiled bias), into the same buffer.
 """
 from __future__ import annotations
 
