@@ -85,7 +85,7 @@ class FusedEngine(BoundEngine):
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
-        self._sgemm, self._sgemv = _import_blas()
+        _import_blas()                    # SciPy's BLAS runs the default kernels: refuse early without it
         self.shapes: dict[str, tuple[int, ...]] = {}   # per-sample shape of every engine buffer
         self.steps = self._lower(model)                 # [(kind, output, inputs, operands, attrs)]
         self.weight_bytes = sum(a.nbytes for _, _, inputs, operands, _ in self.steps
@@ -291,11 +291,3 @@ class FusedEngine(BoundEngine):
         self._bound[batch] = (self._view("input", batch), tuple(calls), result)
         return self._bound[batch]
 
-
-def _residual_add(y2: np.ndarray, residual) -> list:
-    return [] if residual is None else [(np.add, (y2, residual, y2))]
-
-
-def bias_start(y2: np.ndarray, b: np.ndarray, residual) -> list:
-    """The calls that start y2 as bias (+ residual), for a gemm with beta=1 to accumulate onto."""
-    return [(np.copyto, (y2, b))] + _residual_add(y2, residual)   # copyto: no ufunc buffer
