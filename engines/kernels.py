@@ -125,22 +125,31 @@ def _load_onednn():
     return fn
 
 
-def _openblas_threads_setter(package: str):
-    """OpenBLAS's set-threads function of the pool that ``package`` (numpy or scipy) loaded: the
+def _openblas_threads(package: str) -> tuple:
+    """(set-threads, get-threads) of the OpenBLAS that ``package`` (numpy or scipy) loaded: the
     one in its wheel's ``<package>.libs`` folder, else the only OpenBLAS loaded."""
     from threadpoolctl import threadpool_info
     pools = [p for p in threadpool_info() if p.get("internal_api") == "openblas"]
     mine = [p for p in pools if f"{os.sep}{package}.libs{os.sep}" in p["filepath"]]
     for pool in mine or (pools if len(pools) == 1 else []):
-            lib = ctypes.CDLL(pool["filepath"])
-            for prefix in ("", "scipy_"):
-                for suffix in ("", "64_", "_64"):
-                    name = f"{prefix}openblas_set_num_threads{suffix}"
-                    if hasattr(lib, name):
-                        fn = lib[name]
-                        fn.restype = None
-                        return fn
+        lib = ctypes.CDLL(pool["filepath"])
+        for prefix in ("", "scipy_"):
+            for suffix in ("", "64_", "_64"):
+                if hasattr(lib, f"{prefix}openblas_set_num_threads{suffix}"):
+                    set_threads = lib[f"{prefix}openblas_set_num_threads{suffix}"]
+                    set_threads.restype = None
+                    return set_threads, lib[f"{prefix}openblas_get_num_threads{suffix}"]
     raise ImportError(f"cannot tell which OpenBLAS {package} uses")
+
+
+def _one_openblas_thread(set_threads, get_threads, calls: tuple) -> None:
+    """Run ``calls`` on one OpenBLAS thread, then give back the count found (which a caller's
+    threadpoolctl limit may have set)."""
+    before = get_threads()
+    set_threads(1)
+    for fn, args in calls:
+        fn(*args)
+    set_threads(before)
 
 
 def _load_mkl_rt():
@@ -251,8 +260,8 @@ _LOADERS: dict[str, Callable[[], object]] = {
     "scipy": _scipy_blas,
     "mkl": _load_mkl_rt,
     "onednn": _load_onednn,
-    "numpy-threads": lambda: _openblas_threads_setter("numpy"),
-    "scipy-threads": lambda: _openblas_threads_setter("scipy"),
+    "numpy-threads": lambda: _openblas_threads("numpy"),
+    "scipy-threads": lambda: _openblas_threads("scipy"),
 }
 
 
@@ -284,15 +293,6 @@ def unavailable() -> dict[str, str]:
     return out
 
 
-def _thread_calls(pool: str, threads: int) -> tuple[tuple, tuple]:
-    """(set one thread, set them back) for ``pool``, as bound calls."""
-    if pool == "mkl":
-        fn = _LIBS["mkl"].MKL_Set_Num_Threads_Local
-        return (fn, (1,)), (fn, (0,))                  # 0: back to the global setting
-    fn = _LIBS[pool]
-    return (fn, (1,)), (fn, (threads,))
-
-
 def bind(name: str, x2, y2, w, b, b_tiled, residual, state=None) -> list:
     """The calls of kernel ``name`` for y2 = x2 @ w + b (+ residual)."""
     kernel = KERNELS[name]
@@ -302,8 +302,10 @@ def bind(name: str, x2, y2, w, b, b_tiled, residual, state=None) -> list:
     calls = kernel.calls(x2, y2, w, b, b_tiled, residual, state)
     if kernel.one_thread is None:
         return calls
-    one, back = _thread_calls(kernel.one_thread, blas_threads())
-    return [one, *calls, back]
+    if kernel.one_thread == "mkl":                     # a per-thread setting; 0: back to the global one
+        pin = _LIBS["mkl"].MKL_Set_Num_Threads_Local
+        return [(pin, (1,)), *calls, (pin, (0,))]
+    return [(_one_openblas_thread, (*_LIBS[kernel.one_thread], tuple(calls)))]
 
 
 # ---------------------------------------------------------------- measuring

@@ -179,3 +179,15 @@ def test_again_measures_afresh_and_overwrites(tuned, monkeypatch):
     monkeypatch.setattr(kernels, "_MEMO", {})
     monkeypatch.setenv(kernels.TUNE_ENV, "1")
     assert kernels.choose(gemm, ("numpy", "scipy"), "numpy").kernel == "scipy"
+
+
+def test_one_thread_kernels_give_back_a_callers_thread_limit():
+    """A -1t kernel restores the count it found: under threadpoolctl's one-thread limit (how the
+    memory benchmarks pin BLAS) the pool stays at one thread after the call."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+    one_thread = [n for n in AVAILABLE if kernels.KERNELS[n].one_thread]
+    x, w, b, b_tiled, res, _ = operands(4, 32, 32, False, False)
+    with threadpool_limits(1):
+        for name in one_thread:
+            kernels._run(bound(name, x, w, b, b_tiled, res, aligned(np.zeros((4, 32)))))
+        assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {1}
