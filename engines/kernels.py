@@ -152,6 +152,15 @@ def _one_openblas_thread(set_threads, get_threads, calls: tuple) -> None:
     set_threads(before)
 
 
+def _one_mkl_thread(set_local, calls: tuple) -> None:
+    """Run ``calls`` with MKL on one thread (a setting of the calling thread only), then give back
+    the setting found."""
+    before = set_local(1)
+    for fn, args in calls:
+        fn(*args)
+    set_local(before)
+
+
 def _load_mkl_rt():
     from .packed import _load_mkl     # MKL's runtime, typed for the packed GEMM, loaded once
     return _load_mkl()
@@ -302,9 +311,8 @@ def bind(name: str, x2, y2, w, b, b_tiled, residual, state=None) -> list:
     calls = kernel.calls(x2, y2, w, b, b_tiled, residual, state)
     if kernel.one_thread is None:
         return calls
-    if kernel.one_thread == "mkl":                     # a per-thread setting; 0: back to the global one
-        pin = _LIBS["mkl"].MKL_Set_Num_Threads_Local
-        return [(pin, (1,)), *calls, (pin, (0,))]
+    if kernel.one_thread == "mkl":
+        return [(_one_mkl_thread, (_LIBS["mkl"].MKL_Set_Num_Threads_Local, tuple(calls)))]
     return [(_one_openblas_thread, (*_LIBS[kernel.one_thread], tuple(calls)))]
 
 
