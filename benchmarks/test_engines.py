@@ -28,7 +28,8 @@ def test_forward(benchmark, bench, engine_name, case, roofs, request):
     info = dict(engine=engine_name, case=case.id, model=case.model, batch=case.batch, dim=case.dim,
                 seq=case.seq, version=case.version, flops=flops,
                 weight_bytes=engine.weight_bytes, activation_bytes=engine.activation_bytes,
-                arena_bytes=getattr(engine, "report", lambda: {"arena_bytes": engine.activation_bytes})()["arena_bytes"],
+                arena_bytes=getattr(engine, "report", dict)().get("arena_bytes", engine.activation_bytes),
+                kernels=[f"{k['gemm']}: {k['kernel']}" for k in getattr(engine, "report", dict)().get("kernels", [])],
                 max_abs_err=err, rel_err=rel, roof_gflops=roofs.gflops, roof_gbytes_per_s=roofs.gbytes_per_s,
                 build_seconds=bench.build_seconds[engine_name])   # outside the timed call
     median = None

@@ -42,9 +42,12 @@ with the reason and skipped for the rest of the grid. An engine whose result
 disagrees with the float64 reference is not timed at that shape; the reason
 is kept with the row.
 
+The report names the CPU it ran on (title, preamble and JSON): the same
+engines rank differently on an Intel Xeon and an AMD EPYC (docs/kernels.md).
+
     mlexec report                          # the MLP and transformer grids (minutes)
-    mlexec report --quick                  # a few points (seconds)
-    mlexec report --engines naive,fused,torch-compile --models mlp --shapes 1x256,32x1024
+    mlexec report --quick                  # a few points, 3 rounds, no rechecks (under a minute)
+    mlexec report --engines naive,fused,torch-compile --shapes 1x256,32x1024   # mlp, from the shapes
 """
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from engines import ENGINES, MODELS, EngineUnavailable, OnnxImportError, load_onnx
+from engines.kernels import TUNE_ENV, cpu_model, tuning_enabled
 
 from . import heap, targets
 from .suite.roofs import Roofs, calibrate
@@ -70,6 +74,9 @@ DEFAULT_MODELS = ("mlp", "transformer")
 TOLERANCE = 1e-3          # max abs error against the float64 reference before an engine is not timed
 SETTLE_SECONDS = 0.3     # untimed calls before each block, while the previous engine's pool goes idle
 RECHECK_ROUNDS = 27      # more rounds at a close call: 36 in all with the default 9, the median's spread halved
+TIMING = {"rounds": 9, "recheck_rounds": RECHECK_ROUNDS, "block_seconds": 0.03, "settle_seconds": SETTLE_SECONDS}
+# --quick: the QUICK grid, timed for a look rather than a verdict (figures to rerun before quoting)
+QUICK_TIMING = {"rounds": 3, "recheck_rounds": 0, "block_seconds": 0.01, "settle_seconds": 0.05}
 LIMITS = {"max_rounds": 200, "max_block_seconds": 10.0, "max_settle_seconds": 10.0, "max_threads": 256,
           "max_batch": 1024, "max_dim": 8192, "max_seq": 1024}
 
@@ -135,9 +142,10 @@ def parse_names(text: str, known: Iterable[str], what: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def parse_shapes(text: str, models: list[str]) -> dict[str, list[Shape]]:
-    """``"1x64,8x64,1x32x8"``: BATCHxDIM entries go to mlp, BATCHxDIMxSEQ to transformer."""
-    grid: dict[str, list[Shape]] = {m: [] for m in models}
+def parse_shapes(text: str, models: list[str] | None) -> dict[str, list[Shape]]:
+    """``"1x64,8x64,1x32x8"``: BATCHxDIM entries go to mlp, BATCHxDIMxSEQ to transformer.
+    ``models`` None: the models the shapes belong to."""
+    grid: dict[str, list[Shape]] = {m: [] for m in models or ()}
     for entry in (e.strip() for e in text.split(",")):
         if not entry:
             continue
@@ -145,11 +153,15 @@ def parse_shapes(text: str, models: list[str]) -> dict[str, list[Shape]]:
             raise ReportError(f"expected shapes like 8x256 (mlp) or 1x256x64 (transformer), got {entry!r}")
         parts = [int(p) for p in entry.split("x")]
         model = next(m for m, n in _ARITY.items() if n == len(parts))
+        if models is None:
+            grid.setdefault(model, [])
         if model not in grid:
             raise ReportError(f"shape {entry!r} is a {model} shape, but --models is {','.join(models)}")
         shape = Shape(model, *parts)
         if shape not in grid[model]:
             grid[model].append(shape)
+    if not grid:
+        raise ReportError("expected at least one shape in --shapes, e.g. 8x256 (mlp) or 1x256x64 (transformer)")
     for model, shapes in grid.items():
         if not shapes:
             form = "BATCHxDIM" if _ARITY[model] == 2 else "BATCHxDIMxSEQ"
@@ -198,10 +210,12 @@ def _build(name, model, batch, unavailable: dict[str, str]):
 
 
 def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
-            unavailable: dict[str, str], settle_seconds: float = SETTLE_SECONDS, first_round: int = 0):
+            unavailable: dict[str, str], settle_seconds: float = SETTLE_SECONDS, first_round: int = 0,
+            chosen: dict[str, list[str]] | None = None):
     """(model, per engine the time per call of each round, engines that gave a wrong result).
 
-    ``first_round`` continues the Williams design where earlier rounds of this shape stopped."""
+    ``first_round`` continues the Williams design where earlier rounds of this shape stopped;
+    ``chosen`` receives, per engine that reports them, the kernels its linears run on."""
     model = shape.build()
     x = model.random_input(shape.batch, rng=0)
     expected = model.reference(x)
@@ -218,6 +232,8 @@ def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
             wrong[name] = f"max abs error {err:.2e} > {TOLERANCE:g}; not timed"
             continue
         engines[name] = eng
+        if chosen is not None:
+            chosen[name] = _kernels_of(eng)
     if not engines:
         return model, {}, wrong
     probe = min(time_block(eng.forward, x, 1) for eng in engines.values())
@@ -229,6 +245,12 @@ def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
             settle(engines[name].forward, x, settle_seconds)
             times[name].append(time_block(engines[name].forward, x, calls))
     return model, {name: np.array(t) for name, t in times.items()}, wrong
+
+
+def _kernels_of(engine) -> list[str]:
+    """"ROWSxINxOUT: kernel" for each GEMM of an engine that chooses its kernels (engines.kernels)."""
+    report = engine.report() if hasattr(engine, "report") else {}
+    return [f"{k['gemm']}: {k['kernel']}" for k in report.get("kernels", [])]
 
 
 def round_order(n: int, r: int) -> list[int]:
@@ -335,10 +357,15 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         # (one run calibrated 123 GFLOP/s against 175 in the others, and put packed at 188 %).
         before = roofs if roofs is not None else calibrate()
         measured = {}             # shape -> (times, wrong, flops, weight bytes)
+        kernels = []              # what each tuned engine's linears ran on, per shape
         for i, shape in enumerate(shapes):
             if progress is not None:
                 progress(i, len(shapes), f"{shape.model} {shape.label}")
-            model, times, wrong = measure(shape, names, rounds, block_seconds, unavailable, settle_seconds)
+            chosen: dict[str, list[str]] = {}
+            model, times, wrong = measure(shape, names, rounds, block_seconds, unavailable, settle_seconds,
+                                          chosen=chosen)
+            kernels += [{"model": shape.model, "shape": shape.label, "engine": n, "kernels": k}
+                        for n, k in chosen.items() if k]
             measured[shape] = (times, wrong, model.flops(shape.batch), model.weight_bytes)
             del model
         after = roofs if roofs is not None else calibrate()
@@ -367,12 +394,13 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         from engines.threads import blas_threads
         used_threads = blas_threads()
     return {
+        "cpu": cpu_model(), "kernel_tuning": "on" if tuning_enabled() else f"off ({TUNE_ENV}=0)",
         "engines": names, "models": list(grid), "shapes": [asdict(s) for s in shapes],
         "rounds": rounds, "recheck_rounds": recheck_rounds,
         "rechecked": [{"model": s.model, "shape": s.label} for s in rechecked],
         "block_seconds": block_seconds, "settle_seconds": settle_seconds, "threads": used_threads,
         "heap": heap_state, "roofs": {"gflops": roofs.gflops, "gbytes_per_s": roofs.gbytes_per_s},
-        "rows": rows,
+        "rows": rows, "kernels": kernels,
         "targets": targets.as_dicts(targets.check(rows)),
         "unavailable": [{"engine": n, "reason": unavailable[n]} for n in names if n in unavailable],
     }
@@ -398,7 +426,8 @@ def _cells(row: dict) -> list[str]:
 
 def _preamble(report: dict) -> list[str]:
     r = report["roofs"]
-    return [f"roofs: matmul {r['gflops']:.0f} GFLOP/s, copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
+    return [f"CPU: {report.get('cpu', 'not recorded')}; kernel tuning {report.get('kernel_tuning', 'not recorded')}",
+            f"roofs: matmul {r['gflops']:.0f} GFLOP/s, copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
             f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape"
             f"{_rechecked(report)}; heap: {report.get('heap', 'not recorded')}",
             "× naive, × onnxruntime: median (IQR) over rounds of their time over this engine's (> 1: faster); "
@@ -430,7 +459,7 @@ def _target_lines(report: dict) -> list[str]:
 
 
 def format_markdown(report: dict) -> str:
-    out = ["# Engine report", ""] + [line + "  " for line in _preamble(report)] + [""]
+    out = [f"# Engine report: {report.get('cpu', 'CPU not recorded')}", ""] + [line + "  " for line in _preamble(report)] + [""]
     out.append("| " + " | ".join(_HEADER) + " |")
     out.append("|" + "---|" * len(_HEADER))
     out += ["| " + " | ".join(c or " " for c in _cells(r)) + " |" for r in report["rows"]]
@@ -438,6 +467,9 @@ def format_markdown(report: dict) -> str:
         out += ["", "Unavailable:", ""] + [f"- `{u['engine']}`: {u['reason']}" for u in report["unavailable"]]
     if report["targets"]:
         out += ["", "## Targets", ""] + [f"- {line}" for line in _target_lines(report)]
+    if report.get("kernels"):
+        out += ["", "## Kernels chosen (engines.kernels)", ""]
+        out += [f"- {k['model']} {k['shape']} {k['engine']}: " + "; ".join(k["kernels"]) for k in report["kernels"]]
     return "\n".join(out) + "\n"
 
 
@@ -518,19 +550,24 @@ def main(args) -> int:
         grid = file_grid(args.model, args.batches)
         models = list(grid)
     else:
-        models = parse_names(args.models, GRIDS, "model")
+        models = parse_names(args.models, GRIDS, "model") if args.models else None
         grid = parse_shapes(args.shapes, models) if args.shapes else None
+        models = list(grid) if grid else (models or list(DEFAULT_MODELS))
+    timing = {k: getattr(args, k) if getattr(args, k) is not None else v
+              for k, v in (QUICK_TIMING if args.quick else TIMING).items()}
+    tty = sys.stderr.isatty()
 
     def progress(done, total, what):
-        if not sys.stderr.isatty():
+        # on a terminal one line redrawn; in a log, a line per point
+        if what is None and not tty:
             return
-        end = "\n" if what is None else ""
-        what = what or "done"
-        print(f"\rreport: {done}/{total} {what:<24}", end=end, file=sys.stderr, flush=True)
+        line = f"report: {done}/{total} {what or 'done'}"
+        if tty:
+            print(f"\r{line:<44}", end="\n" if what is None else "", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
-    report = _finite(run_report(models, names, rounds=args.rounds, recheck_rounds=args.recheck_rounds,
-                                block_seconds=args.block_seconds,
-                                settle_seconds=args.settle_seconds, quick=args.quick, grid=grid,
+    report = _finite(run_report(models, names, **timing, quick=args.quick, grid=grid,
                                 threads=args.threads, progress=progress))
     paths, note = save(report, args.out)
     if args.json:

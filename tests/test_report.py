@@ -15,6 +15,7 @@ import pytest
 
 from conftest import ROOT, subprocess_env
 from engines import EngineUnavailable
+from engines.kernels import cpu_model
 from mlexec import report
 from mlexec.report import ReportError, Shape
 
@@ -124,13 +125,18 @@ def mlexec(*args):
 
 
 def test_cli_quick_report(tmp_path):
-    proc = mlexec("--quick", "--models", "mlp", "--engines", "naive,fused", "--shapes", "1x64,8x64",
+    proc = mlexec("--quick", "--engines", "naive,fused", "--shapes", "1x64,8x64",     # mlp, from the shapes
                   "--rounds", "1", "--recheck-rounds", "0", "--block-seconds", "0.001", "--settle-seconds", "0", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("roofs: matmul ")
+    assert lines[0].startswith(f"CPU: {cpu_model()}; kernel tuning ")
+    assert lines[1].startswith("roofs: matmul ")
     if platform.libc_ver()[0] == "glibc":      # the process measured with its heap pinned (mlexec.heap)
-        assert lines[0].endswith("heap: glibc malloc pinned: no trimming, mmap from 32 MiB")
+        assert lines[1].endswith("heap: glibc malloc pinned: no trimming, mmap from 32 MiB")
+    # stderr is a pipe here: a line per point, not a redrawn one
+    assert proc.stderr.splitlines() == ["report: 0/2 mlp b1 d64", "report: 1/2 mlp b8 d64"]
+    assert json.loads((tmp_path / "report.json").read_text())["cpu"] == cpu_model()
+    assert (tmp_path / "report.md").read_text().startswith(f"# Engine report: {cpu_model()}\n")
     rows = [line.split() for line in lines if line.startswith("mlp ")]
     expected = [(s, e) for s in ("b1 d64", "b8 d64") for e in ("naive", "fused")]
     assert [(r[1] + " " + r[2], r[3]) for r in rows] == expected
@@ -235,3 +241,29 @@ def test_round_order_balances_first_places_and_predecessors(n):
     if n > 1:
         assert set(pairs) == {(a, b) for a in range(n) for b in range(n) if a != b}
         assert set(pairs.values()) == {cycle // n}
+
+
+def test_quick_means_few_rounds_unless_told_otherwise(monkeypatch, tmp_path):
+    """--quick: the QUICK grid with QUICK_TIMING; an explicit option still wins."""
+    from mlexec.cli import build_parser
+    seen = {}
+
+    def fake(models, names, **kwargs):
+        seen.update(kwargs, models=models)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(report, "run_report", fake)
+    for argv, expected in [(["--quick"], report.QUICK_TIMING), ([], report.TIMING),
+                           (["--quick", "--rounds", "5"], {**report.QUICK_TIMING, "rounds": 5})]:
+        seen.clear()
+        with pytest.raises(SystemExit):
+            report.main(build_parser().parse_args(["report", *argv, "--out", str(tmp_path)]))
+        assert {k: seen[k] for k in expected} == expected
+        assert seen["models"] == list(report.DEFAULT_MODELS)
+
+
+def test_shapes_alone_pick_their_models():
+    assert report.parse_shapes("1x256,8x256", None) == {"mlp": [Shape("mlp", 1, 256), Shape("mlp", 8, 256)]}
+    assert list(report.parse_shapes("1x256x64,1x256", None)) == ["transformer", "mlp"]
+    with pytest.raises(ReportError, match="expected at least one shape"):
+        report.parse_shapes(" , ", None)

@@ -131,3 +131,28 @@ def test_close_calls_against_the_peer_and_the_roofs_look_at_the_best_numpy_engin
     assert close_calls([row("static", 128, 4096, 1.0, 1.0, peak=0.755)]) == [("mlp", "b128 d4096")]
     # a peer's own figures decide nothing
     assert close_calls([row("onnxruntime", 1, 4096, 1.0, 1.0, bandwidth=0.805)]) == []
+
+
+def test_a_median_below_its_bar_is_a_close_call_whatever_the_target():
+    # far below 1.3x at a small point: the IQR does not straddle the bar, but more rounds decide it
+    assert close_calls([row("naive", 8, 256, 1.0, 1.0), row("fused", 8, 256, 1.0, 1.0)]) == [("mlp", "b8 d256")]
+    # target 1 alone (not a small point, no peer): 0.78x naive in 8 of 9 rounds is measured again
+    slow = [row("naive", 8, 4096, 1.0, 1.0, spread=0.1), row("packed", 8, 4096, 1 / 0.78, 1.0)]
+    assert close_calls(slow) == [("mlp", "b8 d4096")]
+    # at or above 1.0x naive, target 1 asks for nothing more
+    assert close_calls([row("naive", 8, 4096, 1.0, 1.0), row("packed", 8, 4096, 0.99, 1.0)]) == []
+
+
+def test_not_shown_slower_is_judged_on_every_round():
+    """27 of 36 rounds slower: shown slower (p < 0.01), where 8 of the first 9 was not."""
+    def rounds(slower, total):
+        naive = row("naive", 8, 4096, 1.0, 1.0)
+        naive["rounds_s"] = [1.0] * total
+        packed = row("packed", 8, 4096, 1.2, 1.0)
+        packed["vs_naive"] = 0.83
+        packed["rounds_s"] = [1.2] * slower + [0.9] * (total - slower)
+        return [naive, packed]
+    (first,) = check(rounds(8, 9))
+    assert first.met and first.value.endswith("slower in 8 of 9 rounds: not shown slower")
+    (again,) = check(rounds(27, 36))
+    assert not again.met and again.value.endswith("shown slower at mlp b8 d4096 (27 of 36 rounds)")
