@@ -1,6 +1,6 @@
 """Every registered engine on every case of the grid: latency, then peak memory.
 
-Parametrized in the root conftest.py (engine x case, ids like
+Parametrized by the suite's plugin, mlexec/suite/plugin.py (engine x case, ids like
 ``test_forward[static-mlp-b32-d1024]``), so a new engine in ``engines.ENGINES``
 is benchmarked without touching this file.
 """
@@ -9,10 +9,9 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from mlexec.suite import session
-from mlexec.suite.memory import limit_bytes, warm_up
+from mlexec.suite.memory import MEMORY_CALLS, limit_bytes, warm_up
 
 ABS_TOL, REL_TOL = 1e-4, 1e-5
-MEMORY_CALLS = 3
 
 
 def test_forward(benchmark, bench, engine_name, case, roofs, request):

@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, subprocess_env
 from mlexec.suite import ci
 
@@ -54,6 +56,7 @@ def test_failed_memory_tests_are_read_from_junit(tmp_path):
     assert ci.failed_memory_tests(tmp_path / "absent.xml") == []
 
 
+@pytest.mark.e2e
 def test_gate_command_leaves_summary_run_and_memray_report(tmp_path):
     out = tmp_path / "out"
     env = dict(subprocess_env(), MLEXEC_PLANT="temp")
@@ -67,7 +70,8 @@ def test_gate_command_leaves_summary_run_and_memray_report(tmp_path):
     assert {b["extra_info"]["case"] for b in run["benchmarks"]} == {"mlp-b32-d256"}
     assert all(b["extra_info"]["peak_bytes"] >= 32 * 256 * 4 for b in run["benchmarks"])
     summary = (out / "summary.md").read_text()
-    assert summary.startswith("### Benchmark gate: no regression")     # latency unchanged vs "."
+    assert summary.startswith("### Benchmark gate: **regression**")     # the temporary, against static at "."
+    assert "| `planted-mlp-b32-d256` | memory |" in summary
     reports = list((out / "memray-reports").glob("*.html"))
     assert len(reports) == 1 and "planted-mlp-b32-d256" in reports[0].name
 
