@@ -1,11 +1,11 @@
 """The benchmark suite's pytest plugin (``mlexec.suite.plugin``) for a checkout without the
-installed package: registered under its entry point's name, so pytest loads it once either way."""
+installed package: registered under its entry point's name unless pytest has it already (the
+entry point, or ``-p mlexec.suite.plugin``) or it was blocked (``-p no:mlexec``)."""
 from __future__ import annotations
 
 
 def pytest_addhooks(pluginmanager):
     from mlexec.suite import plugin
 
-    # Installed, the entry point has registered it already (or -p no:mlexec blocked it).
-    if not pluginmanager.has_plugin(plugin.NAME) and not pluginmanager.is_blocked(plugin.NAME):
+    if not pluginmanager.is_registered(plugin) and not pluginmanager.is_blocked(plugin.NAME):
         pluginmanager.register(plugin, plugin.NAME)

@@ -218,7 +218,7 @@ def _compare_code(config, base, verdict: gate.Verdict) -> None:
 def finish(session) -> None:
     """The gate, at the end of a run that measured benchmarks: sets the exit status."""
     config = session.config
-    if not config.stash.get(PLANNED, None):
+    if not config.stash.get(PLANNED, None) or config.option.collectonly:
         return
     run = current_run(config)
     here_cpu = _cpu(run) if run else None
@@ -283,7 +283,7 @@ def report_table(tr, config) -> None:
 
 def report_gate(tr, config) -> None:
     """The gate's section, the last thing a run prints before pytest's closing line."""
-    if not config.stash.get(PLANNED, None):
+    if not config.stash.get(PLANNED, None) or config.option.collectonly:
         return
     verdict = config.stash.get(VERDICT, "not run (the session ended before the gate)")
     shard = config.getoption("mlexec_shard")
