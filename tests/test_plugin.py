@@ -51,10 +51,9 @@ def pytest_unconfigure(config):
 
 # The reference code: a folder holding engines/, whose "fake" is plain static.
 REFERENCE = '''
-from engines import MODELS
-from engines.static import StaticEngine
+from engines import ENGINES as _ENGINES, MODELS
 
-ENGINES = {"fake": StaticEngine}
+ENGINES = {"naive": _ENGINES["naive"], "static": _ENGINES["static"], "fake": _ENGINES["static"]}
 '''
 
 ONE_CASE = ["-p", "no:cacheprovider", "--mlexec-engines=fake", "-k", "mlp-b1-d256 and not deep",
@@ -199,3 +198,20 @@ def test_case_can_name_a_model_file():
     from mlexec.suite.grid import file_case
     case = file_case("models/resnet-tiny.onnx", 8)
     assert case.id == "resnet-tiny-b8" and case.path == "models/resnet-tiny.onnx"
+
+
+def test_merged_shard_verdicts_equal_the_unsharded_verdict(suite, monkeypatch):
+    from mlexec.suite import ci
+    monkeypatch.setenv("FAKE_PLANT", "temp")
+    args = [*ONE_CASE, "--mlexec-engines=fake,static,naive", "--mlexec-pass=memory", "--mlexec-base=reference"]
+    whole = suite.path / "whole.json"
+    assert suite.runpytest(*args, f"--mlexec-verdict={whole}").ret == pytest.ExitCode.TESTS_FAILED
+    for k in (1, 2):
+        suite.runpytest(*args, f"--mlexec-shard={k}/2", f"--mlexec-verdict=shard-{k}/verdict.json")
+    merged, _ = ci.merge_shards([suite.path / "shard-1", suite.path / "shard-2"], 2)
+    expected = json.loads(whole.read_text())
+    got = merged.as_dict()
+    assert {k: sorted(v) for k, v in got["compared"].items()} == {k: sorted(v) for k, v in expected["compared"].items()}
+    assert got["regressions"] == expected["regressions"] and len(expected["regressions"]) == 1
+    assert all(len(json.loads((suite.path / f"shard-{k}/verdict.json").read_text())["compared"]["memory"]) >= 1
+               for k in (1, 2))

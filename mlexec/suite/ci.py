@@ -9,7 +9,8 @@
   summary; a missing shard fails it. ``--save DIR`` adds the merged run to
   saved runs, named by commit.
 - ``fetch-history``: the history branch's saved runs into a folder (empty if
-  the branch does not exist yet), for trends and ``--mlexec-compare auto``.
+  the branch does not exist yet), for ``--mlexec-compare auto``.
+- ``trends``: the history branch's saved runs as the history table and charts.
 - ``summary``: a verdict JSON file as Markdown.
 
 Usage: python -m mlexec.suite.ci gate --base origin/main --shard 1/4 --out bench-out/1 [-- PYTEST ARGS]
@@ -25,6 +26,7 @@ import os
 import re
 import subprocess
 import tarfile
+import tempfile
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -182,6 +184,18 @@ def cmd_fetch_history(args) -> int:
     return 0
 
 
+def cmd_trends(args) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd_fetch_history(argparse.Namespace(branch=args.branch, into=Path(tmp)))
+        root = Path(tmp) / "baselines"
+        if not root.is_dir():
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "README.md").write_text(f"No saved runs on {args.branch} yet.\n")
+            return 0
+        return subprocess.run([sys.executable, "-m", "mlexec", "history", "--root", str(root),
+                               "--out", str(args.out)], cwd=ROOT).returncode
+
+
 def cmd_summary(args) -> int:
     sys.stdout.write(gate.format_markdown(gate.Verdict.from_dict(json.loads(args.verdict.read_text()))))
     return 0
@@ -213,6 +227,10 @@ def main(argv=None) -> int:
     p.add_argument("--branch", default="bench-history", help="default: %(default)s")
     p.add_argument("--into", type=Path, default=Path("history"), help="default: %(default)s")
     p.set_defaults(run=cmd_fetch_history)
+    p = sub.add_parser("trends", help="the history branch's saved runs as the history table and charts")
+    p.add_argument("--branch", default="bench-history", help="default: %(default)s")
+    p.add_argument("--out", type=Path, default=Path("reports/history"), help="default: %(default)s")
+    p.set_defaults(run=cmd_trends)
     p = sub.add_parser("summary", help="print a verdict JSON file as Markdown")
     p.add_argument("verdict", type=Path)
     p.set_defaults(run=cmd_summary)
