@@ -209,6 +209,16 @@ def _names(names: list[str], limit: int = 12) -> str:
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
+def _grouped(verdict: Verdict) -> list[tuple[list[str], str, list[str]]]:
+    """(kinds, reason, benchmarks) of what was not compared; kinds that left out the same
+    benchmarks for the same reason share one line."""
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for kind in KINDS:
+        for reason, names in verdict.skipped[kind].items():
+            groups.setdefault((reason, tuple(names)), []).append(kind)
+    return [(kinds, reason, list(names)) for (reason, names), kinds in groups.items()]
+
+
 def format_verdict(verdict: Verdict) -> str:
     """A short block: against what, how many compared per kind, what was not and why, the result."""
     lines = [f"against: {verdict.reference}"]
@@ -220,10 +230,11 @@ def format_verdict(verdict: Verdict) -> str:
         if done or missed:
             lines.append(f"  {_WHAT[kind] + ':':20} {done} of {done + missed} benchmarks compared")
     lines += [f"  note: {n}" for n in verdict.notes]
-    missed = [(kind, reason, names) for kind in KINDS for reason, names in verdict.skipped[kind].items()]
+    missed = _grouped(verdict)
     if missed:
         lines.append("not compared:")
-        lines += [f"  {_WHAT[kind]} ({len(names)}): {reason}: {_names(names)}" for kind, reason, names in missed]
+        lines += [f"  {', '.join(_WHAT[k] for k in kinds)} ({len(names)}): {reason}: {_names(names)}"
+                  for kinds, reason, names in missed]
     if verdict.regressions:
         width = max(len(f.name) for f in verdict.regressions)
         lines.append(f"  {'REGRESSED':{width}}  kind              baseline       current    ratio")
@@ -257,9 +268,8 @@ def format_markdown(verdict: Verdict) -> str:
         if done or missed:
             lines.append(f"- {_WHAT[kind]}: {done} of {done + missed} benchmarks compared")
     lines += [f"- note: {n}" for n in verdict.notes]
-    for kind in KINDS:
-        for reason, names in verdict.skipped[kind].items():
-            lines.append(f"- not compared, {_WHAT[kind]} ({len(names)}): {reason}: {_names(names)}")
+    for kinds, reason, names in _grouped(verdict):
+        lines.append(f"- not compared, {', '.join(_WHAT[k] for k in kinds)} ({len(names)}): {reason}: {_names(names)}")
     if verdict.regressions:
         lines += ["", "| benchmark | kind | baseline | current | ratio |", "|---|---|---|---|---|"]
         for f in verdict.regressions:
