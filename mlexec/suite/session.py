@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import platform
 import tempfile
 from pathlib import Path
 
@@ -90,6 +91,16 @@ def _describe(env: dict) -> str:
 
 def _cpu(run: dict) -> str | None:
     return (run.get("machine_info", {}).get("cpu") or {}).get("brand_raw")
+
+
+def this_cpu() -> str:
+    """This machine's CPU model, as /proc/cpuinfo (or the platform) names it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                        platform.processor() or "unknown CPU")
+    except OSError:
+        return platform.processor() or "unknown CPU"
 
 
 def saved_run(config, here_cpu: str | None) -> tuple[str, dict, str | None] | None:
@@ -221,7 +232,7 @@ def finish(session) -> None:
     if not config.stash.get(PLANNED, None) or config.option.collectonly:
         return
     run = current_run(config)
-    here_cpu = _cpu(run) if run else None
+    here_cpu = (_cpu(run) if run else None) or this_cpu()
     verdict = gate.Verdict(shard=config.getoption("mlexec_shard"))
     try:
         saved = saved_run(config, here_cpu)
