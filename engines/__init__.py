@@ -3,12 +3,14 @@
 A new engine is one module with one ``Engine`` subclass and one line below.
 """
 from .arena import ArenaEngine
-from .base import Engine, EngineUnavailable
+from .base import Engine, EngineBusy, EngineUnavailable
 from .fused import FusedEngine
 from .models import MODELS, Model, Op
 from .naive import NaiveEngine
+from .onnx_import import OnnxImportError, load_onnx
 from .onnxrt import OnnxRuntimeEngine
 from .packed import PackedEngine
+from .pool import EnginePool
 from .static import StaticEngine
 from .torch_compile import TorchCompileEngine
 from .torch_eager import TorchEngine
@@ -25,4 +27,5 @@ ENGINES: dict[str, type[Engine]] = {
     "torch-compile": TorchCompileEngine,
 }
 
-__all__ = ["ENGINES", "MODELS", "Engine", "EngineUnavailable", "Model", "Op"]
+__all__ = ["ENGINES", "MODELS", "Engine", "EngineBusy", "EnginePool", "EngineUnavailable", "Model",
+           "OnnxImportError", "Op", "load_onnx"]

@@ -20,7 +20,7 @@ class ArenaEngine(CompiledEngine):
     name = "arena"
 
     def _storage(self, sizes):
-        self.plan, arena, store = arena_storage(sizes, self.steps, keep=[self.model.output])
+        self.plan, arena, store = arena_storage(sizes, self.steps, keep=[self.root(self.model.output)])
         self.activation_bytes = arena.nbytes
         return store
 

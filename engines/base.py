@@ -12,6 +12,10 @@ class EngineUnavailable(RuntimeError):
     """The engine's optional dependency is missing; the message says what to install."""
 
 
+class EngineBusy(RuntimeError):
+    """A thread called ``forward`` on an engine another thread owns; the message names the remedies."""
+
+
 class Engine:
     """``Engine(model, max_batch)`` prepares everything; ``forward(x)`` runs one inference.
 
@@ -51,6 +55,14 @@ class Engine:
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         return self._forward(self.check_input(x))
+
+    def worker(self) -> "Engine":
+        """An engine for another thread, sharing this one's prepared weights (``engines.EnginePool``).
+
+        Here: this engine itself, for engines whose forward keeps nothing in the engine
+        between calls (it returns a fresh array); engines that own buffers give a copy with its own.
+        """
+        return self
 
     __call__ = forward
 

@@ -11,12 +11,14 @@ are made at bind time, and every call writes with ``out=``.
 """
 from __future__ import annotations
 
+import copy
 import math
 import os
+import threading
 
 import numpy as np
 
-from .base import Engine
+from .base import Engine, EngineBusy
 from .models import Model
 from .ops import OPS, aligned_empty
 from .planner import Plan, Step, end_to_end, plan_memory
@@ -40,23 +42,65 @@ def arena_storage(sizes: dict[str, int], steps: list[Step], keep: list[str]) \
 
 class BoundEngine(Engine):
     """An engine whose forward is a flat list of calls, bound once per batch size by ``_bind``:
-    (the engine buffer the input is copied into, the calls, the read-only output view)."""
+    (the engine buffer the input is copied into, the calls, the read-only output view).
+
+    One thread at a time: the buffers, and so the view forward returns, are the engine's.
+    The first thread to call forward owns the engine; a forward from any other thread
+    raises ``EngineBusy`` (never a silently overwritten result), until the owner calls
+    ``release()``. A thread-safe check costs one ``get_ident`` and a compare per call, not
+    a lock (docs/reliability.md). ``worker()`` gives a copy for another thread that shares
+    the prepared weights and owns its own buffers; ``engines.EnginePool`` keeps a few.
+    """
     returns_view = True
     zero_alloc = True
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
         self._bound: dict[int, tuple] = {}
+        self._owner: int | None = None            # thread id of the one thread that may call forward
+        self._claim_lock = threading.Lock()
 
     def _bind(self, batch: int) -> tuple[np.ndarray, tuple, np.ndarray]:
         raise NotImplementedError
 
+    def _own_memory(self) -> None:
+        """Allocate this engine's own activation buffers (``worker`` calls it on a copy)."""
+        raise NotImplementedError
+
     def _forward(self, x: np.ndarray) -> np.ndarray:
+        if self._owner != _get_ident():
+            self._claim()
         bound = self._bound.get(x.shape[0]) or self._bind(x.shape[0])
         np.copyto(bound[0], x)
         for fn, args in bound[1]:
             fn(*args)
         return bound[2]
+
+    def _claim(self) -> None:
+        with self._claim_lock:
+            if self._owner is None:
+                self._owner = _get_ident()
+                return
+        raise EngineBusy(
+            f"this {self.name!r} engine belongs to another thread (its buffers, and the view forward "
+            f"returns, are shared): give each thread its own engine (engine.worker() shares the weights), "
+            f"use engines.EnginePool, or call engine.release() in the owning thread before handing it over")
+
+    def release(self) -> None:
+        """Give up this thread's ownership, so another thread may call forward. The view
+        returned last is the next owner's to overwrite."""
+        if self._owner not in (None, _get_ident()):
+            raise EngineBusy(f"release() called from a thread that does not own this {self.name!r} engine")
+        self._owner = None
+
+    def worker(self) -> "BoundEngine":
+        clone = copy.copy(self)                     # prepared weights and plans: shared, read-only
+        clone._bound, clone._owner, clone._claim_lock = {}, None, threading.Lock()
+        clone._own_memory()
+        return clone
+
+
+_get_ident = threading.get_ident
 
 
 class CompiledEngine(BoundEngine):
@@ -68,30 +112,43 @@ class CompiledEngine(BoundEngine):
         self.shapes = dict(model.shapes)          # every tensor, scratch included
         self.steps: list[Step] = [Step(reads=(), writes=(model.input,))]   # the copy of the input
         self._ops = []                            # (calls, out, inputs, prepared, scratch, attrs)
+        self._root: dict[str, str] = {}           # view tensor -> the tensor whose storage it shares
         prepared_bytes = 0
         for op in model.ops:
             kind = OPS[op.kind]
+            if kind.view:                         # no call, no buffer: reads of it read its root
+                self._root[op.output] = self.root(op.inputs[0])
+                continue
+            reads = tuple(self.root(t) for t in op.inputs)
             params = [model.params[p] for p in op.params]
             prepared = kind.operands(params, max_rows)
             prepared_bytes += sum(a.nbytes for a in prepared)
             scratch = []
-            for j, shape in enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs])):
+            for j, shape in enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs], op.attrs)):
                 name = f"{op.output}.scratch{j}"
                 self.shapes[name] = shape
                 scratch.append(name)
-            self.steps.append(Step(reads=op.inputs + tuple(scratch), writes=(op.output, *scratch),
-                                   inplace=tuple((op.output, op.inputs[i]) for i in kind.inplace)))
+            self.steps.append(Step(reads=reads + tuple(scratch), writes=(op.output, *scratch),
+                                   inplace=tuple((op.output, reads[i]) for i in kind.inplace if i < len(reads))))
             self._ops.append((kind.calls, op.output, op.inputs, prepared, tuple(scratch), dict(op.attrs)))
         self.weight_bytes = prepared_bytes
-        self.sizes = {t: 4 * max_batch * math.prod(shape) for t, shape in self.shapes.items()}
+        self.sizes = {t: 4 * max_batch * math.prod(shape) for t, shape in self.shapes.items()
+                      if t not in self._root}
+        self._own_memory()
+
+    def _own_memory(self) -> None:
         self._store = self._storage(self.sizes)   # name -> flat float32 array for max_batch
 
     def _storage(self, sizes: dict[str, int]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def root(self, name: str) -> str:
+        """The tensor whose storage ``name`` lives in: itself, or what a view op reinterprets."""
+        return self._root.get(name, name)
+
     def _view(self, name: str, batch: int) -> np.ndarray:
         shape = (batch, *self.shapes[name])
-        return self._store[name][:math.prod(shape)].reshape(shape)
+        return self._store[self.root(name)][:math.prod(shape)].reshape(shape)
 
     def _bind(self, batch: int):
         calls = []

@@ -1,46 +1,19 @@
 """fused: fewer passes and less dispatch, with no allocation per forward.
 
-Strategy: at construction, rewrite the op list into fused steps and fold
-what can be folded into the weights, then bind every step to views of
-engine-owned buffers once per batch size (as ``compiled`` does). The steps:
-
-- **linear = bias copy + BLAS gemm with beta=1.** ``np.copyto`` broadcasts the
-  bias into the output (no ufunc buffer), then ``sgemm`` accumulates
-  ``x @ W`` onto it. Called on transposed views (a C-contiguous (rows, n)
-  output is a Fortran (n, rows) matrix: ``out.T = W.T @ x.T``) with
-  ``overwrite_c``, so f2py copies nothing. One row (batch 1 of an MLP) is a
-  ``sgemv``, which streams the weights once.
-- **weights** are held as ``ops.weight_layout`` makes them: on cache lines,
-  and the largest stored transposed (those always take NumPy's matmul).
-- **linear + relu** is one step; the relu runs in place on the gemm output,
-  against a block of zero rows (twice as fast as against the scalar 0).
-- **linear + residual add** is one step: the output starts as bias + the
-  residual, and the gemm accumulates onto it.
-- **layernorm's gamma and beta fold into the linear that reads it**
-  (``W' = diag(gamma) W``, ``b' = beta W + b``, in float64), leaving a
-  standardize-only step; **attention's 1/sqrt(head_dim) folds into the q
-  columns** of the qkv weights, so the scores matmul needs no scaling pass.
-- **gelu** (tanh form) in place as ``x * (1 + tanh(u))``, seven passes; its 0.5
-  folds into the next linear's weights when a linear reads it.
-- **attention**'s scores are batched matmuls against the keys gathered into
-  contiguous K-transposed blocks (``ops.gather_keys``), its context against
-  strided per-head views of the qkv buffer, written straight into its
-  column blocks.
-- **softmax** in place with ``engines.ops``' ``softmax_rows``, its row sums
-  bound as the engine's matvec, so that ``packed`` keeps them on MKL.
-- anything else runs its ``engines.ops`` calls.
-- **memory is planned** as ``arena`` plans it (``planner.plan_memory``): the
-  steps' buffers and scratch share one arena wherever their lifetimes do not
-  overlap. At transformer-b1-d256-s128 that is 1.58 MB instead of 3.68 MB with
-  a buffer each, small enough to stay in this machine's 2 MiB L2, and the
-  engine ran 1.40x naive with a buffer each and 1.53x planned, interleaved.
-
-The input is copied into an engine buffer first so every call is bound in
-advance; the loop in forward is ``for fn, args in steps: fn(*args)``.
-forward returns a read-only view of the output buffer, valid until the next
-call. Small linears (``blas_max_work``) run on SciPy's BLAS (extra ``fast``)
-with the bias fused; large ones on NumPy's matmul plus a pre-tiled bias add,
-where the bias pass is noise next to the gemm.
+At construction the op list is rewritten into fused steps and what can be
+folded is folded into the weights; every step is then bound once per batch
+size to views of engine-owned buffers, planned into one arena as ``arena``
+plans its tensors (``planner.plan_memory``; ``MLEXEC_NO_PLANNER=1`` turns it
+off). The steps: a linear is ``np.copyto`` of the bias into the output then a
+BLAS gemm with beta=1 accumulating onto it (``sgemv`` for one row; large
+linears on NumPy's matmul plus a pre-tiled bias add); linear+relu and
+linear+residual are one step each; layernorm's gamma/beta, attention's
+1/sqrt(head_dim) and gelu's 0.5 fold into the next linear's weights; softmax
+runs in place with its row sums on the engine's matvec. forward copies the
+input into an engine buffer, runs ``for fn, args in steps: fn(*args)`` and
+returns a read-only view of the output buffer, valid until the next call.
+Needs SciPy's BLAS (extra ``fast``). Measurements behind each choice:
+docs/engines.md.
 """
 from __future__ import annotations
 
@@ -83,8 +56,11 @@ class FusedEngine(BoundEngine):
         self.steps = self._lower(model)                 # [(kind, output, inputs, operands, attrs)]
         self.weight_bytes = sum(a.nbytes for _, _, inputs, operands, _ in self.steps
                                 for a in (*inputs, *operands) if isinstance(a, np.ndarray))
+        self._own_memory()
+
+    def _own_memory(self) -> None:
         self.plan, arena, self._buffers = arena_storage(
-            {t: 4 * max_batch * math.prod(s) for t, s in self.shapes.items()}, self._schedule(), [self._output])
+            {t: 4 * self.max_batch * math.prod(s) for t, s in self.shapes.items()}, self._schedule(), [self._output])
         self.activation_bytes = arena.nbytes
 
     # --- lowering: ops -> fused steps, weights folded once --------------------
@@ -194,7 +170,7 @@ class FusedEngine(BoundEngine):
                 params = [model.params[p] for p in op.params]
                 prepared = kind.operands(params, max_rows)
                 scratch = tuple(self._buffer(f"{op.output}.scratch{j}", s) for j, s in
-                                enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs])))
+                                enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs], op.attrs)))
                 where[op.output] = self._buffer(op.output, out_shape)
                 steps.append(("calls", op.output, tuple(where[t] for t in op.inputs) + prepared + scratch,
                               (kind.calls,), dict(op.attrs)))

@@ -33,6 +33,10 @@ class Model:
     shapes: dict[str, tuple[int, ...]]   # per-sample shape of every tensor
     params: dict[str, np.ndarray]        # float32
     input: str = "x"
+    # Imported models (engines.onnx_import): the file's bytes, which the onnxruntime engine
+    # runs as they are, and for each op's output the names of the file's nodes it came from.
+    source: bytes | None = field(default=None, repr=False)
+    origin: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         defined = {self.input}
@@ -65,7 +69,7 @@ class Model:
 
     def flops(self, batch: int = 1) -> int:
         return batch * sum(
-            OPS[op.kind].flop_count([self.shapes[t] for t in op.inputs], self.shapes[op.output])
+            OPS[op.kind].flop_count([self.shapes[t] for t in op.inputs], self.shapes[op.output], op.attrs)
             for op in self.ops)
 
     def eager_peak_bytes(self, batch: int) -> int:

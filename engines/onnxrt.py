@@ -1,6 +1,7 @@
 """onnxruntime: the model exported to an ONNX graph and run by ONNX Runtime, a peer to compare with.
 
-Strategy: at construction, write the op list as an ONNX graph with the onnx
+Strategy: an imported model (``engines.onnx_import``) runs its original file.
+For the zoo, at construction, write the op list as an ONNX graph with the onnx
 helper API (Gemm or MatMul+Add, Relu, Gelu (tanh), LayerNormalization,
 Softmax, attention as Reshape/Transpose/MatMul), weights as initializers and
 a symbolic batch axis, then open an ``InferenceSession`` on the
@@ -113,17 +114,22 @@ class OnnxRuntimeEngine(Engine):
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
         onnx, ort = _import()
-        proto = export(model, onnx)
+        # An imported model runs as the file it came from, not as a re-export of its IR.
+        source = model.source if model.source is not None else export(model, onnx).SerializeToString()
         self.weight_bytes = sum(v.nbytes for v in model.params.values())
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.threads = blas_threads()
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(proto.SerializeToString(), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         self._input = self.session.get_inputs()[0].name
         self._outputs = [self.session.get_outputs()[0].name]
+        # A file whose batch axis is fixed at 1 runs one sample at a time.
+        self._per_sample = self.session.get_inputs()[0].shape[0] == 1
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
+        if self._per_sample and x.shape[0] > 1:
+            return np.concatenate([self.session.run(self._outputs, {self._input: x[i:i + 1]})[0]
+                                   for i in range(x.shape[0])])
         return self.session.run(self._outputs, {self._input: x})[0]

@@ -17,8 +17,8 @@ Every op kind is one `OpKind`:
   statistics are broadcast with ``np.copyto`` (which needs no buffer) into a
   scratch tensor, and row means are matrix-vector products.
 - ``prepare``: turns the model's parameters into what the calls read.
-- ``scratch``: per-sample shapes of the temporaries the calls need; the
-  engine decides where they live.
+- ``scratch``: per-sample shapes of the temporaries the calls need, from the
+  input shapes and the op's attributes; the engine decides where they live.
 - ``inplace``: the inputs whose buffer the output may take over when that
   input is not read again.
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -100,6 +100,10 @@ def maximum(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     np.maximum(a, b, out=out)    # a positional out is deprecated for np.maximum
 
 
+def minimum(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    np.minimum(a, b, out=out)
+
+
 @functools.lru_cache(maxsize=None)
 def zero_rows(width: int) -> np.ndarray:
     """A read-only block of zero rows of this width, as many as fit in TILE_BYTES."""
@@ -131,7 +135,7 @@ def linear_calls(out, x, w, b_tiled) -> Calls:
     return [(np.matmul, (rows2d(x), w, y))] + tiled_calls(np.add, y, b_tiled)
 
 
-def linear_flops(in_shapes, out_shape):
+def linear_flops(in_shapes, out_shape, **_attrs):
     rows = math.prod(out_shape[:-1])
     return 2 * rows * in_shapes[0][-1] * out_shape[-1] + rows * out_shape[-1]
 
@@ -217,7 +221,7 @@ def standardize_calls(y, x, tmp, stat, eps, matvec) -> Calls:
             (np.multiply, (y, tmp, y))]
 
 
-def rowwise_scratch(in_shapes):
+def rowwise_scratch(in_shapes, **_attrs):
     shape = in_shapes[0]
     return shape, shape[:-1] + (1,)
 
@@ -295,7 +299,7 @@ def attn_scores_calls(out, qkv, keys, *, heads) -> Calls:
             (np.matmul, (q, keys_per_head(keys, heads), out))]
 
 
-def keys_scratch(in_shapes):
+def keys_scratch(in_shapes, **_attrs):
     seq, width = in_shapes[0]
     return ((width // 3, seq),)                 # K transposed: (dim, seq), head after head
 
@@ -337,7 +341,7 @@ def attn_context_calls(out, probs, qkv, *, heads) -> Calls:
     return [(np.matmul, (probs, v, head_columns(out, heads)))]
 
 
-def attn_flops(in_shapes, out_shape):
+def attn_flops(in_shapes, out_shape, **_attrs):
     # scores: (seq x hd) @ (hd x seq) per head; context: (seq x seq) @ (seq x hd) per head
     if len(out_shape) == 3:            # scores (heads, seq, seq) from qkv (seq, 3·dim)
         seq, width = in_shapes[0]
@@ -346,19 +350,209 @@ def attn_flops(in_shapes, out_shape):
     return 2 * seq * seq * width
 
 
+# --- generic ops, for imported graphs (engines.onnx_import) -------------------
+# Every attribute is per sample: axes count from the first axis after the batch.
+
+def _batch_axis(axis: int) -> int:
+    return axis + 1
+
+
+def unary(eager, calls, flops=1, inplace=(0,)):
+    """An elementwise op of one tensor; it may overwrite its input unless its calls read x
+    after writing out."""
+    return dict(eager=eager, calls=calls, flops_per_element=flops, inplace=inplace)
+
+
+def _erf():
+    try:
+        from scipy.special import erf
+    except ImportError as exc:     # the base install is NumPy only
+        raise RuntimeError(f"the Erf op needs SciPy ({exc}); pip install -e .[fast]") from exc
+    return erf
+
+
+SQRT1_2 = math.sqrt(0.5)
+
+
+def sigmoid_calls(out, x) -> Calls:
+    return [(np.negative, (x, out)), (np.exp, (out, out)), (np.add, (out, 1.0, out)),
+            (np.reciprocal, (out, out))]
+
+
+def gelu_erf_eager(x):
+    return 0.5 * x * (1 + _erf()(x * SQRT1_2))
+
+
+def gelu_erf_calls(out, x) -> Calls:
+    # Reads x after writing out, so out must not alias x.
+    erf = _erf()
+    return [(np.multiply, (x, SQRT1_2, out)), (erf, (out, out)), (np.add, (out, 1.0, out)),
+            (np.multiply, (out, x, out)), (np.multiply, (out, 0.5, out))]
+
+
+def clip_eager(x, *, lo=None, hi=None):
+    return np.clip(x, lo, hi) if (lo, hi) != (None, None) else x.copy()
+
+
+def clip_calls(out, x, *, lo=None, hi=None) -> Calls:
+    calls, src = [], x
+    if lo is not None:
+        calls.append((maximum, (src, lo, out)))
+        src = out
+    if hi is not None:
+        calls.append((minimum, (src, hi, out)))
+        src = out
+    return calls or [(np.copyto, (out, x))]
+
+
+# Elementwise binary ops by ONNX name. One operand may be a constant: a Python float
+# (``scalar``), or a parameter vector that repeats every ``width`` elements, pre-tiled so
+# that no call broadcasts (NumPy's ufunc buffer). ``swap``: the constant is the left operand.
+BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power}
+
+
+def binary_eager(a, *rest, fn, scalar=None, width=None, swap=False):
+    ufunc = BINARY[fn]
+    if scalar is not None:
+        return ufunc(scalar, a) if swap else ufunc(a, scalar)
+    (b,) = rest
+    if width is None:                                  # two tensors of one shape
+        return ufunc(a, b)
+    rows = a.reshape(-1, width)
+    return (ufunc(b, rows) if swap else ufunc(rows, b)).reshape(a.shape)
+
+
+def binary_prepare(*args):
+    *params, max_rows = args
+    return tuple(tile(p, max_rows) for p in params)
+
+
+def binary_calls(out, a, *rest, fn, scalar=None, width=None, swap=False) -> Calls:
+    ufunc = BINARY[fn]
+    if scalar is not None:
+        return [(ufunc, (scalar, a, out) if swap else (a, scalar, out))]
+    (b,) = rest
+    if width is None:
+        return [(ufunc, (a, b, out))]
+    x, y, step = a.reshape(-1, width), out.reshape(-1, width), b.shape[0]
+    calls = []
+    for i in range(0, len(y), step):
+        block = b[:len(y[i:i + step])]
+        calls.append((ufunc, (block, x[i:i + step], y[i:i + step]) if swap
+                      else (x[i:i + step], block, y[i:i + step])))
+    return calls
+
+
+def expand_eager(x, *, aligned, shape):
+    return np.broadcast_to(x.reshape(x.shape[0], *aligned), (x.shape[0], *shape)).copy()
+
+
+def expand_calls(out, x, *, aligned, shape) -> Calls:
+    return [(np.copyto, (out, x.reshape(x.shape[0], *aligned)))]   # copyto broadcasts unbuffered
+
+
+def reshape_eager(x, *, shape):
+    return x.reshape(x.shape[0], *shape)
+
+
+def reshape_calls(out, x, *, shape) -> Calls:
+    # An engine that plans views gives out x's storage and runs no call; others copy.
+    return [(np.copyto, (out, x.reshape(out.shape)))]
+
+
+def transpose_eager(x, *, perm):
+    return x.transpose(0, *map(_batch_axis, perm)).copy()
+
+
+def transpose_calls(out, x, *, perm) -> Calls:
+    return [(np.copyto, (out, x.transpose(0, *map(_batch_axis, perm))))]
+
+
+def _index(index):
+    """Per-sample (int | (start, stop, step)) entries as a NumPy index with the batch first."""
+    return (slice(None), *(i if isinstance(i, int) else slice(*i) for i in index))
+
+
+def slice_eager(x, *, index):
+    return x[_index(index)].copy()
+
+
+def slice_calls(out, x, *, index) -> Calls:
+    return [(np.copyto, (out, x[_index(index)]))]
+
+
+def take_eager(x, *, axis, indices):
+    return np.take(x, indices, axis=_batch_axis(axis))
+
+
+def take_calls(out, x, *, axis, indices) -> Calls:
+    # One copy per index: np.take(out=) with bounds checks buffers its output.
+    lead = (slice(None),) * _batch_axis(axis)
+    return [(np.copyto, (out[(*lead, j)], x[(*lead, i)])) for j, i in enumerate(indices)]
+
+
+def _concat_parts(tensors, params, order):
+    it, ip = iter(tensors), iter(params)
+    return [next(it) if o == "t" else next(ip) for o in order]
+
+
+def concat_eager(*args, axis, order):
+    tensors, params = args[:order.count("t")], args[order.count("t"):]
+    batch = tensors[0].shape[0]
+    parts = [p if p.ndim == tensors[0].ndim else np.broadcast_to(p, (batch, *p.shape))
+             for p in _concat_parts(tensors, params, order)]
+    return np.concatenate(parts, axis=_batch_axis(axis))
+
+
+def concat_calls(out, *args, axis, order) -> Calls:
+    tensors, params = args[:order.count("t")], args[order.count("t"):]
+    calls, at, lead = [], 0, (slice(None),) * _batch_axis(axis)
+    for part in _concat_parts(tensors, params, order):
+        n = part.shape[axis + (part.ndim == out.ndim)]
+        calls.append((np.copyto, (out[(*lead, slice(at, at + n))], part)))   # a parameter broadcasts
+        at += n
+    return calls
+
+
+def matmul_flops(in_shapes, out_shape, **_attrs):
+    return 2 * math.prod(out_shape) * in_shapes[0][-1]
+
+
+def matmul_calls(out, a, b) -> Calls:
+    return [(np.matmul, (a, b, out))]
+
+
+@functools.lru_cache(maxsize=None)
+def _mean_row(width: int) -> np.ndarray:
+    col = mean_column(width)
+    col.flags.writeable = False
+    return col
+
+
+def reduce_mean_calls(out, x) -> Calls:
+    return [(np.matmul, (rows2d(x), _mean_row(x.shape[-1]), rows2d(out)))]    # a matvec: no reduction state
+
+
+def reduce_sum_calls(out, x) -> Calls:
+    return [(np.matmul, (rows2d(x), ones_column(x.shape[-1]), rows2d(out)))]
+
+
 @dataclass(frozen=True)
 class OpKind:
     eager: Callable
     calls: Callable
     prepare: Callable | None = None          # (*params, max_rows) -> operands of the calls
-    scratch: Callable | None = None          # (in_shapes) -> per-sample scratch shapes
+    scratch: Callable | None = None          # (in_shapes, **attrs) -> per-sample scratch shapes
     inplace: tuple[int, ...] = ()            # inputs the output may overwrite
     flops_per_element: int = 1               # for elementwise ops
-    flops: Callable | None = None            # (in_shapes, out_shape) -> FLOPs per sample
+    flops: Callable | None = None            # (in_shapes, out_shape, **attrs) -> FLOPs per sample
     # What ``eager`` holds at its peak besides its output, measured with memray:
     eager_temps: int = 0                     # output-sized temporaries (x @ W before + b)
     eager_row_stats: int = 0                 # (rows, 1) statistics (means, maxima)
     eager_broadcast: bool = False            # a broadcast ufunc call: NumPy's ufunc buffer
+    # The output is the input reinterpreted in another shape: an engine that plans memory gives
+    # it the input's storage and runs no call; ``calls`` copy, for engines that do not.
+    view: bool = False
 
     def eager_extra_bytes(self, out_shape: tuple[int, ...]) -> int:
         """Bytes ``eager`` allocates beyond its output, for a full (batch, ...) output shape."""
@@ -373,12 +567,13 @@ class OpKind:
         """What the calls read for these parameters: prepared once, or the parameters as they are."""
         return tuple(self.prepare(*params, max_rows)) if self.prepare else tuple(params)
 
-    def scratch_shapes(self, in_shapes) -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(s) for s in self.scratch(in_shapes)) if self.scratch else ()
+    def scratch_shapes(self, in_shapes, attrs: Mapping = {}) -> tuple[tuple[int, ...], ...]:
+        """The op's attributes too: a convolution's workspace depends on its kernel, strides, pads."""
+        return tuple(tuple(s) for s in self.scratch(in_shapes, **attrs)) if self.scratch else ()
 
-    def flop_count(self, in_shapes, out_shape) -> int:
+    def flop_count(self, in_shapes, out_shape, attrs: Mapping = {}) -> int:
         if self.flops is not None:
-            return self.flops(in_shapes, out_shape)
+            return self.flops(in_shapes, out_shape, **attrs)
         return self.flops_per_element * math.prod(out_shape)
 
 
@@ -396,4 +591,28 @@ OPS: dict[str, OpKind] = {
     "attn_scores": OpKind(attn_scores_eager, attn_scores_calls, scratch=keys_scratch, flops=attn_flops,
                           eager_temps=1),
     "attn_context": OpKind(attn_context_eager, attn_context_calls, flops=attn_flops, eager_temps=1),
+    # generic ops, for imported graphs
+    "binary": OpKind(binary_eager, binary_calls, prepare=binary_prepare, inplace=(0, 1),
+                     eager_temps=1, eager_broadcast=True),
+    "exp": OpKind(**unary(np.exp, lambda out, x: [(np.exp, (x, out))])),
+    "sqrt": OpKind(**unary(np.sqrt, lambda out, x: [(np.sqrt, (x, out))])),
+    "tanh": OpKind(**unary(np.tanh, lambda out, x: [(np.tanh, (x, out))])),
+    "neg": OpKind(**unary(np.negative, lambda out, x: [(np.negative, (x, out))])),
+    "erf": OpKind(**unary(lambda x: _erf()(x), lambda out, x: [(_erf(), (x, out))])),
+    "sigmoid": OpKind(**unary(lambda x: 1 / (1 + np.exp(-x)), sigmoid_calls, flops=4), eager_temps=1),
+    "clip": OpKind(**unary(clip_eager, clip_calls, flops=2)),
+    "gelu_erf": OpKind(**unary(gelu_erf_eager, gelu_erf_calls, flops=5, inplace=()), eager_temps=2),
+    "expand": OpKind(expand_eager, expand_calls, flops_per_element=0),
+    "reshape": OpKind(reshape_eager, reshape_calls, flops_per_element=0, view=True),
+    "transpose": OpKind(transpose_eager, transpose_calls, flops_per_element=0),
+    "slice": OpKind(slice_eager, slice_calls, flops_per_element=0),
+    "take": OpKind(take_eager, take_calls, flops_per_element=0),
+    "concat": OpKind(concat_eager, concat_calls, flops_per_element=0),
+    "matmul": OpKind(np.matmul, matmul_calls, flops=matmul_flops),
+    "reduce_mean": OpKind(lambda x: x.mean(axis=-1, keepdims=True), reduce_mean_calls,
+                          flops=lambda ins, out, **_attrs: math.prod(ins[0])),
+    "reduce_sum": OpKind(lambda x: x.sum(axis=-1, keepdims=True), reduce_sum_calls,
+                         flops=lambda ins, out, **_attrs: math.prod(ins[0])),
 }
+
+from .conv import CONV_OPS; OPS.update(CONV_OPS)  # noqa: E402,E702  (conv.py imports this module)

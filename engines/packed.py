@@ -1,48 +1,18 @@
 """packed: fused's steps, with every large linear on weights packed once for the GEMM kernel.
 
-Strategy: everything ``fused`` does (folded weights, bias fused into the
-gemm with beta=1, relu and residual in the same step, one bound call list per
-batch size, no allocation per forward), plus one change where the gemm is
-the cost. A BLAS gemm re-packs its operands into the kernel's blocked layout
-on every call; for a weight matrix that is a full read and write of the
-weights per forward, and OpenBLAS's kernels are slow on the short, wide
-products of small batches. ONNX Runtime avoids both by packing constant
-weights once when the session opens. This engine does the same with Intel
-MKL's packed GEMM (``cblas_sgemm_pack`` at construction,
-``cblas_sgemm_compute`` per call), called through ctypes on the engine's own
-NumPy buffers:
-
-- **Packed once.** Each linear's folded weight matrix is packed as the GEMM's
-  B operand at construction. One pack serves every number of rows, but MKL
-  picks its layout by the row count it is told. Packed for 1 row, products of
-  8-128 rows at d4096 ran 2-4x slower. Packed for 128 rows, they ran as fast
-  as or faster than packed for 256 (193 against 115 GFLOP/s at 128 x 256 x
-  256; 173 against 165 at 128 x 4096 x 4096), and a 1024-row product ran as
-  fast as when packed for 256 or 1024. So every pack is made for
-  ``pack_rows`` = 128.
-- **Which calls take it.** A linear runs on the packed weights when it has
-  more than one row and more than ``fused.blas_max_work`` multiply-adds. One
-  row stays on ``sgemv``, which streams the weights once and measured as fast;
-  small products stay on SciPy's ``sgemm``, where the call, not the kernel,
-  is the cost.
-- **Attention and layernorm on MKL too.** The per-head products of attention
-  run as MKL gemms (a strided batch over the heads for the scores, one gemm
-  per head for the context, whose heads interleave in memory), and
-  layernorm's row means and softmax's row sums as MKL gemvs. On NumPy's
-  matmul they ran on OpenBLAS's pool while MKL's workers spun, two pools
-  fighting over two cores: at seq 128 the engine fell to 0.96-1.15x naive,
-  below fused, and with only softmax's sums left there,
-  transformer-b8-d256-s128 took 54 ms instead of about 20.
-- **Threads.** MKL's pool is sized like NumPy's BLAS pool when MKL is loaded,
-  and follows ``threadpoolctl`` limits after that. Its OpenMP workers keep
-  MKL's default of spinning for 200 ms after a call, as ONNX Runtime's do:
-  with ``KMP_BLOCKTIME=0`` every call paid for waking them, and in the same
-  interleaved report the engine ran at 0.16-0.69x of ONNX Runtime at d1024,
-  against 1.08-1.21x with the default.
-
-After a warm-up, ``cblas_sgemm_compute`` measured 0 native allocations per
-call under memray, threaded or not. The weights are held twice (the folded
-matrix for the small paths, the packed form for the large one).
+A BLAS gemm re-packs its operands into the kernel's blocked layout on every
+call, and OpenBLAS's kernels are slow on the short, wide products of small
+batches; ONNX Runtime packs constant weights once. This engine does the same
+with Intel MKL's packed GEMM (``cblas_sgemm_pack`` at construction for
+``pack_rows`` = 128 rows, ``cblas_sgemm_compute`` per call, through ctypes on
+the engine's NumPy buffers), for every linear with more than one row and more
+than ``fused.blas_max_work`` multiply-adds; one row stays on ``sgemv``, small
+products on SciPy's ``sgemm``. Attention's per-head products, layernorm's and
+softmax's row reductions run on MKL too, so that one thread pool (sized like
+NumPy's BLAS pool, MKL's default spin kept) runs the forward: two pools fight
+over the cores. No allocation per forward after warm-up; the weights are held
+twice (folded for the small paths, packed for the large). Needs the ``mkl``
+extra. Measurements behind each choice: docs/engines.md.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@
    it, the input is read for the last time there and the sizes match;
 3. placement: storages sorted by size, largest first, each put at the lowest
    offset gap that no storage with an overlapping lifetime occupies, the greedy
-   by-size strategy of TFLite's arena planner.
+   by-size strategy of TFLite's arena planner; the same in order of first use
+   where that packs tighter (an imported attention graph: 1.19x the lower bound against 1.44x).
 
 It also reports the two sizes the arena is judged against: the total with no
 reuse at all, and the lower bound that any placement needs, the most bytes
@@ -92,18 +93,11 @@ def plan_memory(sizes: Mapping[str, int], steps: Sequence[Step], keep: Sequence[
     for i in range(len(steps) + 1):
         lower = max(lower, sum(size[r] for r, (a, b) in span.items() if a <= i <= b))
 
-    # 3. greedy by size: biggest first, lowest gap among lifetime-overlapping neighbours
-    placed: dict[str, int] = {}
-    for r in sorted(size, key=lambda r: (-size[r], span[r][0], r)):
-        a, b = span[r]
-        busy = sorted((placed[o], placed[o] + align(size[o])) for o in placed
-                      if span[o][0] <= b and a <= span[o][1])
-        offset = 0
-        for lo, hi in busy:
-            if offset + size[r] <= lo:
-                break
-            offset = max(offset, hi)
-        placed[r] = offset
+    # 3. greedy placement: biggest first (TFLite's order) or, where that packs tighter, earliest first
+    orders = [sorted(size, key=lambda r: (-size[r], span[r][0], r)),
+              sorted(size, key=lambda r: (span[r][0], -size[r], r))]
+    placed = min((_place(order, size, span) for order in orders),
+                 key=lambda p: (max((p[r] + align(size[r]) for r in p), default=0)))
     arena = max((placed[r] + align(size[r]) for r in placed), default=0)
 
     return Plan(
@@ -114,3 +108,20 @@ def plan_memory(sizes: Mapping[str, int], steps: Sequence[Step], keep: Sequence[
         lifetimes={t: span[root[t]] for t in sizes},
         aliases={t: root[t] for t in sizes if root[t] != t},
     )
+
+
+def _place(order, size, span) -> dict[str, int]:
+    """Each storage in turn at the lowest offset gap that no placed storage with an overlapping
+    lifetime occupies."""
+    placed: dict[str, int] = {}
+    for r in order:
+        a, b = span[r]
+        busy = sorted((placed[o], placed[o] + align(size[o])) for o in placed
+                      if span[o][0] <= b and a <= span[o][1])
+        offset = 0
+        for lo, hi in busy:
+            if offset + size[r] <= lo:
+                break
+            offset = max(offset, hi)
+        placed[r] = offset
+    return placed

@@ -12,6 +12,7 @@ Note: torch's thread count is process-wide; building this engine sets it.
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -48,6 +49,10 @@ def op_functions(torch):
         return ctx.transpose(1, 2).reshape(qkv.shape[0], qkv.shape[1], -1)
 
     _heads = heads
+    return {**_zoo_functions(torch, F, attn_scores, attn_context), **_generic_functions(torch, F)}
+
+
+def _zoo_functions(torch, F, attn_scores, attn_context):
     return {
         "linear": lambda x, w_t, b: F.linear(x, w_t, b),
         "relu": lambda x: torch.relu(x),
@@ -57,6 +62,51 @@ def op_functions(torch):
         "softmax": lambda x: torch.softmax(x, dim=-1),
         "attn_scores": attn_scores,
         "attn_context": attn_context,
+    }
+
+
+_BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
+           "pow": operator.pow}
+
+
+def _generic_functions(torch, F):
+    """The generic op kinds of imported graphs (engines.onnx_import), attributes per sample."""
+    def binary(a, *rest, fn, scalar=None, width=None, swap=False):
+        f = _BINARY[fn]
+        if scalar is not None:
+            return f(scalar, a) if swap else f(a, scalar)
+        (b,) = rest
+        if width is None:
+            return f(a, b)
+        rows = a.reshape(-1, width)
+        return (f(b, rows) if swap else f(rows, b)).reshape(a.shape)
+
+    def sliced(x, spec):
+        if any(not isinstance(i, int) and i[2] < 0 for i in spec):
+            raise EngineUnavailable("the torch engines have no mapping for a slice with a negative step")
+        return x[(slice(None), *(i if isinstance(i, int) else slice(*i) for i in spec))]
+
+    def concat(*args, axis, order):
+        tensors, params = iter(args[:order.count("t")]), iter(args[order.count("t"):])
+        batch = args[0].shape[0]
+        parts = [next(tensors) if o == "t" else next(params) for o in order]
+        return torch.cat([p if p.dim() == args[0].dim() else p.expand(batch, *p.shape) for p in parts], dim=axis + 1)
+
+    return {
+        "binary": binary,
+        "exp": torch.exp, "sqrt": torch.sqrt, "tanh": torch.tanh, "neg": torch.neg, "erf": torch.erf,
+        "sigmoid": torch.sigmoid,
+        "clip": lambda x, *, lo=None, hi=None: torch.clamp(x, lo, hi),
+        "gelu_erf": F.gelu,
+        "expand": lambda x, *, aligned, shape: x.reshape(x.shape[0], *aligned).expand(x.shape[0], *shape),
+        "reshape": lambda x, *, shape: x.reshape(x.shape[0], *shape),
+        "transpose": lambda x, *, perm: x.permute(0, *(p + 1 for p in perm)),
+        "slice": lambda x, *, index: sliced(x, index),
+        "take": lambda x, *, axis, indices: torch.index_select(x, axis + 1, torch.tensor(indices)),
+        "concat": concat,
+        "matmul": torch.matmul,
+        "reduce_mean": lambda x: x.mean(dim=-1, keepdim=True),
+        "reduce_sum": lambda x: x.sum(dim=-1, keepdim=True),
     }
 
 
@@ -72,6 +122,11 @@ class TorchEngine(Engine):
         if torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
         fns = op_functions(torch)
+        missing = sorted({op.kind for op in model.ops if op.kind not in fns})
+        if missing:
+            nodes = [n for op in model.ops if op.kind in missing for n in model.origin.get(op.output, (op.output,))]
+            raise EngineUnavailable(f"the torch engines have no mapping for op kind(s) {', '.join(missing)} "
+                                    f"(from {', '.join(nodes[:5])}{', ...' if len(nodes) > 5 else ''})")
         self._program = []        # (fn, input names, param tensors, attrs, output name)
         self.weight_bytes = 0
         for op in model.ops:

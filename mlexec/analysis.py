@@ -18,7 +18,9 @@ chosen engines and returns a JSON-serializable dict:
 
 Every bad input raises ``AnalysisError`` (a ``ValueError``) whose message says
 what was expected and what came; nothing is allocated for a model before its
-estimated memory has been checked against ``LIMITS``.
+estimated memory and its estimated compute time (``estimate_seconds``, from
+flops, bytes, repeat and engines; any model, zoo or not, can feed it) have been
+checked against ``LIMITS``.
 """
 from __future__ import annotations
 
@@ -30,11 +32,11 @@ import threading
 import time
 import tracemalloc
 from fractions import Fraction
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from engines import ENGINES, MODELS, EngineUnavailable
+from engines import ENGINES, MODELS, EngineUnavailable, Model, OnnxImportError, load_onnx
 
 from . import heap
 from .report import SETTLE_SECONDS, settle
@@ -50,6 +52,17 @@ LIMITS = {
     "max_dim": 4096,
     "max_repeat": 500,
     "max_estimated_bytes": 512 * 2**20,  # weights + activations of every copy the analysis holds
+    "max_estimated_seconds": 60.0,       # compute budget: estimate_seconds, before anything runs
+}
+
+# What estimate_seconds assumes of one core (an analysis may share the machine with others):
+# deliberately below this machine kind's measured roofs (190 GFLOP/s for a 4096^3 matmul on both
+# cores, 23 GB/s copy; shared/FACTS), so that a loaded machine still finishes near the estimate.
+COMPUTE_RATES = {
+    "flops_per_second": 20e9,
+    "bytes_per_second": 5e9,        # weights and activations streamed once per forward
+    "seconds_per_op": 10e-6,        # Python dispatch per op, what dominates small shapes
+    "compile_seconds": 30.0,        # an engine with slow_build (torch-compile): 10-50 s on 2 cores
 }
 
 DEFAULT_ENGINES = ("naive", "static", "arena")
@@ -178,16 +191,22 @@ def _engine_names(engines) -> list[str]:
 
 
 def _model_size(model_name: str, dim: int) -> tuple[int, int]:
-    """(weight bytes, activation bytes per sample) of a model at ``dim``, without building it.
+    """(weight bytes, activation bytes per sample) of a model at ``dim``, without building it."""
+    weights, activations, _ = _model_cost(model_name, dim)
+    return weights, activations
 
-    Weights grow as dim^2, activations at most as dim^2 too, so both are the
-    quadratic through three tiny builds, evaluated at ``dim``: exact for the
-    zoo's models, and it keeps a huge ``dim`` from being allocated to be measured.
+
+def _model_cost(model_name: str, dim: int) -> tuple[int, int, int]:
+    """(weight bytes, activation bytes per sample, flops per sample) at ``dim``, without building it.
+
+    Weights grow as dim^2, activations and flops at most as dim^2 too, so each is the
+    quadratic through three tiny builds, evaluated at ``dim``: exact for the zoo's
+    models, and it keeps a huge ``dim`` from being allocated to be measured.
     """
     points = []
     for d in (8, 16, 24):
         m = MODELS[model_name](dim=d, seed=0)
-        points.append((d, m.weight_bytes, sum(m.tensor_bytes(t) for t in m.shapes)))
+        points.append((d, m.weight_bytes, sum(m.tensor_bytes(t) for t in m.shapes), m.flops(1)))
 
     def at(index: int) -> int:
         total = Fraction(0)
@@ -199,7 +218,46 @@ def _model_size(model_name: str, dim: int) -> tuple[int, int]:
             total += term
         return max(0, int(total))
 
-    return at(0), at(1)
+    return at(0), at(1), at(2)
+
+
+def estimate_seconds(flops: int, bytes_moved: int, ops: int, repeat: int, engines: Sequence[str]) -> dict[str, float]:
+    """Estimated seconds of compute of one analysis, per part: ``"reference"`` (the float64
+    reference and the per-op breakdown) and one entry per engine (build, compile for a
+    slow_build engine, warm-up, peak, settling and ``repeat`` timed calls).
+
+    ``flops`` and ``bytes_moved`` are one forward's at the analysis's batch, ``ops`` its op
+    count; the rates are ``COMPUTE_RATES``. Any model can feed it (the zoo through
+    ``_model_cost``; an uploaded graph from its own op list).
+    """
+    rates = COMPUTE_RATES
+    forward = (flops / rates["flops_per_second"] + bytes_moved / rates["bytes_per_second"]
+               + ops * rates["seconds_per_op"])
+    parts = {"reference": forward * (2 + 2 + min(repeat, 5))}     # float64 costs about two forwards
+    for name in engines:
+        slow = getattr(ENGINES.get(name), "slow_build", False)
+        parts[name] = ((rates["compile_seconds"] if slow else 0.0) + forward * (repeat + 3)
+                       + 2 * max(SETTLE_SECONDS, forward))
+    return parts
+
+
+def check_compute(parts: dict[str, float], repeat: int, what: str) -> float:
+    """The total of ``estimate_seconds``' parts, or AnalysisError saying what to lower."""
+    total = sum(parts.values())
+    budget = LIMITS["max_estimated_seconds"]
+    if total <= budget:
+        return total
+    engines = [name for name in parts if name != "reference"]
+    per_call = (parts["reference"] / (4 + min(repeat, 5)))              # one forward's estimate
+    fixed = total - per_call * repeat * len(engines)
+    fits = int((budget - fixed) / (per_call * len(engines))) if engines and per_call > 0 else 0
+    biggest = max(engines, key=parts.get) if engines else "reference"
+    advice = [f"lower repeat to {fits} or less" if 1 <= fits < repeat else None, "lower dim or batch",
+              f"run fewer engines ({biggest} alone: {parts[biggest]:.0f} s)" if len(engines) > 1 else None]
+    raise AnalysisError(
+        f"expected an analysis estimated at {budget:.0f} s of compute or less, got an estimated "
+        f"{total:.0f} s for {what} with repeat={repeat} and {len(engines)} engine(s); "
+        + ", or ".join(a for a in advice if a))
 
 
 def estimate_bytes(model_name: str, dim: int, batch: int, n_engines: int) -> int:
@@ -249,44 +307,88 @@ def _op_breakdown(model, x, runs: int) -> list[dict]:
     ranked = sorted(range(len(medians)), key=lambda i: medians[i], reverse=True)
     rank = {i: r for r, i in enumerate(ranked, 1)}
     flagged = max(1, min(3, len(medians) // 3))   # the slowest third, at most 3 ops
-    return [{"name": op.output, "kind": op.kind, "median_s": medians[i], "bytes": sizes[i],
+    return [{"name": op.output, "kind": op.kind, "origin": list(model.origin.get(op.output, ())),
+             "median_s": medians[i], "bytes": sizes[i],
              "share_pct": 100.0 * medians[i] / total, "rank": rank[i], "slowest": rank[i] <= flagged}
             for i, op in enumerate(model.ops)]
 
 
+def load_model_file(source, **limits) -> Model:
+    """An ONNX file (path or bytes) as a model; any problem with it is an ``AnalysisError``."""
+    try:
+        return load_onnx(source, **limits)
+    except OnnxImportError as exc:
+        raise AnalysisError(f"cannot use this model file: {exc}") from None
+
+
 def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
                  engines: Iterable[str] | str = DEFAULT_ENGINES, repeat: int = 20, seed: int = 0,
-                 progress: Callable[[int, int], None] | None = None) -> dict:
+                 progress: Callable[[int, int], None] | None = None, model_file: Model | None = None) -> dict:
     """Parse, validate, run and measure; see the module docstring for the result."""
-    flat = parse_values(values)
-    if not isinstance(model, str) or model not in MODELS:
-        raise AnalysisError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
-    dim = _int_option("dim", dim, 1, LIMITS["max_dim"])
+    return measure_analysis(prepare_analysis(values, model=model, dim=dim, batch=batch, engines=engines,
+                                             repeat=repeat, seed=seed, model_file=model_file), progress)
+
+
+def prepare_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
+                     engines: Iterable[str] | str = DEFAULT_ENGINES, repeat: int = 20, seed: int = 0,
+                     model_file: Model | None = None) -> dict:
+    """Every check of ``run_analysis`` (input, options, memory, compute budget), nothing run:
+    the validated job for ``measure_analysis``. Cheap, so a server checks before it queues.
+
+    ``model_file``: an imported model (``load_model_file``) instead of the zoo's ``model`` at
+    ``dim``; then ``values`` may be None, for a seeded random input.
+    """
+    flat = None if values is None and model_file is not None else parse_values(values)
     batch = _int_option("batch", batch, 1, LIMITS["max_batch"])
     repeat = _int_option("repeat", repeat, 1, LIMITS["max_repeat"])
     seed = _int_option("seed", seed, 0, 2**32 - 1)
     names = _engine_names(engines)
-    try:
-        estimate = estimate_bytes(model, dim, batch, len(names))
-    except ValueError as exc:
-        raise AnalysisError(f"invalid options for model {model!r}: {exc}") from None
+    if model_file is not None:
+        m = model_file
+        estimate = (3 + len(names)) * (m.weight_bytes + m.no_reuse_peak_bytes(batch))
+        what = compute_what = f"{m.name!r} at batch={batch}"
+        lower = "lower the batch"
+        moved, flops, ops = m.weight_bytes + m.no_reuse_peak_bytes(batch), m.flops(batch), len(m.ops)
+    else:
+        if not isinstance(model, str) or model not in MODELS:
+            raise AnalysisError(f"unknown model {model!r}; expected one of {sorted(MODELS)}")
+        dim = _int_option("dim", dim, 1, LIMITS["max_dim"])
+        try:
+            estimate = estimate_bytes(model, dim, batch, len(names))
+        except ValueError as exc:
+            raise AnalysisError(f"invalid options for model {model!r}: {exc}") from None
+        what, lower = f"model {model!r} with dim={dim}, batch={batch}", "lower dim or batch"
+        compute_what = f"model {model!r} at dim={dim}, batch={batch}"
+        weights, per_sample, flops = _model_cost(model, dim)
+        moved, flops, ops = weights + per_sample * batch, flops * batch, len(MODELS[model](dim=8).ops)
     if estimate > LIMITS["max_estimated_bytes"]:
         raise AnalysisError(
             f"expected an analysis that fits in {LIMITS['max_estimated_bytes'] / 2**20:.0f} MiB "
-            f"(weights + activations), got an estimated {estimate / 2**20:.0f} MiB for model {model!r} "
-            f"with dim={dim}, batch={batch}; lower dim or batch")
+            f"(weights + activations), got an estimated {estimate / 2**20:.0f} MiB for {what}; {lower}")
+    check_compute(estimate_seconds(flops, moved, ops, repeat, names), repeat, compute_what)
+    if model_file is not None:
+        model, dim = model_file, None
+    return dict(flat=flat, model_name=model, dim=dim, batch=batch, names=names, repeat=repeat, seed=seed,
+                estimate=estimate)
 
+
+def measure_analysis(job: dict, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Run and measure a job from ``prepare_analysis`` (one at a time per process)."""
     with _MEASURE_LOCK:
-        return _measure(flat, model, dim, batch, names, repeat, seed, estimate, progress)
+        return _measure(**job, progress=progress)
 
 
 def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progress) -> dict:
     heap_state = heap.pin()      # naive's temporaries reused, never faulted back in (see mlexec.heap)
-    try:
-        model = MODELS[model_name](dim=dim, seed=seed)
-    except ValueError as exc:
-        raise AnalysisError(f"invalid options for model {model_name!r}: {exc}") from None
-    x = tile_values(flat, model.input_shape(batch))
+    if isinstance(model_name, Model):                 # imported from a file
+        model, model_name = model_name, model_name.name
+    else:
+        try:
+            model = MODELS[model_name](dim=dim, seed=seed)
+        except ValueError as exc:
+            raise AnalysisError(f"invalid options for model {model_name!r}: {exc}") from None
+    x = (model.random_input(batch, rng=seed) if flat is None
+         else tile_values(flat, model.input_shape(batch)))
     reference = model.reference(x)
     op_runs = min(repeat, 5)
     total_steps = len(names) + repeat + op_runs
@@ -360,8 +462,9 @@ def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progre
                   "input_shape": list(model.input_shape(batch)),
                   "output_shape": list(model.output_shape(batch)),
                   "flops": int(model.flops(batch)), "weight_bytes": int(model.weight_bytes)},
-        "input": {"values": int(flat.size), "tiled_to": int(x.size),
-                  "first_values": [float(v) for v in flat[:8]]},
+        "input": {"values": 0 if flat is None else int(flat.size), "tiled_to": int(x.size),
+                  "random": flat is None,
+                  "first_values": [float(v) for v in (x.reshape(-1) if flat is None else flat)[:8]]},
         "repeat": repeat,
         "heap": heap_state,
         "tolerance": TOLERANCE,

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from engines import ENGINES, MODELS
 
-from .analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
+from .analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, load_model_file, run_analysis
 from .baselines import BaselineError
+from .history import DEFAULT_THRESHOLD
 from .report import (DEFAULT_ENGINES as REPORT_ENGINES, DEFAULT_MODELS as REPORT_MODELS, RECHECK_ROUNDS,
                      SETTLE_SECONDS, ReportError)
 from .units import fmt_bytes, fmt_time
@@ -30,8 +31,10 @@ def _table(rows: list[list[str]]) -> str:
 
 def format_result(result: dict) -> str:
     m = result["model"]
-    out = [f"model {m['name']} dim={m['dim']} batch={m['batch']} input {tuple(m['input_shape'])} "
-           f"from {result['input']['values']} value(s), {result['repeat']} timed calls per engine", ""]
+    given = "a seeded random input" if result["input"].get("random") else f"{result['input']['values']} value(s)"
+    size = "" if m["dim"] is None else f" dim={m['dim']}"
+    out = [f"model {m['name']}{size} batch={m['batch']} input {tuple(m['input_shape'])} "
+           f"from {given}, {result['repeat']} timed calls per engine", ""]
     rows = [["engine", "median", "speedup", "peak fwd", "activations", "weights", "mem saved", "max abs err", "check"]]
     for e in result["engines"]:
         if not e["available"]:
@@ -44,10 +47,12 @@ def format_result(result: dict) -> str:
                      f"{e['max_abs_error']:.2e}", "pass" if e["passed"] else f"FAIL (> {result['tolerance']:g})"])
     out.append(_table(rows))
     out += ["", "naive run, per op (* = among the slowest):"]
-    ops = [["op", "kind", "median", "share", "output"]]
+    origins = any(o.get("origin") for o in result["ops"])       # an imported model: its file's nodes
+    ops = [["op", "kind", "median", "share", "output"] + (["from nodes"] if origins else [])]
     for o in result["ops"]:
         ops.append([("* " if o["slowest"] else "  ") + o["name"], o["kind"], fmt_time(o["median_s"]),
-                    f"{o['share_pct']:.1f}%", fmt_bytes(o["bytes"])])
+                    f"{o['share_pct']:.1f}%", fmt_bytes(o["bytes"])]
+                   + ([", ".join(o["origin"])] if origins else []))
     out.append(_table(ops))
     return "\n".join(out)
 
@@ -64,10 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     a = sub.add_parser("analyze", help="run the engines on your input values and compare them")
-    src = a.add_mutually_exclusive_group(required=True)
+    src = a.add_mutually_exclusive_group()
     src.add_argument("--input", help='comma-separated numbers, e.g. "1.0, 0.5"')
-    src.add_argument("--input-file", type=Path, help="CSV file: one value or one row per line")
-    a.add_argument("--model", default="mlp", help=f"one of {', '.join(MODELS)} (default mlp)")
+    src.add_argument("--input-file", type=Path,
+                     help="CSV file (one value or one row per line) or a NumPy .npy array")
+    a.add_argument("--model", default="mlp",
+                   help=f"one of {', '.join(MODELS)} (default mlp), or an ONNX file (path.onnx); "
+                        f"with a file, the input may be left out for a seeded random one")
     a.add_argument("--dim", type=int, default=1024, help=f"model width, 1..{LIMITS['max_dim']} (default 1024)")
     a.add_argument("--batch", type=int, default=1, help=f"batch size, 1..{LIMITS['max_batch']} (default 1)")
     a.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
@@ -76,12 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     a.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    h = sub.add_parser("history", help="trend of saved benchmark runs over commits")
+    h = sub.add_parser("history", help="each benchmark's trend over the saved runs, with step changes")
     h.add_argument("--root", type=Path, default=Path("baselines"), help="saved runs: ROOT/<machine-id>/*.json")
-    h.add_argument("--out", type=Path, default=Path("reports/history"), help="where the charts go")
     h.add_argument("--machine", help="only this machine id")
-    h.add_argument("--threshold", type=float, default=0.2, help="relative change that counts as a step (0.2)")
-    h.add_argument("--format", choices=("png", "svg"), default="png", help="chart format (png)")
+    h.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                   help=f"relative change that counts as a step (default {DEFAULT_THRESHOLD})")
+    h.add_argument("--html", type=Path, metavar="DIR",
+                   help="also write the history page as a static site into DIR (index.html, one page per machine)")
+    h.add_argument("--out", type=Path, metavar="DIR", help="also write one matplotlib chart per machine and model")
+    h.add_argument("--format", choices=("png", "svg"), default="png", help="chart format for --out (png)")
 
     r = sub.add_parser("report", help="engine x shape table with ratios to naive, ONNX Runtime and the roofline")
     r.add_argument("--quick", action="store_true", help="a few shapes only (seconds, not minutes)")
@@ -89,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma list from mlp, transformer (default {','.join(REPORT_MODELS)})")
     r.add_argument("--engines", default=",".join(REPORT_ENGINES),
                    help=f"comma list from {', '.join(ENGINES)} (default {','.join(REPORT_ENGINES)})")
+    r.add_argument("--model", type=Path, metavar="FILE.onnx",
+                   help="an ONNX file to report on instead of --models (see docs/importing.md)")
+    r.add_argument("--batches", default="1,8", help="batch sizes for --model (default 1,8)")
     r.add_argument("--shapes", help="instead of the built-in grid: BATCHxDIM (mlp) and BATCHxDIMxSEQ "
                                     "(transformer) entries, e.g. 1x256,8x256,1x256x64")
     r.add_argument("--rounds", type=int, default=9, help="interleaved rounds per shape (default 9)")
@@ -123,8 +137,33 @@ def _read_input_file(path: Path) -> str:
                             "got undecodable bytes") from None
 
 
+def _model_file(name: str):
+    """--model as an imported model when it names an ONNX file, else None (a zoo name)."""
+    if name in MODELS:
+        return None
+    if not name.endswith(".onnx") and not Path(name).is_file():
+        raise AnalysisError(f"unknown model {name!r}; expected one of {', '.join(MODELS)} or an ONNX file (.onnx)")
+    return load_model_file(Path(name))
+
+
+def _read_npy(path: Path):
+    import numpy as np
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise AnalysisError(f"cannot read --input-file {str(path)!r} as a NumPy array: {exc}") from None
+
+
 def _analyze(args) -> int:
-    values = args.input if args.input is not None else _read_input_file(args.input_file)
+    model_file = _model_file(args.model)
+    if args.input is not None:
+        values = args.input
+    elif args.input_file is not None:
+        values = _read_npy(args.input_file) if args.input_file.suffix == ".npy" else _read_input_file(args.input_file)
+    elif model_file is None:
+        raise AnalysisError("expected --input or --input-file (a model file may go without: a seeded random input)")
+    else:
+        values = None
     bar = None
 
     def progress(done, total):
@@ -139,7 +178,7 @@ def _analyze(args) -> int:
 
     try:
         result = run_analysis(values, model=args.model, dim=args.dim, batch=args.batch, engines=args.engines,
-                              repeat=args.repeat, seed=args.seed, progress=progress)
+                              repeat=args.repeat, seed=args.seed, progress=progress, model_file=model_file)
     finally:
         if bar is not None:
             bar.close()
@@ -152,15 +191,17 @@ def _history(args) -> int:
 
     if args.threshold <= 0:
         raise AnalysisError(f"expected --threshold > 0, got {args.threshold}")
-    commits, series = history.collect(args.root, args.machine)
-    if not series:
+    data = history.collect(args.root, args.machine, threshold=args.threshold)
+    if not data.machines:
         where = f"{args.root}/{args.machine or '<machine-id>'}/NNNN_<name>.json"
-        raise AnalysisError(f"no saved runs found; expected files like {where}")
-    for s in series:
-        history.find_steps(s.points, threshold=args.threshold)
-    print(history.format_table(commits, series))
-    paths = history.render_charts(series, args.out, fmt=args.format)
-    print("\ncharts: " + ", ".join(str(p) for p in paths))
+        skipped = "; skipped " + "; ".join(data.skipped) if data.skipped else ""
+        raise AnalysisError(f"no readable saved runs; expected files like {where}{skipped}")
+    print(history.format_text(data))
+    if args.html:
+        history.write_site(data, args.html)
+        print(f"\nhistory page: {args.html / 'index.html'}")
+    if args.out:
+        print("charts: " + ", ".join(str(p) for p in history.render_charts(data, args.out, fmt=args.format)))
     return 0
 
 

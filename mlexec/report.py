@@ -59,7 +59,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from engines import ENGINES, MODELS, EngineUnavailable
+from engines import ENGINES, MODELS, EngineUnavailable, OnnxImportError, load_onnx
 
 from . import heap, targets
 from .suite.roofs import Roofs, calibrate
@@ -80,14 +80,30 @@ class Shape:
     batch: int
     dim: int
     seq: int | None = None
+    source: str | None = None    # an ONNX file (--model): the model is imported, not built from the zoo
 
     @property
     def label(self) -> str:
         return f"b{self.batch} d{self.dim}" + ("" if self.seq is None else f" s{self.seq}")
 
     def build(self):
+        if self.source is not None:
+            return load_onnx(self.source)
         kwargs = {"dim": self.dim} if self.seq is None else {"dim": self.dim, "seq": self.seq}
         return MODELS[self.model](**kwargs)
+
+
+def file_grid(path, batches: str) -> dict[str, list[Shape]]:
+    """``--model FILE --batches 1,8``: the file's model at each batch (dim: its input's last axis)."""
+    try:
+        model = load_onnx(path)
+        sizes = [int(b) for b in batches.split(",") if b.strip()]
+    except (OnnxImportError, ValueError) as exc:
+        raise ReportError(f"--model {path}: {exc}" if isinstance(exc, OnnxImportError)
+                          else f"expected --batches like 1,8, got {batches!r}") from None
+    shape = model.shapes[model.input]
+    return {model.name: [Shape(model.name, b, shape[-1], shape[0] if len(shape) > 1 else None, str(path))
+                         for b in dict.fromkeys(sizes)]}
 
 
 GRIDS: dict[str, list[Shape]] = {
@@ -146,7 +162,7 @@ def _check_shape(s: Shape) -> None:
                               ("seq", s.seq, LIMITS["max_seq"])):
         if value is not None and not 1 <= value <= limit:
             raise ReportError(f"expected {key} in 1..{limit}, got {value} in {s.model} {s.label}")
-    if s.model == "transformer" and s.dim % 8:
+    if s.model == "transformer" and s.source is None and s.dim % 8:
         raise ReportError(f"expected a transformer dim divisible by 8 heads, got {s.dim}")
 
 
@@ -497,9 +513,13 @@ def main(args) -> int:
     """The ``mlexec report`` subcommand, given its parsed arguments."""
     import sys
 
-    models = parse_names(args.models, GRIDS, "model")
     names = parse_names(args.engines, ENGINES, "engine")
-    grid = parse_shapes(args.shapes, models) if args.shapes else None
+    if getattr(args, "model", None):
+        grid = file_grid(args.model, args.batches)
+        models = list(grid)
+    else:
+        models = parse_names(args.models, GRIDS, "model")
+        grid = parse_shapes(args.shapes, models) if args.shapes else None
 
     def progress(done, total, what):
         if not sys.stderr.isatty():

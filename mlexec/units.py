@@ -17,4 +17,4 @@ def fmt_time(seconds) -> str:
     for unit, scale in (("s", 1.0), ("ms", 1e-3)):
         if seconds >= scale:
             return f"{seconds / scale:.2f} {unit}"
-    return f"{seconds * 1e6:.1f} us"
+    return f"{seconds * 1e6:.1f} µs"

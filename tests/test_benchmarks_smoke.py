@@ -29,7 +29,7 @@ def test_every_benchmark_runs_once_and_the_summary_prints():
         assert "unavailable:" in line or "compiles for many seconds" in line, line
     assert len(skipped) < len(outcomes)
     assert "engines compared" in proc.stdout
-    assert f"headline, the seed's model ({HEADLINE.id}): naive" in proc.stdout
+    assert f"headline ({HEADLINE.id}): allocated per forward, naive" in proc.stdout
     # the gate's section comes last, and says that this run compared nothing
     section = proc.stdout[proc.stdout.rindex("regression gate"):]
     assert "NOTHING COMPARED: this run is not gated" in section and "engines compared" not in section

@@ -48,7 +48,7 @@ def test_analyze_json_and_input_file(tmp_path):
     (["--input", "1", "--engines", "naive,turbo"], "unknown engine 'turbo'"),
     (["--input", "1", "--batch", "x"], "argument --batch: invalid int value: 'x'"),
     (["--input-file", "/nonexistent/data.csv"], "cannot read --input-file"),
-    ([], "one of the arguments --input --input-file is required"),
+    ([], "expected --input or --input-file"),
 ])
 def test_bad_input_exits_2_with_one_line(args, expected):
     proc = mlexec("analyze", "--dim", "32", "--repeat", "1", *args)
@@ -69,20 +69,21 @@ def test_huge_input_file_exits_2(tmp_path):
 
 def test_history_table_and_charts(tmp_path):
     out = tmp_path / "charts"
-    proc = mlexec("history", "--root", str(FIXTURES / "baselines"), "--out", str(out),
+    proc = mlexec("history", "--root", str(FIXTURES / "baselines"), "--out", str(out), "--html", str(tmp_path / "site"),
                   "--machine", "Linux-CPython-3.11-64bit")
     assert proc.returncode == 0, proc.stderr
-    assert "a1b2c3d4" in proc.stdout and "e5f6a7b8" in proc.stdout
-    assert "test_fwd[arena]: median down at c3d4e5f6 (0003_run.json)" in proc.stdout
-    assert "other-machine" not in proc.stdout
+    assert "a1b2c3d4 (2026-01-01) to e5f6a7b8" in proc.stdout
+    assert "test_fwd[arena]  latency  b2c3d4e5   c3d4e5f6  505.0 µs → 300.0 µs" in proc.stdout
+    assert "other-machine" not in proc.stdout and "Tight layout" not in proc.stderr
     charts = list(out.iterdir())
     assert [p.name for p in charts] == ["Linux-CPython-3.11-64bit_mlp.png"]
     assert charts[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "site" / "index.html").is_file()
 
 
 def test_history_errors_exit_2(tmp_path):
     proc = mlexec("history", "--root", str(tmp_path))
-    assert proc.returncode == 2 and "no saved runs found" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "no readable saved runs" in proc.stderr and "Traceback" not in proc.stderr
     machine = tmp_path / "m1"
     machine.mkdir()
     (machine / "0001_x.json").write_text((FIXTURES / "invalid" / "truncated.json").read_text())

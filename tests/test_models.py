@@ -59,8 +59,8 @@ def test_model_rejects_ill_formed_op_lists():
         Model("bad", (Op("relu", ("h",), "y"),), {"x": (4,), "y": (4,)}, {})
     with pytest.raises(ValueError, match="written twice"):
         Model("bad", (Op("relu", ("x",), "y"), Op("relu", ("x",), "y")), {"x": (4,), "y": (4,)}, {})
-    with pytest.raises(ValueError, match="unknown kind 'conv'"):
-        Model("bad", (Op("conv", ("x",), "y"),), {"x": (4,), "y": (4,)}, {})
+    with pytest.raises(ValueError, match="unknown kind 'conv3d'"):
+        Model("bad", (Op("conv3d", ("x",), "y"),), {"x": (4,), "y": (4,)}, {})
 
 
 # The reference is only as good as its op semantics: check each against first principles.

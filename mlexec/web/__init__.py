@@ -2,39 +2,92 @@
 
 ``create_app()`` builds the Flask app; ``app`` is the module-level instance
 for ``waitress-serve --host 0.0.0.0 --port $PORT mlexec.web:app``. Every
-analysis goes through ``mlexec.analysis.run_analysis``; bad input is a 400
+analysis goes through ``mlexec.analysis`` (checked by ``prepare_analysis``, run by the runner); bad input is a 400
 (the form page again, with the user's values and the error, or
 ``{"error": ...}`` from the API), never a 500. Requests larger than
 ``MAX_CONTENT_LENGTH`` get the same 400-style message instead of a bare 413.
+
+Load (``runner``): an analysis over the compute budget is a 400 before it runs;
+at most ``ANALYSIS_WORKERS`` run at once, each in its own process, and
+``ANALYSIS_QUEUE`` more wait; beyond those a 503 with ``Retry-After``; one
+past ``ANALYSIS_TIMEOUT`` seconds is killed and answers 504. Every response
+carries ``SECURITY_HEADERS`` (docs/reliability.md).
 """
 from __future__ import annotations
 
 import logging
 import os
 
-from flask import Flask, jsonify, render_template, request
+from flask import Flask, jsonify, render_template, request, url_for
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from engines import ENGINES, MODELS
 
-from ..analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, run_analysis
-from ..baselines import BaselineError
-from ..units import fmt_bytes
+from ..analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, load_model_file
+from ..units import fmt_bytes, fmt_time
+from .runner import AnalysisRunner, Busy, TimedOut
 
-# Room for the largest accepted input text plus the other form fields and encoding overhead.
-MAX_REQUEST_BYTES = LIMITS["max_input_bytes"] + 64 * 1024
+# An uploaded ONNX model (stated on the form): one file, no external data, at most this many
+# bytes and graph nodes, checked before any engine is built.
+MODEL_LIMITS = {"max_model_bytes": 8 * 2**20, "max_nodes": 2000}
+# Room for the largest accepted input text and model file plus the other fields and encoding overhead.
+MAX_REQUEST_BYTES = LIMITS["max_input_bytes"] + MODEL_LIMITS["max_model_bytes"] + 64 * 1024
 
-DEFAULTS = {"input": "1.0, 0.5", "model": "mlp", "dim": "256", "batch": "1", "repeat": "20",
+DEFAULTS = {"input": "1.0, 0.5", "model": "mlp", "dim": "1024", "batch": "1", "repeat": "20",
             "seed": "0", "engines": list(DEFAULT_ENGINES)}
 API_KEYS = {"values", "model", "dim", "batch", "engines", "repeat", "seed"}
 
 log = logging.getLogger("mlexec.web")
 
+CORES = os.cpu_count() or 1
+# Each can be set in the environment as MLEXEC_<NAME> (e.g. MLEXEC_ANALYSIS_TIMEOUT=60).
+LOAD_DEFAULTS = {
+    "ANALYSIS_WORKERS": CORES,            # analyses at once: one per core
+    "ANALYSIS_QUEUE": 2 * CORES,          # waiting behind them; serve with threads > workers + queue
+    "ANALYSIS_TIMEOUT": 2 * LIMITS["max_estimated_seconds"],   # seconds; room for a loaded machine
+    "RETRY_AFTER": 10,                    # seconds, in a 503's Retry-After
+}
+
+
+def _load_settings() -> dict:
+    settings = {}
+    for key, default in LOAD_DEFAULTS.items():
+        text = os.environ.get(f"MLEXEC_{key}")
+        try:
+            settings[key] = default if text is None else type(default)(text)
+        except ValueError:
+            raise SystemExit(f"MLEXEC_{key} must be a number like {default!r}, got {text!r}") from None
+    return settings
+
+# Scripts only from the app's own static files (the history page's filter), never inline.
+# Styles: the app's stylesheet, and inline ones: the page's <style> block, the charts' bar widths
+# (style="width:..%") and matplotlib's SVG (style attributes) are inline, so style-src needs
+# 'unsafe-inline'; nothing else loads.
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 def _form_page(form: dict, error: str, status: int = 400):
     return render_template("form.html", form=form, error=error, models=list(MODELS),
-                           engines=list(ENGINES), limits=LIMITS), status
+                           engines=list(ENGINES), limits=LIMITS, model_limits=MODEL_LIMITS), status
+
+
+def _uploaded_model(upload):
+    """The uploaded ONNX file as a model (None when none was chosen); AnalysisError when bad."""
+    if upload is None or not upload.filename:
+        return None
+    limit = MODEL_LIMITS["max_model_bytes"]
+    data = upload.read(limit + 1)
+    if len(data) > limit:
+        raise AnalysisError(f"expected a model file of at most {limit:,} bytes, got more in {upload.filename!r}")
+    return load_model_file(data, allow_external_data=False, max_nodes=MODEL_LIMITS["max_nodes"],
+                           max_initializer_bytes=limit, max_value_bytes=LIMITS["max_estimated_bytes"] // 8)
 
 
 def _too_large_message() -> str:
@@ -49,10 +102,27 @@ def create_app(config: dict | None = None) -> Flask:
         MAX_FORM_MEMORY_SIZE=MAX_REQUEST_BYTES,
         BASELINES_ROOT=os.environ.get("MLEXEC_BASELINES", "baselines"),
         DEBUG=False,
+        **_load_settings(),
     )
     app.config.update(config or {})
+    runner = AnalysisRunner(app.config["ANALYSIS_WORKERS"], app.config["ANALYSIS_QUEUE"],
+                            app.config["ANALYSIS_TIMEOUT"])
+    app.extensions["analysis_runner"] = runner
+    retry_after = {"Retry-After": str(app.config["RETRY_AFTER"])}
+
+    def busy_message() -> str:
+        return f"the server is busy ({runner.workers} analyses running, {runner.queue} waiting); " \
+               f"try again in {app.config['RETRY_AFTER']} s"
+
+    def timeout_message(exc) -> str:
+        return f"{exc}; lower repeat, dim or batch, or run fewer engines"
+
+    @app.after_request
+    def security_headers(response):
+        response.headers.update(SECURITY_HEADERS)
+        return response
     app.jinja_env.filters["bytes"] = fmt_bytes
-    app.jinja_env.filters["ms"] = lambda s: "-" if s is None else f"{s * 1e3:.4f} ms"
+    app.jinja_env.filters["time"] = fmt_time
 
     @app.get("/")
     def index():
@@ -71,10 +141,19 @@ def create_app(config: dict | None = None) -> Flask:
                 return _form_page(form, f"expected at most {LIMITS['max_input_bytes']:,} bytes of input "
                                         f"text, got more in {upload.filename!r}")
         try:
-            result = run_analysis(values, model=form["model"], dim=form["dim"], batch=form["batch"],
-                                  engines=form["engines"], repeat=form["repeat"], seed=form["seed"] or 0)
+            model_file = _uploaded_model(request.files.get("model_file"))
+            if model_file is not None and isinstance(values, str) and not values.strip():
+                values = None                      # a model file runs on a seeded random input
+            result = runner.run(values, model=form["model"], dim=form["dim"], batch=form["batch"],
+                                engines=form["engines"], repeat=form["repeat"], seed=form["seed"] or 0,
+                                model_file=model_file)
         except AnalysisError as exc:
             return _form_page(form, str(exc))
+        except Busy:
+            page, status = _form_page(form, busy_message(), 503)
+            return page, status, retry_after
+        except TimedOut as exc:
+            return _form_page(form, timeout_message(exc), 504)
         return render_template("results.html", result=result, form=form)
 
     @app.post("/api/analyze")
@@ -92,24 +171,24 @@ def create_app(config: dict | None = None) -> Flask:
         if "dim" not in options:
             options["dim"] = int(DEFAULTS["dim"])
         try:
-            return jsonify(run_analysis(body["values"], **options))
+            return jsonify(runner.run(body["values"], **options))
         except AnalysisError as exc:
             return jsonify(error=str(exc)), 400
+        except Busy:
+            return jsonify(error=busy_message()), 503, retry_after
+        except TimedOut as exc:
+            return jsonify(error=timeout_message(exc)), 504
 
     @app.get("/history")
     def history_page():
         from .. import history
 
         machine = request.args.get("machine") or None
-        root = app.config["BASELINES_ROOT"]
-        try:
-            commits, series = history.collect(root, machine)
-        except BaselineError as exc:
-            return render_template("history.html", error=str(exc), root=root, table=None, charts=[]), 200
-        charts = history.chart_svgs(series) if series else []
-        table = history.format_table(commits, series) if series else None
-        return render_template("history.html", error=None, root=root, table=table, charts=charts,
-                               machine=machine, series=series)
+        data = history.collect(app.config["BASELINES_ROOT"])
+        return render_template("history.html", static=False,
+                               asset=lambda name: url_for("static", filename=name),
+                               machine_href=lambda name: url_for("history_page", machine=name),
+                               **history.page_context(data, machine))
 
     @app.errorhandler(RequestEntityTooLarge)
     def too_large(_exc):

@@ -1,0 +1,350 @@
+"""Bring your own model: an ONNX file as the same ``Model`` IR the zoo builds.
+
+``load_onnx(source)`` reads a path or the file's bytes with the ``onnx``
+package (``onnx.load``, ``onnx.checker``, ``onnx.shape_inference``,
+``onnx.numpy_helper``) and returns a ``Model`` that every engine runs.
+
+How the batch is kept out of the graph. The first axis of the single
+float32 input is the batch. The graph is evaluated once with ONNX's
+reference evaluator at batch 1 and once at batch 2: every value that does
+not depend on the input's data (initializers, ``Constant``, and all shape
+arithmetic: ``Shape``, ``Gather``, ``Slice``, ``Concat``, ``Reshape`` targets,
+``ConstantOfShape``, ...) is folded to its batch-1 value, so nothing of it runs
+per forward. Every other value (an activation) is lowered to IR ops acting
+on one sample: its per-sample shape is its batch-1 shape without the axis
+that grows with the batch (exporters move and merge that axis: PyTorch's
+attention runs (seq, batch·heads, head_dim)). Because ops then treat each
+sample independently, the import checks that the file does too: at batch 2,
+the first sample's output must equal the batch-1 output.
+
+Lowering is one table, ``onnx_lower.LOWER``: ONNX op type -> a function that
+emits IR ops. A new op type is one entry. The passes that turn generic ops into the
+project's fused kinds (``linear``, ``layernorm``, ``gelu_erf``) are pure
+functions in ``onnx_passes``.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .models import Model, Op
+from .onnx_lower import LOWER, Act, lower
+from .onnx_passes import PASSES, live_ops
+
+# Refused before anything is built: a graph this large is not what this project's engines
+# are for, and the web page must not spend minutes on an upload.
+MAX_NODES = 20_000
+MAX_INITIALIZER_BYTES = 1 << 30
+MAX_VALUE_BYTES = 1 << 30        # any one value of the graph, as shape inference sizes it
+SEPARABLE_RTOL = 1e-4       # the batch-2 run's first sample against the batch-1 run
+
+
+class OnnxImportError(ValueError):
+    """The file cannot be imported; the message names every problem found."""
+
+    def __init__(self, problems: list[str] | str):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__(self.problems[0] if len(self.problems) == 1 else     # one line, for the CLI
+                         f"{len(self.problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(self.problems, 1)))
+
+
+def _onnx():
+    try:
+        import onnx
+    except ImportError as exc:
+        raise OnnxImportError(f"importing ONNX files needs the onnx package ({exc}); "
+                              f"pip install -e .[peers]") from exc
+    return onnx
+
+
+def workload_version(source: bytes | str | os.PathLike) -> str:
+    """A stable version for a model file: its content hash. Results of another file are not compared."""
+    data = source if isinstance(source, (bytes, bytearray)) else Path(source).read_bytes()
+    return "onnx-" + hashlib.sha256(data).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class FileWorkload:
+    """What the benchmark suite needs to add a model file to its matrix at one batch."""
+    model: Model
+    batch: int
+    version: str                 # the file's content hash (``workload_version``)
+
+    @property
+    def id(self) -> str:         # like the zoo's ids: test_forward[arena-mymodel-b8]
+        return f"{self.model.name}-b{self.batch}"
+
+    def input(self, seed: int = 0) -> np.ndarray:
+        return self.model.random_input(self.batch, rng=seed)
+
+
+def file_workload(path: str | os.PathLike, batch: int, **limits) -> FileWorkload:
+    """The model in ``path`` (named by the file's stem) at ``batch``, with its version."""
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+    model = load_onnx(path, **limits)
+    return FileWorkload(model, int(batch), workload_version(model.source))
+
+
+# --- reading and checking -------------------------------------------------------
+
+def read(source, *, allow_external_data: bool = True, max_nodes: int = MAX_NODES,
+         max_initializer_bytes: int = MAX_INITIALIZER_BYTES):
+    """The checked ``ModelProto`` of a path or of the file's bytes, and those bytes."""
+    onnx = _onnx()
+    from onnx import external_data_helper
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data, where = bytes(source), None
+    else:
+        where = Path(source)
+        try:
+            data = where.read_bytes()
+        except OSError as exc:
+            raise OnnxImportError(f"cannot read {where}: {exc.strerror or exc}") from exc
+    if not data:
+        raise OnnxImportError("not an ONNX file: it is empty")
+    try:
+        proto = onnx.load_from_string(data)
+    except Exception as exc:   # protobuf's DecodeError and friends
+        raise OnnxImportError(f"not an ONNX file, or a truncated one: {type(exc).__name__}: {exc}") from exc
+    if not proto.HasField("graph") or not proto.opset_import:
+        raise OnnxImportError("not an ONNX file: no graph or no opset (a truncated file, or another format)")
+    external = [t.name for t in external_data_helper._get_all_tensors(proto)
+                if external_data_helper.uses_external_data(t)]
+    if external:
+        if not allow_external_data or where is None:
+            raise OnnxImportError(f"{len(external)} tensors keep their data in external files "
+                                  f"({', '.join(external[:5])}), which are not accepted here; "
+                                  f"save the model as one file (onnx.save(model, path, save_as_external_data=False))")
+        try:
+            external_data_helper.load_external_data_for_model(proto, str(where.parent))
+        except Exception as exc:
+            raise OnnxImportError(f"external data missing for {where.name}: {exc}") from exc
+        data = proto.SerializeToString()
+    problems = []
+    nodes = len(proto.graph.node)
+    if nodes > max_nodes:
+        problems.append(f"the graph has {nodes} nodes; the limit is {max_nodes}")
+    init_bytes = sum(_tensor_bytes(t) for t in proto.graph.initializer)
+    if init_bytes > max_initializer_bytes:
+        problems.append(f"the initializers hold {init_bytes} bytes; the limit is {max_initializer_bytes}")
+    if problems:
+        raise OnnxImportError(problems)
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as exc:
+        raise OnnxImportError(f"the file fails onnx.checker: {str(exc).strip().splitlines()[0]}") from exc
+    return proto, data
+
+
+def _tensor_bytes(t) -> int:
+    if t.raw_data:
+        return len(t.raw_data)
+    return 4 * math.prod(t.dims)
+
+
+def _dims(value_info) -> list:
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+            for d in value_info.type.tensor_type.shape.dim]
+
+
+def check_signature(proto) -> tuple[str, tuple[int, ...], bool]:
+    """(input name, per-sample shape, whether the batch axis is symbolic) of the single float32 input."""
+    from onnx import TensorProto
+    inits = {t.name for t in proto.graph.initializer}
+    inputs = [i for i in proto.graph.input if i.name not in inits]
+    problems = []
+    if len(inputs) != 1:
+        problems.append(f"the graph has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); "
+                        f"exactly one float32 input is supported")
+    if len(proto.graph.output) != 1:
+        problems.append(f"the graph has {len(proto.graph.output)} outputs; exactly one is supported")
+    if problems or not inputs:
+        raise OnnxImportError(problems)
+    (x,) = inputs
+    elem = x.type.tensor_type.elem_type
+    if elem != TensorProto.FLOAT:
+        problems.append(f"input {x.name!r} is {TensorProto.DataType.Name(elem)}; only float32 inputs are supported")
+    dims = _dims(x)
+    if not x.type.tensor_type.HasField("shape") or not dims:
+        problems.append(f"input {x.name!r} has no batch axis (rank 0 or unknown rank)")
+        raise OnnxImportError(problems)
+    batch, rest = dims[0], dims[1:]
+    if isinstance(batch, int) and batch != 1:
+        problems.append(f"input {x.name!r} has a fixed first axis of {batch}; the batch axis must be "
+                        f"symbolic or 1")
+    dynamic = [f"axis {i + 1} ({d!r})" for i, d in enumerate(rest) if not isinstance(d, int) or d < 1]
+    if dynamic:
+        problems.append(f"input {x.name!r} has dynamic axes other than the batch: {', '.join(dynamic)}; "
+                        f"export it with fixed sizes there")
+    if problems:
+        raise OnnxImportError(problems)
+    return x.name, tuple(rest), not isinstance(batch, int)
+
+
+# --- evaluation: fold what does not depend on the input, measure the rest -------------
+
+def dynamic_values(proto, input_name: str) -> set[str]:
+    """Values that depend on the input's data; ``Shape`` and ``Size`` cut the dependency."""
+    dynamic = {input_name}
+    for node in proto.graph.node:
+        if node.op_type not in ("Shape", "Size") and any(i in dynamic for i in node.input if i):
+            dynamic.update(o for o in node.output if o)
+    return dynamic
+
+
+def unsupported_nodes(proto, dynamic: set[str]) -> list[str]:
+    """Every node the importer cannot lower, all at once."""
+    opsets = {o.domain or "ai.onnx": o.version for o in proto.opset_import}
+    bad = []
+    for node in proto.graph.node:
+        domain = node.domain or "ai.onnx"
+        runs = any(i in dynamic for i in node.input if i) and node.op_type not in ("Shape", "Size")
+        if domain != "ai.onnx" or (runs and node.op_type not in LOWER):
+            bad.append(f"node {node.name or '(unnamed)'!r}: {node.op_type} (domain {domain}, "
+                       f"opset {opsets.get(domain, '?')}) is not supported")
+    return bad
+
+
+def evaluate(proto, input_name: str, x: np.ndarray) -> dict[str, np.ndarray]:
+    """Every value of the graph for this input, with ONNX's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+    try:
+        results = ReferenceEvaluator(proto).run(None, {input_name: x}, intermediate=True)
+    except Exception as exc:
+        raise OnnxImportError(f"the graph does not run at batch {x.shape[0]} "
+                              f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]})") from exc
+    return {k: np.asarray(v) for k, v in results.items()}
+
+def _measure(proto, dynamic, one: dict, two: dict) -> tuple[dict[str, Act], list[str]]:
+    """Each activation's batch-1 shape and batch axis, from its shapes at batch 1 and 2."""
+    acts, problems = {}, []
+    owner = {o: n for n in proto.graph.node for o in n.output}
+    for name in dynamic:
+        if name not in one or name not in two:
+            continue
+        s1, s2 = np.shape(one[name]), np.shape(two[name])
+        grew = [i for i, (a, b) in enumerate(zip(s1, s2)) if a != b]
+        if len(s1) != len(s2) or len(grew) != 1 or s2[grew[0]] != 2 * s1[grew[0]]:
+            node = owner.get(name)
+            problems.append(f"node {node.name if node else name!r} ({node.op_type if node else 'input'}): "
+                            f"its output {name!r} does not keep one batch axis ({s1} at batch 1, {s2} at batch 2)")
+            continue
+        i = grew[0]
+        acts[name] = Act(name, tuple(s1), i if s1[i] == 1 else None)
+    return acts, problems
+
+def _oversized_values(inferred, max_value_bytes: int) -> list[str]:
+    """Values whose inferred shape (known axes only) is larger than the limit, before anything runs."""
+    graph = inferred.graph
+    problems = []
+    for vi in (*graph.value_info, *graph.output):
+        dims = [d if isinstance(d, int) else 1 for d in _dims(vi)]
+        if 4 * math.prod(dims) > max_value_bytes:
+            problems.append(f"value {vi.name!r} would hold {4 * math.prod(dims):,} bytes at batch 1; "
+                            f"the limit is {max_value_bytes:,}")
+    return problems
+
+
+def load_onnx(source, *, randomize_weights: int | None = None, name: str | None = None,
+              passes: bool = True, max_value_bytes: int = MAX_VALUE_BYTES, **limits) -> Model:
+    """A ``Model`` from an ONNX file (a path, or its bytes), ready for every engine.
+
+    ``randomize_weights``: a seed; every float initializer is replaced by seeded random
+    values of its shape before import (the model's ``source`` then holds the file so
+    changed), for graphs exported with untrained or absent weights.
+    ``max_value_bytes``: the largest value shape inference may find (checked before the graph runs).
+    ``limits``: ``allow_external_data``, ``max_nodes``, ``max_initializer_bytes`` (see ``read``).
+    Raises ``OnnxImportError`` naming every problem found.
+    """
+    proto, data = read(source, **limits)
+    if randomize_weights is not None:
+        proto, data = _randomized(proto, randomize_weights)
+    input_name, sample_shape, symbolic = check_signature(proto)
+    try:
+        import onnx
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise OnnxImportError(f"ONNX shape inference fails: {str(exc).strip().splitlines()[0][:300]}") from exc
+    oversized = _oversized_values(inferred, max_value_bytes)
+    if oversized:
+        raise OnnxImportError(oversized)
+    dynamic = dynamic_values(proto, input_name)
+    bad = unsupported_nodes(proto, dynamic)
+    if bad:
+        raise OnnxImportError(bad)
+    rng = np.random.default_rng(0)
+    x2 = rng.standard_normal((2, *sample_shape)).astype(np.float32)
+    one = evaluate(proto, input_name, x2[:1])
+    if not symbolic:          # a fixed batch of 1: try it at 2 anyway, to find each value's batch axis
+        import onnx
+        proto2 = onnx.ModelProto()
+        proto2.CopyFrom(proto)
+        proto2.graph.input[[i.name for i in proto2.graph.input].index(input_name)] \
+            .type.tensor_type.shape.dim[0].dim_param = "batch"
+        try:
+            two = evaluate(proto2, input_name, x2)
+        except OnnxImportError as exc:
+            raise OnnxImportError(f"the file fixes the batch at 1 and {exc.problems[0]}: a shape in it "
+                                  f"hardcodes the batch; export with a dynamic batch axis (torch: "
+                                  f"dynamic_axes={{'x': {{0: 'batch'}}}} or dynamic_shapes)") from None
+    else:
+        two = evaluate(proto, input_name, x2)
+    acts, problems = _measure(proto, dynamic, one, two)
+    output = proto.graph.output[0].name
+    if not problems:
+        out = acts.get(output)
+        if out is None:
+            problems.append(f"the output {output!r} does not depend on the input")
+        elif out.bpos != 0:
+            problems.append(f"the output {output!r} does not have the batch axis first (shape {out.shape} at batch 1)")
+        elif not np.allclose(two[output][:1], one[output], rtol=SEPARABLE_RTOL,
+                             atol=SEPARABLE_RTOL * max(1.0, float(np.max(np.abs(one[output]))))):
+            problems.append("the graph mixes samples: at batch 2 the first sample's output differs from its "
+                            "output at batch 1 (an op works across the batch axis)")
+    if problems:
+        raise OnnxImportError(problems)
+    L, problems = lower(proto, input_name, one, acts)
+    if problems:
+        raise OnnxImportError(problems)
+    result = L.values[output].name
+    ops = live_ops(L.ops, result)
+    if not ops or ops[-1].output != result:       # the output is the input itself: end on a copy
+        shape = L.shapes[result]
+        ops.append(Op("expand", (result,), L._fresh(output), (), {"aligned": shape, "shape": shape}))
+        L.shapes[ops[-1].output] = shape
+    L.ops = ops
+    used = {p for op in ops for p in op.params}
+    L.params = {k: v for k, v in L.params.items() if k in used}
+    model = Model(name or _stem(source, proto), tuple(L.ops), dict(L.shapes), dict(L.params),
+                  input=input_name, source=data, origin=dict(L.origin))
+    if passes:
+        for p in PASSES:
+            model = p(model)
+    return model
+
+
+def _stem(source, proto) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return Path(source).stem
+    return proto.graph.name or "model"
+
+
+def _randomized(proto, seed: int):
+    import onnx
+    from onnx import numpy_helper
+    rng = np.random.default_rng(seed)
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    for t in out.graph.initializer:
+        a = numpy_helper.to_array(t)
+        if a.dtype != np.float32 or a.size <= 1:
+            continue
+        std = 1 / math.sqrt(a.shape[0]) if a.ndim >= 2 else 0.1
+        t.CopyFrom(numpy_helper.from_array(rng.standard_normal(a.shape).astype(np.float32) * np.float32(std), t.name))
+    return out, out.SerializeToString()

@@ -1,0 +1,475 @@
+"""Lowering an ONNX graph's nodes to IR ops: one rule per op type, in ``LOWER``.
+
+A rule sees the node being lowered through a ``Lowering``: its inputs as
+activations (``Act``: an IR tensor and where its batch axis is) or folded
+constants (NumPy arrays at batch 1), and its measured output shapes. It emits
+IR ops whose attributes are per sample (``emit``) and says which IR tensor
+holds each output (``result``). A node of a supported type used in a way the
+rule cannot lower raises ``Unsupported`` with the reason; ``lower`` collects
+every such problem. Adding an ONNX op type is one entry in ``LOWER``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .models import Op
+
+@dataclass(frozen=True)
+class Act:
+    """An activation: its IR tensor name, its batch-1 ONNX shape and where its batch axis is
+    (None: merged into another axis, e.g. batch·heads)."""
+    name: str
+    shape: tuple[int, ...]
+    bpos: int | None
+
+    @property
+    def per_sample(self) -> tuple[int, ...]:
+        return self.shape if self.bpos is None else self.shape[:self.bpos] + self.shape[self.bpos + 1:]
+
+    def axis(self, axis: int) -> int:
+        """An ONNX axis of this value as a per-sample axis."""
+        axis = axis + len(self.shape) if axis < 0 else axis
+        if self.bpos is None or axis < self.bpos:
+            return axis
+        if axis == self.bpos:
+            raise Unsupported("it works along the batch axis")
+        return axis - 1
+
+
+class Unsupported(Exception):
+    """A node of a supported type used in a way the importer cannot lower (the reason)."""
+
+
+@dataclass
+class Lowering:
+    """What the lowering rules write into: IR ops, parameters, and the value of every ONNX name."""
+    ops: list[Op] = field(default_factory=list)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    origin: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    values: dict[str, object] = field(default_factory=dict)       # name -> Act | np.ndarray
+    acts: dict[str, Act] = field(default_factory=dict)            # measured: name -> Act
+    node: object = None                                           # the node being lowered
+    opset: int = 0
+
+    def emit(self, kind: str, inputs, out_shape, params=(), name=None, **attrs) -> str:
+        name = name or self._fresh(self.node.output[0])
+        self.shapes[name] = tuple(int(d) for d in out_shape)
+        self.ops.append(Op(kind, tuple(inputs), name, tuple(params), attrs))
+        self.origin[name] = (self.node.name or self.node.output[0],)
+        return name
+
+    def param(self, array, hint: str) -> str:
+        name = self._fresh(hint)
+        self.params[name] = np.array(array, dtype=np.float32, order="C")     # an own, writable copy
+        return name
+
+    def _fresh(self, hint: str) -> str:
+        name, i = hint, 0
+        while name in self.shapes or name in self.params:
+            i += 1
+            name = f"{hint}.{i}"
+        return name
+
+    def out(self, index: int = 0) -> Act:
+        """The measured output of the current node."""
+        return self.acts[self.node.output[index]]
+
+    def result(self, act_name: str, index: int = 0) -> None:
+        """The IR tensor holding the node's output ``index`` (a view if shapes differ)."""
+        target = self.out(index)
+        if self.shapes[act_name] != target.per_sample:
+            act_name = self.emit("reshape", [act_name], target.per_sample, shape=target.per_sample,
+                                 name=self._fresh(self.node.output[index]))
+        self.values[self.node.output[index]] = Act(act_name, target.shape, target.bpos)
+
+    def attr(self, name, default=None):
+        from onnx import helper
+        for a in self.node.attribute:
+            if a.name == name:
+                return helper.get_attribute_value(a)
+        return default
+
+    def const(self, i: int, what: str) -> np.ndarray | None:
+        """Input i as a constant (None when absent); an activation there is unsupported."""
+        if i >= len(self.node.input) or not self.node.input[i]:
+            return None
+        v = self.values[self.node.input[i]]
+        if isinstance(v, Act):
+            raise Unsupported(f"its {what} is computed from the input; only constants are supported there")
+        return v
+
+
+def _ints(a) -> list[int]:
+    return [int(v) for v in np.asarray(a).reshape(-1)]
+
+
+def _as_act(L: Lowering, v, out: Act) -> str:
+    """An activation operand broadcast to the node's output: itself, or an ``expand`` of it."""
+    rank = len(out.shape)
+    aligned = (1,) * (rank - len(v.shape)) + v.shape
+    bpos = None if v.bpos is None else v.bpos + rank - len(v.shape)
+    if bpos != out.bpos:
+        raise Unsupported("it broadcasts the batch axis against another axis")
+    per_sample = aligned if bpos is None else aligned[:bpos] + aligned[bpos + 1:]
+    if per_sample == out.per_sample:
+        return v.name
+    return L.emit("expand", [v.name], out.per_sample, name=L._fresh(v.name + ".expand"),
+                  aligned=per_sample, shape=out.per_sample)
+
+
+def _const_operand(L: Lowering, c: np.ndarray, out: Act) -> dict:
+    """A constant operand of an elementwise op as ``binary``'s attrs and params: a scalar, or
+    the shortest vector that repeats along the output's trailing elements."""
+    c = np.asarray(c, dtype=np.float64)
+    if c.size == 1:
+        return {"scalar": float(c.reshape(()))}
+    rank = len(out.shape)
+    if c.ndim > rank:
+        raise Unsupported("a constant operand has more axes than the result")
+    aligned = (1,) * (rank - c.ndim) + c.shape
+    if out.bpos is not None:
+        if aligned[out.bpos] != 1:
+            raise Unsupported("a constant operand varies along the batch axis")
+        aligned = aligned[:out.bpos] + aligned[out.bpos + 1:]
+    c = c.reshape(aligned)
+    target = out.per_sample
+    lead = 0
+    while lead < len(aligned) and aligned[lead] == 1:
+        lead += 1
+    if aligned[lead:] != target[lead:]:            # not one trailing block: materialise it
+        lead = 0
+    block = np.broadcast_to(c, (1,) * lead + target[lead:]).reshape(-1)
+    return {"params": [L.param(block, L.node.output[0] + ".c")], "width": int(block.size)}
+
+
+def lower_binary(L: Lowering, fn: str):
+    a, b = (L.values[n] for n in L.node.input[:2])
+    out = L.out()
+    if isinstance(a, Act) and isinstance(b, Act):
+        ins = [_as_act(L, a, out), _as_act(L, b, out)]
+        if fn == "add":
+            return L.result(L.emit("add", ins, out.per_sample))
+        return L.result(L.emit("binary", ins, out.per_sample, fn=fn))
+    act, c, swap = (a, b, False) if isinstance(a, Act) else (b, a, True)
+    src = _as_act(L, act, out)
+    extra = _const_operand(L, c, out)
+    params = extra.pop("params", ())
+    if fn in ("add", "mul"):
+        swap = False                              # commutative: one form for the passes to match
+    L.result(L.emit("binary", [src], out.per_sample, params, fn=fn, swap=swap, **extra))
+
+
+def lower_unary(kind: str, **attrs):
+    def rule(L: Lowering):
+        x = L.values[L.node.input[0]]
+        L.result(L.emit(kind, [x.name], x.per_sample, **attrs))
+    return rule
+
+
+def lower_alias(L: Lowering):
+    """Identity, Dropout at inference, a Cast to float: the output is the input."""
+    if L.node.op_type == "Cast":
+        from onnx import TensorProto
+        if L.attr("to") != TensorProto.FLOAT:
+            raise Unsupported("a Cast of an activation to a type other than float32")
+    if L.node.op_type == "Dropout" and len(L.node.output) > 1 and L.node.output[1]:
+        raise Unsupported("its mask output is used")
+    x = L.values[L.node.input[0]]
+    L.result(x.name)
+
+
+def lower_view(L: Lowering):
+    """Reshape, Flatten, Squeeze, Unsqueeze: the same elements in another shape (a view)."""
+    x = L.values[L.node.input[0]]
+    L.result(x.name)
+
+
+def lower_clip(L: Lowering):
+    x = L.values[L.node.input[0]]
+    if L.opset < 11:
+        lo, hi = L.attr("min"), L.attr("max")
+    else:
+        lo, hi = (L.const(i, name) for i, name in ((1, "min"), (2, "max")))
+    as_float = lambda v: None if v is None else float(np.asarray(v).reshape(()))   # noqa: E731
+    L.result(L.emit("clip", [x.name], x.per_sample, lo=as_float(lo), hi=as_float(hi)))
+
+
+def lower_gelu(L: Lowering):
+    x = L.values[L.node.input[0]]
+    kind = "gelu" if L.attr("approximate", b"none") in (b"tanh", "tanh") else "gelu_erf"
+    L.result(L.emit(kind, [x.name], x.per_sample))
+
+
+def lower_matmul(L: Lowering):
+    a, b = (L.values[n] for n in L.node.input[:2])
+    out = L.out()
+    if isinstance(a, Act) and isinstance(b, Act):
+        if len(a.per_sample) != len(b.per_sample) or len(a.per_sample) < 2:
+            raise Unsupported("a product of activations of different ranks")
+        if a.per_sample[:-2] != b.per_sample[:-2]:
+            raise Unsupported("a product of activations that broadcasts")
+        return L.result(L.emit("matmul", [a.name, b.name], out.per_sample))
+    if not isinstance(a, Act) or np.ndim(b) != 2:
+        raise Unsupported("a product with a constant other than a 2-D right-hand matrix")
+    w = L.param(b, L.node.output[0] + ".w")
+    zero = L.param(np.zeros(b.shape[1]), L.node.output[0] + ".b")
+    L.result(L.emit("linear", [a.name], out.per_sample, [w, zero]))
+
+
+def lower_gemm(L: Lowering):
+    a = L.values[L.node.input[0]]
+    if not isinstance(a, Act) or L.attr("transA", 0):
+        raise Unsupported("its A operand is a constant or transposed")
+    b = L.const(1, "B")
+    c = L.const(2, "C")
+    alpha, beta = float(L.attr("alpha", 1.0)), float(L.attr("beta", 1.0))
+    w = (b.T if L.attr("transB", 0) else b).astype(np.float64) * alpha
+    n = w.shape[1]
+    bias = np.zeros(n) if c is None else np.asarray(c, dtype=np.float64)
+    if bias.size not in (1, n) or (bias.ndim == 2 and bias.shape[0] != 1):
+        raise Unsupported("its C operand varies per row")
+    bias = np.broadcast_to(bias.reshape(-1), (n,)) * beta
+    name = L.node.output[0]
+    L.result(L.emit("linear", [a.name], L.out().per_sample, [L.param(w, name + ".w"), L.param(bias, name + ".b")]))
+
+
+def _trailing(L: Lowering, x: Act, axes: list[int]) -> tuple[str, int]:
+    """x with the per-sample ``axes`` moved last and flattened into one: (tensor, width)."""
+    shape = x.per_sample
+    keep = [i for i in range(len(shape)) if i not in axes]
+    name = x.name
+    if keep + axes != list(range(len(shape))):
+        perm = keep + axes
+        name = L.emit("transpose", [name], [shape[i] for i in perm], name=L._fresh(x.name + ".t"), perm=tuple(perm))
+    width = math.prod(shape[i] for i in axes)
+    flat = tuple(shape[i] for i in keep) + (width,)
+    if L.shapes[name] != flat:
+        name = L.emit("reshape", [name], flat, name=L._fresh(x.name + ".rows"), shape=flat)
+    return name, width
+
+
+def lower_reduce(kind: str):
+    def rule(L: Lowering):
+        x = L.values[L.node.input[0]]
+        axes = L.attr("axes")
+        if axes is None and len(L.node.input) > 1 and L.node.input[1]:
+            axes = _ints(L.const(1, "axes"))
+        if not axes:
+            if L.attr("noop_with_empty_axes", 0):
+                return L.result(x.name)
+            raise Unsupported("it reduces every axis, the batch axis included")
+        axes = sorted({x.axis(a) for a in axes})
+        name, _ = _trailing(L, x, axes)
+        L.result(L.emit(kind, [name], L.shapes[name][:-1] + (1,)))
+    return rule
+
+
+def lower_softmax(L: Lowering):
+    x = L.values[L.node.input[0]]
+    axis = x.axis(L.attr("axis", -1 if L.opset >= 13 else 1))
+    last = len(x.per_sample) - 1
+    if L.opset < 13 and axis != last:
+        raise Unsupported("Softmax before opset 13 over more than the last axis")
+    if axis == last:
+        return L.result(L.emit("softmax", [x.name], x.per_sample))
+    perm = [i for i in range(len(x.per_sample)) if i != axis] + [axis]
+    back = tuple(int(i) for i in np.argsort(perm))
+    moved = L.emit("transpose", [x.name], [x.per_sample[i] for i in perm], name=L._fresh(x.name + ".t"),
+                   perm=tuple(perm))
+    soft = L.emit("softmax", [moved], L.shapes[moved], name=L._fresh(L.node.output[0] + ".t"))
+    L.result(L.emit("transpose", [soft], x.per_sample, perm=back))
+
+
+def lower_layernorm(L: Lowering):
+    x = L.values[L.node.input[0]]
+    if any(o for o in L.node.output[1:]):
+        raise Unsupported("its mean or inverse standard deviation output is used")
+    axis = x.axis(L.attr("axis", -1))
+    axes = list(range(axis, len(x.per_sample)))
+    name, width = _trailing(L, x, axes)
+    scale = np.broadcast_to(L.const(1, "scale"), x.per_sample[axis:]).reshape(-1)
+    bias = L.const(2, "bias")
+    bias = np.zeros(width) if bias is None else np.broadcast_to(bias, x.per_sample[axis:]).reshape(-1)
+    out = L.node.output[0]
+    L.result(L.emit("layernorm", [name], L.shapes[name], [L.param(scale, out + ".g"), L.param(bias, out + ".b")],
+                    eps=float(L.attr("epsilon", 1e-5))))
+
+
+def lower_transpose(L: Lowering):
+    x = L.values[L.node.input[0]]
+    perm = L.attr("perm") or list(range(len(x.shape)))[::-1]
+    if x.bpos is not None:
+        perm = [p if p < x.bpos else p - 1 for p in perm if p != x.bpos]
+    if perm == sorted(perm):                       # only the batch axis moved: the same memory
+        return L.result(x.name)
+    L.result(L.emit("transpose", [x.name], [x.per_sample[p] for p in perm], perm=tuple(perm)))
+
+
+def lower_expand(L: Lowering):
+    x = L.values[L.node.input[0]]
+    L.result(_as_act(L, x, L.out()))
+
+
+def _slice_index(L: Lowering, x: Act, axes, starts, ends, steps) -> tuple:
+    index = [(0, n, 1) for n in x.per_sample]
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        full = x.shape[axis]
+        if x.bpos is not None and (axis % len(x.shape)) == x.bpos:
+            if slice(start, end, step).indices(full) != (0, full, 1):
+                raise Unsupported("it slices the batch axis")
+            continue
+        a = x.axis(axis)
+        begin, stop, stride = slice(start, end, step).indices(x.per_sample[a])
+        index[a] = (begin, None if stop < 0 else stop, stride)    # -1 here means "past the front"
+    return tuple(index)
+
+
+def lower_slice(L: Lowering):
+    x = L.values[L.node.input[0]]
+    if L.opset < 10:
+        starts, ends = L.attr("starts"), L.attr("ends")
+        axes, steps = L.attr("axes") or list(range(len(starts))), [1] * len(starts)
+    else:
+        starts, ends = _ints(L.const(1, "starts")), _ints(L.const(2, "ends"))
+        axes = L.const(3, "axes")
+        axes = list(range(len(starts))) if axes is None else _ints(axes)
+        steps = L.const(4, "steps")
+        steps = [1] * len(starts) if steps is None else _ints(steps)
+    index = _slice_index(L, x, axes, starts, ends, steps)
+    L.result(L.emit("slice", [x.name], L.out().per_sample, index=index))
+
+
+def lower_split(L: Lowering):
+    x = L.values[L.node.input[0]]
+    axis = x.axis(L.attr("axis", 0))
+    length = x.per_sample[axis]
+    sizes = L.attr("split")
+    if sizes is None and len(L.node.input) > 1 and L.node.input[1]:
+        sizes = _ints(L.const(1, "split"))
+    if not sizes:
+        parts = len(L.node.output)
+        sizes = [-(-length // parts)] * parts
+        sizes[-1] = length - sum(sizes[:-1])
+    at = 0
+    for i, (name, size) in enumerate(zip(L.node.output, sizes)):
+        index = [(0, n, 1) for n in x.per_sample]
+        index[axis] = (at, at + size, 1)
+        at += size
+        if name:
+            L.result(L.emit("slice", [x.name], L.out(i).per_sample, name=L._fresh(name), index=tuple(index)), i)
+
+
+def lower_gather(L: Lowering):
+    x = L.values[L.node.input[0]]
+    if not isinstance(x, Act):
+        raise Unsupported("it gathers from a constant by computed indices (an embedding)")
+    idx = np.asarray(L.const(1, "indices"))
+    axis = x.axis(L.attr("axis", 0))
+    n = x.per_sample[axis]
+    if np.any((idx < -n) | (idx >= n)):
+        raise Unsupported("its indices are out of range")
+    idx = np.where(idx < 0, idx + n, idx)
+    if idx.ndim == 0:                              # one index: a slice that drops the axis
+        index = [(0, m, 1) for m in x.per_sample]
+        index[axis] = int(idx)
+        return L.result(L.emit("slice", [x.name], L.out().per_sample, index=tuple(index)))
+    flat = L.emit("take", [x.name], x.per_sample[:axis] + (idx.size,) + x.per_sample[axis + 1:],
+                  name=L._fresh(L.node.output[0] + ".take"), axis=axis, indices=tuple(_ints(idx)))
+    L.result(flat)
+
+
+def lower_concat(L: Lowering):
+    out = L.out()
+    acts = [v for v in (L.values[n] for n in L.node.input) if isinstance(v, Act)]
+    axis = acts[0].axis(L.attr("axis"))
+    order, tensors, params = "", [], []
+    for name in L.node.input:
+        v = L.values[name]
+        if isinstance(v, Act):
+            if len(v.shape) != len(out.shape) or v.bpos != out.bpos:
+                raise Unsupported("its operands hold the batch axis in different places")
+            tensors.append(v.name)
+            order += "t"
+        else:
+            c = np.asarray(v)
+            if out.bpos is not None:
+                if c.shape[out.bpos] != 1:
+                    raise Unsupported("a constant operand varies along the batch axis")
+                c = c.reshape(c.shape[:out.bpos] + c.shape[out.bpos + 1:])
+            if c.shape[axis] == 0:
+                continue
+            params.append(L.param(c, L.node.output[0] + ".part"))
+            order += "p"
+    L.result(L.emit("concat", tensors, out.per_sample, params, axis=axis, order=order))
+
+
+BINARY_OPS = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}
+
+# ONNX op type -> rule(L) that lowers one node whose input depends on the model's input.
+LOWER: dict[str, Callable[[Lowering], None]] = {
+    **{op: (lambda fn: lambda L: lower_binary(L, fn))(fn) for op, fn in BINARY_OPS.items()},
+    "Relu": lower_unary("relu"),
+    "Exp": lower_unary("exp"),
+    "Sqrt": lower_unary("sqrt"),
+    "Tanh": lower_unary("tanh"),
+    "Neg": lower_unary("neg"),
+    "Erf": lower_unary("erf"),
+    "Sigmoid": lower_unary("sigmoid"),
+    "Clip": lower_clip,
+    "Gelu": lower_gelu,
+    "Identity": lower_alias,
+    "Dropout": lower_alias,
+    "Cast": lower_alias,
+    "Reshape": lower_view,
+    "Flatten": lower_view,
+    "Squeeze": lower_view,
+    "Unsqueeze": lower_view,
+    "MatMul": lower_matmul,
+    "Gemm": lower_gemm,
+    "Softmax": lower_softmax,
+    "LayerNormalization": lower_layernorm,
+    "ReduceMean": lower_reduce("reduce_mean"),
+    "ReduceSum": lower_reduce("reduce_sum"),
+    "Transpose": lower_transpose,
+    "Expand": lower_expand,
+    "Slice": lower_slice,
+    "Split": lower_split,
+    "Gather": lower_gather,
+    "Concat": lower_concat,
+}
+
+
+def lower(proto, input_name: str, one: dict, acts: dict[str, Act]) -> tuple[Lowering, list[str]]:
+    """IR ops for every node that depends on the input; the problems of those that could not."""
+    opsets = {o.domain or "": o.version for o in proto.opset_import}
+    L = Lowering(acts=acts, opset=opsets.get("", 0))
+    x = acts[input_name]
+    L.shapes[input_name] = x.per_sample
+    L.values[input_name] = Act(input_name, x.shape, x.bpos)
+    for t in proto.graph.initializer:
+        L.values[t.name] = one.get(t.name)
+    problems, failed = [], set()
+    for node in proto.graph.node:
+        if not any(o in acts for o in node.output if o):
+            for o in node.output:                                  # folded: its batch-1 value
+                if o:
+                    L.values[o] = one.get(o)
+            continue
+        if any(i in failed for i in node.input if i):
+            failed.update(node.output)
+            continue
+        L.node = node
+        try:
+            LOWER[node.op_type](L)
+        except Unsupported as exc:
+            problems.append(f"node {node.name or node.output[0]!r}: {node.op_type} is supported, but not here: {exc}")
+            failed.update(node.output)
+        except KeyError as exc:
+            problems.append(f"node {node.name or node.output[0]!r}: {node.op_type}: missing value {exc}")
+            failed.update(node.output)
+    return L, problems

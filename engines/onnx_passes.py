@@ -1,0 +1,306 @@
+"""Graph passes over an imported ``Model``: small pure functions, Model -> Model.
+
+Each keeps the model's float64 output (``Model.reference``) unchanged; the
+tests check exactly that on graphs where the pattern matches and where it
+almost does. A pattern is rewritten only where it matches exactly (the same
+constants to float32 precision, every intermediate read only inside the
+pattern); anything else stays as the generic ops it was imported as.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from .models import Model, Op
+from .ops import OPS, split_heads
+
+
+def live_ops(ops, output: str) -> list[Op]:
+    """The ops that the output depends on, in order: dead-node removal."""
+    needed, keep = {output}, []
+    for op in reversed(ops):
+        if op.output in needed:
+            needed.update(op.inputs)
+            keep.append(op)
+    return keep[::-1]
+
+
+def _rebuild(model: Model, ops, params=None, origin=None) -> Model:
+    params = model.params if params is None else params
+    used = {p for op in ops for p in op.params}
+    names = {model.input, *(op.output for op in ops)}
+    return replace(model, ops=tuple(ops), params={k: v for k, v in params.items() if k in used},
+                   shapes={k: v for k, v in model.shapes.items() if k in names},
+                   origin={k: v for k, v in (origin or model.origin).items() if k in names})
+
+
+def remove_dead(model: Model) -> Model:
+    return _rebuild(model, live_ops(model.ops, model.output))
+
+
+def _readers(ops) -> dict[str, list[int]]:
+    readers: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        for t in op.inputs:
+            readers.setdefault(t, []).append(i)
+    return readers
+
+
+def _scalar_is(op: Op, fn: str, value: float) -> bool:
+    s = op.attrs.get("scalar")
+    return (op.kind == "binary" and op.attrs.get("fn") == fn and s is not None
+            and not op.attrs.get("swap") and math.isclose(s, value, rel_tol=1e-6))
+
+
+def fold_bias(model: Model) -> Model:
+    """``linear`` then an add of a constant vector of its width (or a scalar), read only there:
+    the constant joins the bias (MatMul + Add become one ``linear``)."""
+    ops, readers = list(model.ops), _readers(model.ops)
+    params, origin = dict(model.params), dict(model.origin)
+    for i, op in enumerate(ops):
+        if op is None or op.kind != "linear" or len(readers.get(op.output, ())) != 1 or op.output == model.output:
+            continue
+        j = readers[op.output][0]
+        add = ops[j]
+        width = model.shapes[op.output][-1]
+        if not (add.kind == "binary" and add.attrs.get("fn") == "add" and add.inputs == (op.output,)
+                and (add.attrs.get("width") == width or add.attrs.get("scalar") is not None)):
+            continue
+        extra = add.attrs["scalar"] if add.params == () else params[add.params[0]]
+        bias = params[op.params[1]].astype(np.float64) + extra
+        name = op.params[1] + "+"
+        params[name] = bias.astype(np.float32)
+        ops[i] = None
+        ops[j] = Op("linear", op.inputs, add.output, (op.params[0], name), {})
+        origin[add.output] = origin.get(op.output, ()) + origin.get(add.output, ())
+    return _rebuild(model, [op for op in ops if op is not None], params, origin)
+
+
+def fuse_gelu_erf(model: Model) -> Model:
+    """x · (1 + erf(x / √2)) · 0.5, as exporters write GELU, becomes one ``gelu_erf``."""
+    ops, readers = list(model.ops), _readers(model.ops)
+    by_out = {op.output: i for i, op in enumerate(ops)}
+    origin = dict(model.origin)
+
+    def only(t):                     # the one op reading t, if t is read once
+        r = readers.get(t, ())
+        return ops[r[0]] if len(r) == 1 and ops[r[0]] is not None and t != model.output else None
+
+    for i, scale in enumerate(ops):
+        if scale is None or not (_scalar_is(scale, "div", math.sqrt(2)) or _scalar_is(scale, "mul", math.sqrt(0.5))):
+            continue
+        x = scale.inputs[0]
+        erf = only(scale.output)
+        plus = erf and erf.kind == "erf" and only(erf.output)
+        if not plus or not _scalar_is(plus, "add", 1.0):
+            continue
+        times = only(plus.output)
+        if not (times and times.kind == "binary" and times.attrs.get("fn") == "mul"
+                and sorted(times.inputs) == sorted((x, plus.output))):
+            continue
+        half = only(times.output)
+        if not (half and _scalar_is(half, "mul", 0.5)):
+            continue
+        chain = [scale, erf, plus, times, half]
+        for op in chain:
+            ops[by_out[op.output]] = None
+        ops[by_out[half.output]] = Op("gelu_erf", (x,), half.output)
+        origin[half.output] = sum((model.origin.get(op.output, ()) for op in chain), ())
+    return _rebuild(model, [op for op in ops if op is not None], origin=origin)
+
+
+def fuse_layernorm(model: Model) -> Model:
+    """LayerNorm as exporters decompose it before opset 17, over the last axis:
+    d = x - mean(x); y = d / sqrt(mean(d^2) + eps) * gamma + beta  (Pow 2 or d * d),
+    becomes one ``layernorm``; gamma and beta are constant vectors of the row's width."""
+    ops, readers = list(model.ops), _readers(model.ops)
+    by_out = {op.output: op for op in ops}
+    origin, params = dict(model.origin), dict(model.params)
+
+    def producer(t, kind):
+        op = by_out.get(t)
+        return op if op is not None and op.kind == kind else None
+
+    def binary(t, fn):
+        op = by_out.get(t)
+        return op if op is not None and op.kind == "binary" and op.attrs.get("fn") == fn else None
+
+    def unexpanded(t):                  # a (rows, 1) statistic, broadcast by an expand
+        e = producer(t, "expand")
+        return e.inputs[0] if e is not None else None
+
+    for shift in [op for op in ops if op.kind == "binary" and op.attrs.get("fn") == "add"
+                  and op.attrs.get("width") is not None]:
+        scale = binary(shift.inputs[0], "mul")
+        div = scale and binary(scale.inputs[0], "div")
+        if not (div and scale.attrs.get("width") and len(div.inputs) == 2):
+            continue
+        width = model.shapes[shift.output][-1]
+        if scale.attrs["width"] != width or shift.attrs["width"] != width:
+            continue
+        d, root = div.inputs[0], producer(unexpanded(div.inputs[1]) or "", "sqrt")
+        plus = root and binary(root.inputs[0], "add")
+        var = plus and plus.attrs.get("scalar") is not None and producer(plus.inputs[0], "reduce_mean")
+        sq = var and by_out.get(var.inputs[0])
+        sub = binary(d, "sub")
+        if not (sq and sub and len(sub.inputs) == 2):
+            continue
+        squares = (_scalar_is(sq, "pow", 2.0) and sq.inputs == (d,)) or \
+            (sq.kind == "binary" and sq.attrs.get("fn") == "mul" and sq.inputs == (d, d))
+        x, mean = sub.inputs[0], producer(unexpanded(sub.inputs[1]) or "", "reduce_mean")
+        if not (squares and mean and mean.inputs == (x,)):
+            continue
+        chain = [mean, by_out[sub.inputs[1]], sub, sq, var, plus, root, by_out[div.inputs[1]], div, scale]
+        inner = {op.output for op in chain}
+        if any(r not in inner and ops[i] is not shift for t in inner for i in readers.get(t, ())
+               for r in [ops[i].output]) or model.output in inner:
+            continue                    # an intermediate is read outside the pattern
+        ops = [op for op in ops if op.output not in inner]
+        ops[ops.index(shift)] = Op("layernorm", (x,), shift.output, (scale.params[0], shift.params[0]),
+                                   {"eps": plus.attrs["scalar"]})
+        origin[shift.output] = sum((model.origin.get(op.output, ()) for op in (*chain, shift)), ())
+        by_out = {op.output: op for op in ops}
+        readers = _readers(ops)
+    return _rebuild(model, ops, params, origin)
+
+
+MOVES = ("reshape", "transpose", "slice", "take")     # kinds that only move elements
+
+
+def _scale_of(op: Op) -> float | None:
+    """The factor of a multiply or divide by a scalar, else None."""
+    s, fn = op.attrs.get("scalar"), op.attrs.get("fn")
+    if op.kind != "binary" or s is None or op.attrs.get("swap"):
+        return None
+    return s if fn == "mul" else 1.0 / s if fn == "div" and s != 0 else None
+
+
+def _moves_from(t: str, by_out) -> tuple[list[Op], float, str]:
+    """Walk back from t through element moves and scalar scalings: (ops, product of scales, source)."""
+    chain, scale = [], 1.0
+    while t in by_out:
+        op = by_out[t]
+        factor = _scale_of(op)
+        if op.kind not in MOVES and factor is None:
+            break
+        chain.append(op)
+        scale *= 1.0 if factor is None else factor
+        t = op.inputs[0]
+    return chain[::-1], scale, t
+
+
+def _replay(chain, x: np.ndarray) -> np.ndarray:
+    """The element moves of chain applied to x (the scalings skipped): where each element comes from."""
+    for op in chain:
+        if op.kind in MOVES:
+            x = OPS[op.kind].eager(x, **op.attrs)
+    return x
+
+
+def _parallel_projections(sources, model: Model, by_out, readers) -> list[Op] | None:
+    """Three distinct ``linear`` ops of one input and one width, each read once: q, k and v
+    projected separately (as in BERT), which the zoo's attention takes as one (seq, 3·dim) qkv."""
+    proj = [by_out.get(s) for s in sources]
+    if len(set(sources)) != 3 or any(p is None or p.kind != "linear" or len(readers.get(p.output, ())) != 1
+                                     for p in proj):
+        return None
+    if len({p.inputs for p in proj}) != 1 or len({model.shapes[s] for s in sources}) != 1 \
+            or len(model.shapes[sources[0]]) != 2:
+        return None
+    return proj
+
+
+def fuse_attention(model: Model) -> Model:
+    """Multi-head self-attention as exporters decompose it (q, k and v cut out of one fused
+    projection by reshapes, transposes and slices, or projected by three linears of one input;
+    scores = q @ k^T scaled; softmax; context = probs @ v, moved back to (seq, dim)) becomes
+    ``attn_scores``, ``softmax``, ``attn_context`` (three projections become one).
+
+    Exact by construction: the moves are replayed on element indices and must give precisely
+    the zoo's head layout (``ops.split_heads``, ``ops.head_columns``), and the scalings must
+    multiply to 1/sqrt(head_dim) to float32 precision.
+    """
+    ops = list(model.ops)
+    for soft in [op for op in ops if op.kind == "softmax"]:
+        by_out, readers = {op.output: op for op in ops}, _readers(ops)
+        scores, scaled = by_out.get(soft.inputs[0]), None
+        if scores is not None and _scale_of(scores) is not None and len(readers.get(scores.output, [])) == 1:
+            scaled, scores = scores, by_out.get(scores.inputs[0])     # the scale applied to the scores
+        users = readers.get(soft.output, [])
+        if scores is None or scores.kind != "matmul" or len(users) != 1 or ops[users[0]].kind != "matmul":
+            continue
+        context = ops[users[0]]
+        if context.inputs[0] != soft.output or len(readers.get(scores.output, [])) != 1:
+            continue
+        (qc, qs, qsrc), (kc, ks, ksrc), (vc, vs, vsrc) = (_moves_from(t, by_out) for t in
+                                                           (*scores.inputs, context.inputs[1]))
+        merged = _parallel_projections((qsrc, ksrc, vsrc), model, by_out, readers)
+        qkv = qsrc if merged is None else qsrc + ".qkv"
+        shape = model.shapes.get(qsrc, ()) if merged is None else \
+            (model.shapes[qsrc][0], 3 * model.shapes[qsrc][1])
+        if not ((qsrc == ksrc == vsrc or merged) and len(shape) == 2 and shape[1] % 3 == 0 and vs == 1.0):
+            continue
+        seq, width = shape
+        heads = model.shapes[scores.output][0] if len(model.shapes[scores.output]) == 3 else 0
+        if not heads or (width // 3) % heads or model.shapes[scores.output] != (heads, seq, seq):
+            continue
+        hd = width // 3 // heads
+        if not math.isclose(qs * ks * (1.0 if scaled is None else _scale_of(scaled)), 1.0 / math.sqrt(hd),
+                            rel_tol=1e-6):
+            continue
+        index = np.arange(seq * width, dtype=np.float64).reshape(1, seq, width)
+        starts = [index] * 3 if merged is None else [index[..., i * width // 3:(i + 1) * width // 3] for i in range(3)]
+        q, k, v = (np.ascontiguousarray(a) for a in split_heads(index, heads))
+        try:
+            same = (np.array_equal(_replay(qc, starts[0]), q)
+                    and np.array_equal(_replay(kc, starts[1]), k.swapaxes(-1, -2))
+                    and np.array_equal(_replay(vc, starts[2]), v))
+        except (ValueError, IndexError):
+            same = False
+        if not same:
+            continue
+        # after the context: moves back to (seq, dim), each read once
+        after, t = [], context.output
+        while len(readers.get(t, [])) == 1 and ops[readers[t][0]].kind in MOVES and model.shapes[t] != (seq, width // 3):
+            after.append(ops[readers[t][0]])
+            t = after[-1].output
+        heads_out = np.arange(seq * width // 3, dtype=np.float64).reshape(1, heads, seq, hd)
+        if model.shapes[t] != (seq, width // 3) or not np.array_equal(
+                _replay(after, heads_out), heads_out.transpose(0, 2, 1, 3).reshape(1, seq, width // 3)):
+            continue
+        inner = {op.output for op in (*qc, *kc, *vc, scores, context, *after, *([scaled] if scaled else []))}
+        if model.output in inner - {t} or any(
+                ops[i].output not in inner and ops[i] is not soft for name in inner - {t}
+                for i in readers.get(name, ())):
+            continue                     # a piece of the pattern is read outside it
+        new_scores = Op("attn_scores", (qkv,), soft.inputs[0], (), {"heads": heads})
+        new_context = Op("attn_context", (soft.output, qkv), t, (), {"heads": heads})
+        origin, params = dict(model.origin), dict(model.params)
+        origin[soft.inputs[0]] = sum((model.origin.get(op.output, ())
+                                      for op in (*qc, *kc, scores, *([scaled] if scaled else []))), ())
+        origin[t] = sum((model.origin.get(op.output, ()) for op in (*vc, context, *after)), ())
+        if merged is not None:          # one projection to (seq, 3·dim), as the zoo's qkv linear
+            params[qkv + ".w"] = np.concatenate([params[p.params[0]] for p in merged], axis=1)
+            params[qkv + ".b"] = np.concatenate([params[p.params[1]] for p in merged])
+            origin[qkv] = sum((model.origin.get(p.output, ()) for p in merged), ())
+            model = replace(model, shapes={**model.shapes, qkv: shape})
+        rebuilt = []
+        for op in ops:
+            if op is scores:
+                rebuilt.append(new_scores)          # where the scores were, written as softmax reads them
+            elif op.output == t:
+                rebuilt.append(new_context)
+            elif merged is not None and any(op is p for p in merged):
+                if qkv not in {r.output for r in rebuilt}:         # where the first of the three was
+                    rebuilt.append(Op("linear", op.inputs, qkv, (qkv + ".w", qkv + ".b")))
+            elif op is soft or op.output not in inner:
+                rebuilt.append(op)
+        model = _rebuild(model, rebuilt, params, origin)
+        ops = list(model.ops)
+    return _rebuild(model, ops)
+
+
+# In order: fusions first, then what they left unread.
+PASSES = (fold_bias, fuse_gelu_erf, fuse_layernorm, fuse_attention, remove_dead)
