@@ -194,10 +194,23 @@ def test_sharded_collection_is_a_partition(suite):
         assert {t.replace("test_forward", "test_peak_memory") for t in part if "test_forward" in t} <= part
 
 
-def test_case_can_name_a_model_file():
+def test_case_can_name_a_model_file(tmp_path):
+    onnx = pytest.importorskip("onnx", reason="the model file is written with the onnx package (peers extra)")
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    import engines
     from mlexec.suite.grid import file_case
-    case = file_case("models/resnet-tiny.onnx", 8)
-    assert case.id == "resnet-tiny-b8" and case.path == "models/resnet-tiny.onnx"
+    from mlexec.suite.session import _reference_model
+
+    weight = numpy_helper.from_array(np.ones((16, 16), dtype=np.float32), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "tiny.onnx")
+    case = file_case(str(tmp_path / "tiny.onnx"), 4)
+    assert case.id == "tiny-b4" and case.build().flops(4) >= 2 * 4 * 16 * 16       # at least the matmul
+    assert _reference_model(engines, case).ops == case.build().ops     # the reference code builds it too
 
 
 def test_merged_shard_verdicts_equal_the_unsharded_verdict(suite, monkeypatch):

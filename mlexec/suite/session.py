@@ -179,6 +179,16 @@ def _measurement(make_current, make_reference, x, rounds):
     return measure
 
 
+def _reference_model(base, case):
+    """The case's model as the reference code builds it, or False when it can't."""
+    try:
+        if case.path:
+            return base.load_onnx(case.path)
+        return base.MODELS[case.model](**case.model_kwargs, seed=0)
+    except Exception:   # the reference code may predate this model, its importer or its options
+        return False
+
+
 def _compare_code(config, base, verdict: gate.Verdict) -> None:
     """Every benchmark this run measured, current engine against the reference code's:
     latency interleaved, memory peak once each."""
@@ -205,10 +215,7 @@ def _compare_code(config, base, verdict: gate.Verdict) -> None:
                 if model is None:
                     model = case.build()
                     x = model.random_input(case.batch, rng=12345)
-                    try:
-                        base_model = base.MODELS[case.model](**case.model_kwargs, seed=0)
-                    except (AttributeError, KeyError, TypeError, ValueError):
-                        base_model = False
+                    base_model = _reference_model(base, case)
                 base_cls = getattr(base, "ENGINES", {}).get(aliases.get(engine, engine))
                 if base_model is False or base_cls is None:
                     verdict.skip(kind, name, "no counterpart in the reference code")
