@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .baselines import BaselineError, load_run
+from .suite.gate import MEMORY_GROWTH_BYTES
 from .units import fmt_bytes, fmt_time
 
 DEFAULT_THRESHOLD = 0.2
 DEFAULT_WINDOW = 3
 METRICS = {"median": "latency", "peak_bytes": "peak memory"}
-# A memory step must also be as large as the growth the gate fails on (suite.gate.MEMORY_GROWTH_BYTES,
-# equal by test; not imported, the gate needs SciPy): 72 B -> 96 B is not a step.
-MEMORY_FLOOR_BYTES = 1024
+# A memory step must also be as large as the growth the gate fails on: 72 B -> 96 B is not a step.
+MEMORY_FLOOR_BYTES = MEMORY_GROWTH_BYTES
 WEB_DIR = Path(__file__).parent / "web"
 _CASE_ID = re.compile(r"^(?P<head>.+?)-b(?P<batch>\d+)-d(?P<dim>\d+)(?:-s(?P<seq>\d+))?$")
 

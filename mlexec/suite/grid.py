@@ -1,10 +1,12 @@
-"""The benchmark grid: which model shapes each engine is measured on."""
+"""The benchmark grid: which model shapes each engine is measured on, and how a grid is split
+into shards that CI runners measure side by side."""
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 
 from engines import MODELS
 from engines.models import Model
@@ -16,13 +18,18 @@ WORKLOAD_REVISION = 1
 
 @dataclass(frozen=True)
 class Case:
+    """One model at one batch size. A zoo model is named by ``model`` with its ``dim`` (and
+    ``seq``); a model file by ``path`` (its stem names the case; loaded by ``engines.load_onnx``)."""
     model: str
     batch: int
-    dim: int
+    dim: int | None = None
     seq: int | None = None     # transformer only
+    path: str | None = None    # a model file instead of a zoo model
 
     @property
     def id(self) -> str:
+        if self.path:
+            return f"{self.model}-b{self.batch}"
         seq = f"-s{self.seq}" if self.seq else ""
         return f"{self.model}-b{self.batch}-d{self.dim}{seq}"
 
@@ -31,11 +38,22 @@ class Case:
         return {"dim": self.dim, **({"seq": self.seq} if self.seq else {})}
 
     def build(self) -> Model:
+        if self.path:
+            import engines
+            load = getattr(engines, "load_onnx", None)
+            if load is None:
+                raise NotImplementedError(f"{self.path}: this checkout's engines cannot import model files")
+            return load(self.path)
         return MODELS[self.model](**self.model_kwargs, seed=0)
 
     @cached_property
     def version(self) -> str:
         return workload_version(self.id, self.build())
+
+
+def file_case(path: str, batch: int) -> Case:
+    """The case of a model file at one batch size, named by the file's stem."""
+    return Case(Path(path).stem, batch, path=str(path))
 
 
 def workload_version(case_id: str, model: Model) -> str:
@@ -62,3 +80,42 @@ QUICK = (_cases(["mlp"], [1, 32], [256, 1024]) + [Case("mlp", 128, 1024)]
 
 MATRICES = {"quick": QUICK, "full": FULL}
 HEADLINE = Case("mlp", 128, 1024)   # the seed's model; its row is the summary's headline
+
+
+# --- shards: N runners measure disjoint parts of one matrix ----------------------------
+
+# Estimated seconds one (engine, case) pair costs in a gated run: a fixed part (pytest-benchmark's
+# calibration and max-time, the A/B measurements' minimum time, builds), and a part that grows
+# with the work of a forward, about FORWARDS_PER_PAIR forwards at FLOPS_PER_SECOND.
+FIXED_SECONDS = 2.0
+FORWARDS_PER_PAIR = 60
+FLOPS_PER_SECOND = 50e9
+SLOW_BUILD_SECONDS = 30.0     # an engine that compiles per model (torch-compile)
+
+
+def estimated_seconds(flops: int, slow_build: bool = False) -> float:
+    return FIXED_SECONDS + FORWARDS_PER_PAIR * flops / FLOPS_PER_SECOND + (SLOW_BUILD_SECONDS if slow_build else 0.0)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N) with 1 <= K <= N; ValueError otherwise."""
+    k, sep, n = text.partition("/")
+    if not sep or not k.strip().isdigit() or not n.strip().isdigit():
+        raise ValueError(f"expected K/N such as 1/4, got {text!r}")
+    k, n = int(k), int(n)
+    if not 1 <= k <= n:
+        raise ValueError(f"expected 1 <= K <= N in K/N, got {text!r}")
+    return k, n
+
+
+def assign_shards(costs: dict[str, float], n: int) -> dict[str, int]:
+    """Each unit -> a shard in 1..n, greedily balancing the summed cost (longest first onto the
+    least loaded shard; ties by name). Depends only on ``costs`` and ``n``: every runner computes
+    the same split, and every unit lands in exactly one shard."""
+    loads = [0.0] * n
+    shard = {}
+    for unit in sorted(costs, key=lambda u: (-costs[u], u)):
+        k = min(range(n), key=lambda i: (loads[i], i))
+        loads[k] += costs[unit]
+        shard[unit] = k + 1
+    return shard
