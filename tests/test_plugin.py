@@ -51,7 +51,7 @@ def pytest_unconfigure(config):
 
 # The reference code: a folder holding engines/, whose "fake" is plain static.
 REFERENCE = '''
-from engines import ENGINES as _ENGINES, MODELS
+from engines import ENGINES as _ENGINES, MODELS, load_onnx
 
 ENGINES = {"naive": _ENGINES["naive"], "static": _ENGINES["static"], "fake": _ENGINES["static"]}
 '''
@@ -194,22 +194,30 @@ def test_sharded_collection_is_a_partition(suite):
         assert {t.replace("test_forward", "test_peak_memory") for t in part if "test_forward" in t} <= part
 
 
-def test_case_can_name_a_model_file(tmp_path):
+def _mlp_file(path):
+    """A two-layer MLP (Gemm, Relu, MatMul + Add) written with the onnx package, batch axis symbolic."""
     onnx = pytest.importorskip("onnx", reason="the model file is written with the onnx package (peers extra)")
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array((rng.standard_normal(shape) / 4).astype(np.float32), name)
+               for name, shape in (("W1", (16, 32)), ("b1", (32,)), ("W2", (32, 16)), ("b2", (16,)))]
+    nodes = [helper.make_node("Gemm", ["x", "W1", "b1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "W2"], ["m"]), helper.make_node("Add", ["m", "b2"], ["y"])]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_case_can_name_a_model_file(tmp_path):
     import engines
     from mlexec.suite.grid import file_case
     from mlexec.suite.session import _reference_model
 
-    weight = numpy_helper.from_array(np.ones((16, 16), dtype=np.float32), "W")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "tiny",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16])], [weight])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "tiny.onnx")
-    case = file_case(str(tmp_path / "tiny.onnx"), 4)
-    assert case.id == "tiny-b4" and case.build().flops(4) >= 2 * 4 * 16 * 16       # at least the matmul
+    case = file_case(str(_mlp_file(tmp_path / "tiny.onnx")), 4)
+    assert case.id == "tiny-b4" and case.build().flops(4) >= 2 * 4 * 2 * 16 * 32   # at least the two products
     assert _reference_model(engines, case).ops == case.build().ops     # the reference code builds it too
 
 
@@ -228,3 +236,32 @@ def test_merged_shard_verdicts_equal_the_unsharded_verdict(suite, monkeypatch):
     assert got["regressions"] == expected["regressions"] and len(expected["regressions"]) == 1
     assert all(len(json.loads((suite.path / f"shard-{k}/verdict.json").read_text())["compared"]["memory"]) >= 1
                for k in (1, 2))
+
+
+def test_a_model_file_joins_the_matrix_and_the_gate(suite, monkeypatch):
+    """--mlexec-model: ids from the file's stem at every --mlexec-batches size, memray limits from
+    its plan, and the same gate (a planted temporary caught against the reference code)."""
+    _mlp_file(suite.path / "mymodel.onnx")
+    args = ["-p", "no:cacheprovider", "--mlexec-engines=fake", "--mlexec-model=mymodel.onnx",
+            "--mlexec-batches=1,3", "-k", "mymodel", "--mlexec-compare=off", "--mlexec-base=reference"]
+    collected = suite.runpytest(*args, "--collect-only", "-q")
+    collected.stdout.fnmatch_lines(["test_engines.py::test_forward[fake-mymodel-b1]",
+                                    "test_engines.py::test_forward[fake-mymodel-b3]"])
+    verdict = suite.path / "verdict.json"
+    result = suite.runpytest(*args, "--mlexec-pass=memory", f"--mlexec-verdict={verdict}")
+    assert result.ret == 0, result.stdout.str()
+    assert sorted(json.loads(verdict.read_text())["compared"]["memory"]) == ["fake-mymodel-b1", "fake-mymodel-b3"]
+    monkeypatch.setenv("FAKE_PLANT", "temp")
+    result = suite.runpytest(*args, "--mlexec-pass=memory", f"--mlexec-verdict={verdict}")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert {f["name"] for f in json.loads(verdict.read_text())["regressions"]} == {"fake-mymodel-b1",
+                                                                                "fake-mymodel-b3"}
+
+
+def test_a_bad_model_file_is_one_usage_error(suite):
+    (suite.path / "broken.onnx").write_bytes(b"not a model")
+    result = suite.runpytest("--mlexec-model=broken.onnx", "--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--mlexec-model broken.onnx at batch 1: *"])
+    result = suite.runpytest("--mlexec-batches=0,x", "--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR

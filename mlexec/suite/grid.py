@@ -48,12 +48,37 @@ class Case:
 
     @cached_property
     def version(self) -> str:
+        """A zoo case's ops and shapes; a model file's content (how an importer lowers the same
+        file is engine code, which the gate measures, not a new workload)."""
+        if self.path:
+            content = hashlib.sha256(Path(self.path).read_bytes()).hexdigest()
+            return hashlib.sha256(json.dumps([WORKLOAD_REVISION, self.id, content]).encode()).hexdigest()[:12]
         return workload_version(self.id, self.build())
 
 
 def file_case(path: str, batch: int) -> Case:
     """The case of a model file at one batch size, named by the file's stem."""
     return Case(Path(path).stem, batch, path=str(path))
+
+
+def file_cases(paths, batches) -> list[Case]:
+    """Every model file at every batch, checked now: a file that does not import, or a batch it
+    refuses, raises ValueError naming the file (one line)."""
+    cases = []
+    for path in dict.fromkeys(paths):
+        for batch in batches:
+            case = file_case(path, batch)
+            try:
+                model = case.build()
+                model.input_shape(batch)
+            except (OSError, ValueError, NotImplementedError) as exc:
+                raise ValueError(f"--mlexec-model {path} at batch {batch}: {exc}") from None
+            cases.append(case)
+    ids = [c.id for c in cases]
+    clash = sorted({i for i in ids if ids.count(i) > 1})
+    if clash:
+        raise ValueError(f"--mlexec-model: two files share the stem of {clash}; rename one")
+    return cases
 
 
 def workload_version(case_id: str, model: Model) -> str:

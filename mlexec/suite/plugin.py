@@ -19,7 +19,7 @@ import pytest
 from engines import ENGINES, EngineUnavailable
 from mlexec import heap
 from . import session as suite_session
-from .grid import MATRICES, Case, assign_shards, estimated_seconds, parse_shard
+from .grid import MATRICES, Case, assign_shards, estimated_seconds, file_cases, parse_shard
 
 NAME = "mlexec.suite.plugin"   # the entry point's name, the module's own: `-p` finds it registered either way
 
@@ -29,6 +29,16 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return value
+
+
+def _batches(text: str) -> tuple[int, ...]:
+    try:
+        batches = tuple(dict.fromkeys(_positive_int(b.strip()) for b in str(text).split(",") if b.strip()))
+    except (ValueError, argparse.ArgumentTypeError):
+        batches = ()
+    if not batches:
+        raise argparse.ArgumentTypeError(f"expected batch sizes >= 1 like 1,8; got {text!r}")
+    return batches
 
 
 def _shard(text: str) -> str:
@@ -43,6 +53,11 @@ def pytest_addoption(parser):
     group = parser.getgroup("mlexec", "ML execution benchmarks (pytest benchmarks/)")
     group.addoption("--mlexec-matrix", choices=sorted(MATRICES), default="quick", metavar="NAME",
                     help="which grid to run: quick (<3 min on 2 cores) or full. Default: %(default)r")
+    group.addoption("--mlexec-model", action="append", default=[], metavar="FILE.onnx",
+                    help="also benchmark this ONNX model file (repeatable), named by its stem: "
+                         "test_forward[arena-mymodel-b8]. See docs/importing.md")
+    group.addoption("--mlexec-batches", type=_batches, default="1,8", metavar="LIST",
+                    help="batch sizes for --mlexec-model files. Default: %(default)r")
     group.addoption("--mlexec-engines", default="all", metavar="LIST",
                     help="comma-separated engines to run, or all: every engine in engines.ENGINES "
                          "when tests are collected. Default: %(default)r")
@@ -73,8 +88,18 @@ def pytest_addoption(parser):
                     help="save this run into --mlexec-baselines, named by commit")
 
 
+FILE_CASES = pytest.StashKey[list]()
+
+
 def _matrix(config) -> list[Case]:
-    return MATRICES[config.getoption("mlexec_matrix")]
+    """The chosen grid, then every --mlexec-model file at every --mlexec-batches size."""
+    if FILE_CASES not in config.stash:
+        try:
+            config.stash[FILE_CASES] = file_cases(config.getoption("mlexec_model"),
+                                                  config.getoption("mlexec_batches"))
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return MATRICES[config.getoption("mlexec_matrix")] + config.stash[FILE_CASES]
 
 
 def _engines(config) -> list[str]:
