@@ -1,4 +1,5 @@
-"""The suite's pytest plugin, run in-process by pytester on a one-case matrix with a fake engine:
+"""The suite's pytest plugin, run by pytester in a fresh process (in-process runs inherit the
+enclosing session's modules and memray state) on a one-case matrix with a fake engine:
 its options, its registration, sharded collection, and the gate's verdicts against a reference
 folder with planted regressions. No git here: the pytester folder is not a checkout."""
 from __future__ import annotations
@@ -65,7 +66,7 @@ def suite(pytester, monkeypatch):
     """A folder with the suite's test file, the root conftest.py and the fake engine."""
     monkeypatch.delenv("FAKE_PLANT", raising=False)
     pytester.makeconftest((ROOT / "conftest.py").read_text() + FAKE)
-    pytester.makepyfile(test_engines=(ROOT / "benchmarks" / "test_engines.py").read_text())
+    pytester.makepyfile(test_mlexec_suite=(ROOT / "benchmarks" / "test_engines.py").read_text())
     reference = pytester.mkdir("reference")
     (reference / "engines").mkdir()
     (reference / "engines" / "__init__.py").write_text(REFERENCE)
@@ -78,7 +79,7 @@ def gate_section(result) -> str:
 
 
 def test_options_are_one_documented_group(suite):
-    result = suite.runpytest("--help")
+    result = suite.runpytest_subprocess("--help")
     text = result.stdout.str()
     for option in ("--mlexec-base=auto|off|REF|DIR", "--mlexec-shard=K/N", "--mlexec-require-gate",
                    "--mlexec-compare=auto|off|FILE"):
@@ -87,19 +88,19 @@ def test_options_are_one_documented_group(suite):
 
 @pytest.mark.parametrize("shard", ["3/2", "0/2", "1-2", "x/y"])
 def test_bad_shard_is_a_usage_error(suite, shard):
-    result = suite.runpytest(f"--mlexec-shard={shard}", "--collect-only")
+    result = suite.runpytest_subprocess(f"--mlexec-shard={shard}", "--collect-only")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--mlexec-shard: expected*"])
 
 
 def test_nothing_compared_is_said_last_and_require_gate_fails(suite):
-    result = suite.runpytest(*ONE_CASE, "--mlexec-pass=memory")
+    result = suite.runpytest_subprocess(*ONE_CASE, "--mlexec-pass=memory")
     assert result.ret == 0
     section = gate_section(result)
     assert "is not a git checkout, and no saved run in baselines names a commit" in section
     assert "memory A/B (1): no reference code:" in section and "fake-mlp-b1-d256" in section
     assert "NOTHING COMPARED: this run is not gated" in section
-    result = suite.runpytest(*ONE_CASE, "--mlexec-pass=memory", "--mlexec-require-gate")
+    result = suite.runpytest_subprocess(*ONE_CASE, "--mlexec-pass=memory", "--mlexec-require-gate")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--mlexec-require-gate: nothing was compared" in gate_section(result)
 
@@ -107,11 +108,11 @@ def test_nothing_compared_is_said_last_and_require_gate_fails(suite):
 def test_planted_allocation_against_a_reference_folder_is_caught(suite, monkeypatch):
     verdict = suite.path / "verdict.json"
     args = [*ONE_CASE, "--mlexec-pass=memory", "--mlexec-base=reference", f"--mlexec-verdict={verdict}"]
-    result = suite.runpytest(*args)
+    result = suite.runpytest_subprocess(*args)
     assert result.ret == 0, result.stdout.str()
     assert json.loads(verdict.read_text())["compared"]["memory"] == ["fake-mlp-b1-d256"]
     monkeypatch.setenv("FAKE_PLANT", "temp")
-    result = suite.runpytest(*args)
+    result = suite.runpytest_subprocess(*args)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     (finding,) = json.loads(verdict.read_text())["regressions"]
     assert (finding["name"], finding["kind"]) == ("fake-mlp-b1-d256", "memory")
@@ -121,7 +122,7 @@ def test_planted_allocation_against_a_reference_folder_is_caught(suite, monkeypa
 
 def test_planted_slowdown_is_caught_and_the_section_follows_the_benchmark_table(suite, monkeypatch):
     monkeypatch.setenv("FAKE_PLANT", "slow")
-    result = suite.runpytest(*ONE_CASE, "--mlexec-pass=time", "--mlexec-base=reference")
+    result = suite.runpytest_subprocess(*ONE_CASE, "--mlexec-pass=time", "--mlexec-base=reference")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     text = result.stdout.str()
     assert text.index("benchmark: 1 tests") < text.index("engines compared") < text.rindex("regression gate")
@@ -137,7 +138,7 @@ def test_a_saved_run_from_another_cpu_says_what_is_comparable(suite):
                            "extra_info": {"case": "mlp-b1-d256", "engine": "fake", "version": "old",
                                           "peak_bytes": 72}}]}
     (suite.path / "saved.json").write_text(json.dumps(run))
-    result = suite.runpytest(*ONE_CASE[:-1], "--mlexec-pass=memory", "--mlexec-base=off",
+    result = suite.runpytest_subprocess(*ONE_CASE[:-1], "--mlexec-pass=memory", "--mlexec-base=off",
                              "--mlexec-compare=saved.json")
     section = gate_section(result)
     assert "and saved run: saved.json (recorded on Some Other CPU, not this" in section
@@ -149,9 +150,9 @@ def test_a_saved_run_from_another_cpu_says_what_is_comparable(suite):
 
 def test_registered_once_by_conftest_and_by_dash_p(suite):
     for args in ([], ["-p", "mlexec.suite.plugin"]):
-        result = suite.runpytest(*args, *ONE_CASE, "--collect-only", "-q")
+        result = suite.runpytest_subprocess(*args, *ONE_CASE, "--collect-only", "-q")
         assert result.ret == 0, result.stdout.str() + result.stderr.str()
-        result.stdout.fnmatch_lines(["test_engines.py::test_forward[fake-mlp-b1-d256]"])
+        result.stdout.fnmatch_lines(["test_mlexec_suite.py::test_forward[fake-mlp-b1-d256]"])
 
 
 def test_registered_once_with_the_entry_point_installed(suite, monkeypatch, tmp_path):
@@ -165,7 +166,7 @@ def test_registered_once_with_the_entry_point_installed(suite, monkeypatch, tmp_
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines(["plugins:*mlexec-probe-0.0*", "*<Function test_forward[[]fake-mlp-b1-d256[]]>"])
     result = suite.runpytest(f"-p no:{plugin.NAME}", "--collect-only", "-q")    # blocked: not registered
-    assert result.stdout.lines[:2] == ["test_engines.py::test_forward", "test_engines.py::test_peak_memory"]
+    assert result.stdout.lines[:2] == ["test_mlexec_suite.py::test_forward", "test_mlexec_suite.py::test_peak_memory"]
 
 
 # --- shards ----------------------------------------------------------------------------
@@ -183,9 +184,9 @@ def test_shards_cover_the_matrix_exactly_once_and_balance_cost():
 
 def test_sharded_collection_is_a_partition(suite):
     def collected(*args):
-        result = suite.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", "--mlexec-engines=naive,static",
+        result = suite.runpytest_subprocess("--collect-only", "-q", "-p", "no:cacheprovider", "--mlexec-engines=naive,static",
                                  "--mlexec-matrix=quick", *args)
-        return {line for line in result.stdout.lines if line.startswith("test_engines.py::")}
+        return {line for line in result.stdout.lines if line.startswith("test_mlexec_suite.py::")}
     whole = collected()
     parts = [collected(f"--mlexec-shard={k}/3") for k in (1, 2, 3)]
     assert all(parts) and set().union(*parts) == whole
@@ -226,9 +227,9 @@ def test_merged_shard_verdicts_equal_the_unsharded_verdict(suite, monkeypatch):
     monkeypatch.setenv("FAKE_PLANT", "temp")
     args = [*ONE_CASE, "--mlexec-engines=fake,static,naive", "--mlexec-pass=memory", "--mlexec-base=reference"]
     whole = suite.path / "whole.json"
-    assert suite.runpytest(*args, f"--mlexec-verdict={whole}").ret == pytest.ExitCode.TESTS_FAILED
+    assert suite.runpytest_subprocess(*args, f"--mlexec-verdict={whole}").ret == pytest.ExitCode.TESTS_FAILED
     for k in (1, 2):
-        suite.runpytest(*args, f"--mlexec-shard={k}/2", f"--mlexec-verdict=shard-{k}/verdict.json")
+        suite.runpytest_subprocess(*args, f"--mlexec-shard={k}/2", f"--mlexec-verdict=shard-{k}/verdict.json")
     merged, _ = ci.merge_shards([suite.path / "shard-1", suite.path / "shard-2"], 2)
     expected = json.loads(whole.read_text())
     got = merged.as_dict()
@@ -244,15 +245,15 @@ def test_a_model_file_joins_the_matrix_and_the_gate(suite, monkeypatch):
     _mlp_file(suite.path / "mymodel.onnx")
     args = ["-p", "no:cacheprovider", "--mlexec-engines=fake", "--mlexec-model=mymodel.onnx",
             "--mlexec-batches=1,3", "-k", "mymodel", "--mlexec-compare=off", "--mlexec-base=reference"]
-    collected = suite.runpytest(*args, "--collect-only", "-q")
-    collected.stdout.fnmatch_lines(["test_engines.py::test_forward[fake-mymodel-b1]",
-                                    "test_engines.py::test_forward[fake-mymodel-b3]"])
+    collected = suite.runpytest_subprocess(*args, "--collect-only", "-q")
+    collected.stdout.fnmatch_lines(["test_mlexec_suite.py::test_forward[fake-mymodel-b1]",
+                                    "test_mlexec_suite.py::test_forward[fake-mymodel-b3]"])
     verdict = suite.path / "verdict.json"
-    result = suite.runpytest(*args, "--mlexec-pass=memory", f"--mlexec-verdict={verdict}")
+    result = suite.runpytest_subprocess(*args, "--mlexec-pass=memory", f"--mlexec-verdict={verdict}")
     assert result.ret == 0, result.stdout.str()
     assert sorted(json.loads(verdict.read_text())["compared"]["memory"]) == ["fake-mymodel-b1", "fake-mymodel-b3"]
     monkeypatch.setenv("FAKE_PLANT", "temp")
-    result = suite.runpytest(*args, "--mlexec-pass=memory", f"--mlexec-verdict={verdict}")
+    result = suite.runpytest_subprocess(*args, "--mlexec-pass=memory", f"--mlexec-verdict={verdict}")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert {f["name"] for f in json.loads(verdict.read_text())["regressions"]} == {"fake-mymodel-b1",
                                                                                 "fake-mymodel-b3"}
@@ -260,8 +261,8 @@ def test_a_model_file_joins_the_matrix_and_the_gate(suite, monkeypatch):
 
 def test_a_bad_model_file_is_one_usage_error(suite):
     (suite.path / "broken.onnx").write_bytes(b"not a model")
-    result = suite.runpytest("--mlexec-model=broken.onnx", "--collect-only")
+    result = suite.runpytest_subprocess("--mlexec-model=broken.onnx", "--collect-only")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--mlexec-model broken.onnx at batch 1: *"])
-    result = suite.runpytest("--mlexec-batches=0,x", "--collect-only")
+    result = suite.runpytest_subprocess("--mlexec-batches=0,x", "--collect-only")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
