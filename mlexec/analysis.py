@@ -39,7 +39,7 @@ import numpy as np
 from engines import ENGINES, MODELS, EngineUnavailable, Model, OnnxImportError, load_onnx
 
 from . import heap
-from .report import SETTLE_SECONDS, settle
+from .timing import SETTLE_SECONDS, settle
 
 TOLERANCE = 1e-4
 

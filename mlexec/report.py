@@ -1,7 +1,7 @@
 """``mlexec report``: every engine on a grid of shapes, as a table, a chart, Markdown and JSON.
 
 For every shape, each round times a block of calls per engine, in the
-orders of a Williams design (``round_order``): over a cycle of rounds every
+orders of a Williams design (``mlexec.timing.round_order``): over a cycle of rounds every
 engine opens a round equally often and follows every other engine equally
 often, so drift, neighbours' load and whatever one engine leaves behind for
 the next fall on every engine alike. Each block follows ``settle_seconds`` of untimed calls of the same
@@ -55,7 +55,6 @@ import contextlib
 import json
 import math
 import re
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -67,12 +66,12 @@ from engines.kernels import TUNE_ENV, cpu_model, tuning_enabled
 
 from . import heap, targets
 from .suite.roofs import Roofs, calibrate
+from .timing import SETTLE_SECONDS, round_order, settle, time_block
 from .units import fmt_time
 
 DEFAULT_ENGINES = ("naive", "fused", "packed", "onnxruntime", "torch")
 DEFAULT_MODELS = ("mlp", "transformer")
 TOLERANCE = 1e-3          # max abs error against the float64 reference before an engine is not timed
-SETTLE_SECONDS = 0.3     # untimed calls before each block, while the previous engine's pool goes idle
 RECHECK_ROUNDS = 27      # more rounds at a close call: 36 in all with the default 9, the median's spread halved
 TIMING = {"rounds": 9, "recheck_rounds": RECHECK_ROUNDS, "block_seconds": 0.03, "settle_seconds": SETTLE_SECONDS}
 # --quick: the QUICK grid, timed for a look rather than a verdict (figures to rerun before quoting)
@@ -186,21 +185,6 @@ def _check_range(name: str, value, low, high) -> None:
 # ---------------------------------------------------------------- measuring
 
 
-def time_block(fn, x, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn(x)
-    return (time.perf_counter() - start) / calls
-
-
-def settle(fn, x, seconds: float) -> None:
-    """Untimed calls for ``seconds`` (at least one)."""
-    end = time.perf_counter() + seconds
-    fn(x)
-    while time.perf_counter() < end:
-        fn(x)
-
-
 def _build(name, model, batch, unavailable: dict[str, str]):
     try:
         return ENGINES[name](model, batch)
@@ -251,21 +235,6 @@ def _kernels_of(engine) -> list[str]:
     """"ROWSxINxOUT: kernel" for each GEMM of an engine that chooses its kernels (engines.kernels)."""
     report = engine.report() if hasattr(engine, "report") else {}
     return [f"{k['gemm']}: {k['kernel']}" for k in report.get("kernels", [])]
-
-
-def round_order(n: int, r: int) -> list[int]:
-    """Round r's order of n engines, from a Williams design: 0, 1, n-1, 2, n-2, ... shifted by r
-    (reversed in every other cycle when n is odd). Over n rounds (2n when n is odd) each engine
-    is first equally often and directly follows each other engine equally often."""
-    first, low, high = [0], 1, n - 1
-    while len(first) < n:
-        first.append(low)
-        low += 1
-        if len(first) < n:
-            first.append(high)
-            high -= 1
-    row = [(v + r) % n for v in first]
-    return row[::-1] if n % 2 and (r // n) % 2 else row
 
 
 def summarize(shape: Shape, times: dict[str, np.ndarray], flops: int, weight_bytes: int, roofs: Roofs) -> list[dict]:

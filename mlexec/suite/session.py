@@ -17,7 +17,7 @@ from mlexec import baselines
 from . import basecode, gate, summary
 from .grid import workload_version
 from .memory import allocation_environment, high_watermark, measure_peak
-from .ratio import interleave
+from ..timing import interleave
 
 RESULTS = pytest.StashKey[dict]()      # (case id, engine) -> {"median", "peak", "held", "err", ...}
 PLANNED = pytest.StashKey[dict]()      # (pass, case id, engine) -> True: what this run set out to measure
