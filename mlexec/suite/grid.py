@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..case import Case
 
+
 def file_case(path: str, batch: int) -> Case:
     """The case of a model file at one batch size, named by the file's stem."""
     return Case(Path(path).stem, batch, path=str(path))
