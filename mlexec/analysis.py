@@ -4,6 +4,9 @@
 tiles them (cycling) to the model's input shape, builds the model, runs the
 chosen engines and returns a JSON-serializable dict:
 
+- the model, with its point's id as the suite and the report write it
+  (``mlexec.case.Case``, e.g. ``mlp-b1-d1024``);
+
 - per engine: median latency of ``forward`` (timed in one process, in two
   passes over the engines, the second in reverse order so drift falls on
   every engine alike; each engine's calls follow ``SETTLE_SECONDS`` of its own
@@ -40,6 +43,7 @@ from engines import ENGINES, MODELS, EngineUnavailable, Model, OnnxImportError, 
 from engines.models import ABS_TOL
 
 from . import heap
+from .case import Case
 from .defaults import ANALYZER_ENGINES
 from .timing import SETTLE_SECONDS, settle
 
@@ -380,11 +384,14 @@ def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progre
     heap_state = heap.pin()      # naive's temporaries reused, never faulted back in (see mlexec.heap)
     if isinstance(model_name, Model):                 # imported from a file
         model, model_name = model_name, model_name.name
+        case = Case(model_name, batch)
     else:
         try:
             model = MODELS[model_name](dim=dim, seed=seed)
         except ValueError as exc:
             raise AnalysisError(f"invalid options for model {model_name!r}: {exc}") from None
+        shape = model.shapes[model.input]           # (seq, dim) per sample for a sequence model
+        case = Case(model_name, batch, dim, shape[0] if len(shape) > 1 else None)
     x = (model.random_input(batch, rng=seed) if flat is None
          else tile_values(flat, model.input_shape(batch)))
     reference = model.reference(x)
@@ -456,7 +463,8 @@ def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progre
                                    if base and base["footprint_bytes"] > 0 else None)
 
     return {
-        "model": {"name": model_name, "dim": dim, "batch": batch, "seed": seed,
+        "model": {"name": model_name, "case": case.id, "dim": dim, "batch": batch,
+                  "seed": seed,
                   "input_shape": list(model.input_shape(batch)),
                   "output_shape": list(model.output_shape(batch)),
                   "flops": int(model.flops(batch)), "weight_bytes": int(model.weight_bytes)},

@@ -23,6 +23,12 @@ def test_result_is_measured_and_consistent(small):
     assert naive["activation_bytes"] == 0 and naive["peak_bytes"] >= 64 * 4
     assert by_name["arena"]["activation_bytes"] <= by_name["static"]["activation_bytes"]
     assert result["model"]["input_shape"] == [1, 64]
+    assert result["model"]["case"] == "mlp-b1-d64"      # the suite's and the report's id (mlexec.case)
+
+
+def test_a_sequence_model_is_named_with_its_seq(small):
+    result = run_analysis("1.0", model="transformer", engines="naive", **{**small, "dim": 32, "repeat": 1})
+    assert result["model"]["case"] == "transformer-b1-d32-s64"
 
 
 def test_error_is_against_the_reference(small):
