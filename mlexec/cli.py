@@ -12,11 +12,12 @@ from pathlib import Path
 
 from engines import ENGINES, MODELS
 
-from .analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, load_model_file, run_analysis
+from .analysis import LIMITS, AnalysisError, load_model_file, run_analysis
 from .baselines import BaselineError
+from .defaults import ANALYZER_ENGINES, REPORT_ENGINES
 from .history import DEFAULT_THRESHOLD
-from .report import (DEFAULT_ENGINES as REPORT_ENGINES, DEFAULT_MODELS as REPORT_MODELS, QUICK_TIMING,
-                     RECHECK_ROUNDS, SETTLE_SECONDS, ReportError)
+from .report import DEFAULT_MODELS as REPORT_MODELS, QUICK_TIMING, RECHECK_ROUNDS, ReportError
+from .timing import SETTLE_SECONDS
 from .units import fmt_bytes, fmt_time
 
 
@@ -78,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"with a file, the input may be left out for a seeded random one")
     a.add_argument("--dim", type=int, default=1024, help=f"model width, 1..{LIMITS['max_dim']} (default 1024)")
     a.add_argument("--batch", type=int, default=1, help=f"batch size, 1..{LIMITS['max_batch']} (default 1)")
-    a.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
-                   help=f"comma list from {', '.join(ENGINES)} (default {','.join(DEFAULT_ENGINES)})")
+    a.add_argument("--engines", default=",".join(ANALYZER_ENGINES),
+                   help=f"comma list from {', '.join(ENGINES)} (default {','.join(ANALYZER_ENGINES)})")
     a.add_argument("--repeat", type=int, default=20, help=f"timed calls per engine, 1..{LIMITS['max_repeat']} (default 20)")
     a.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     a.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT, subprocess_env
 from mlexec import baselines
 from mlexec.suite import gate
-from mlexec.suite.ratio import Interleaved
+from mlexec.timing import Interleaved
 
 
 def run_with(peak, version="v1", case="mlp-b1-d256", engine="static"):

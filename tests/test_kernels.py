@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from engines import ENGINES, MODELS, kernels
+from engines.models import ABS_TOL, REL_TOL
 from engines.ops import aligned, tile
 
 AVAILABLE = [name for name in kernels.KERNELS if name not in kernels.unavailable()]
@@ -50,7 +51,7 @@ def test_every_kernel_matches_float64(name, rows, transposed, residual):
     calls = bound(name, x, w, b, b_tiled, res, y)
     for _ in range(2):                           # a second run must not accumulate onto the first
         kernels._run(calls)
-    np.testing.assert_allclose(y, expected, atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(y, expected, atol=ABS_TOL, rtol=REL_TOL)
 
 
 @pytest.mark.parametrize("name", AVAILABLE)
@@ -160,7 +161,7 @@ def test_tuned_engine_is_right_and_reports_every_linear(engine, tuned):
     except Exception as exc:                         # EngineUnavailable: its optional package is missing
         pytest.skip(f"{engine} unavailable: {exc}")
     x = model.random_input(4, rng=0)
-    np.testing.assert_allclose(eng.forward(x), model.reference(x), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(eng.forward(x), model.reference(x), atol=ABS_TOL, rtol=0)
     report = eng.report()["kernels"]
     linears = sum(op.kind == "linear" for op in model.ops)
     assert 1 <= len(report) <= linears               # one entry per distinct GEMM shape

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+from engines.models import ABS_TOL, REL_TOL
+
 from . import session
 from .memory import BLAS_THREADS, MEMORY_CALLS, limit_bytes, warm_up
-
-ABS_TOL, REL_TOL = 1e-4, 1e-5
 
 
 def test_forward(benchmark, bench, engine_name, case, roofs, request):

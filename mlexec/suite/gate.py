@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from .ratio import Interleaved
+from ..timing import Interleaved
 
 # Half the smallest temporary memray sees (NumPy serves arrays under 1 KiB from its own cache):
 # a 1 KiB temporary can replace ~100 B of Python objects at the peak, so it grows the peak by

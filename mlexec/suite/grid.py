@@ -1,59 +1,10 @@
-"""The benchmark grid: which model shapes each engine is measured on, and how a grid is split
-into shards that CI runners measure side by side."""
+"""The benchmark grid: which cases (``mlexec.case.Case``) each engine is measured on, and how a
+grid is split into shards that CI runners measure side by side."""
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
-from engines import MODELS
-from engines.models import Model
-
-# Bump when the measured workload changes in a way the case fields don't show
-# (inputs, calls per round, what the memory pass runs): older baselines are skipped.
-WORKLOAD_REVISION = 1
-
-
-@dataclass(frozen=True)
-class Case:
-    """One model at one batch size. A zoo model is named by ``model`` with its ``dim`` (and
-    ``seq``); a model file by ``path`` (its stem names the case; loaded by ``engines.load_onnx``)."""
-    model: str
-    batch: int
-    dim: int | None = None
-    seq: int | None = None     # transformer only
-    path: str | None = None    # a model file instead of a zoo model
-
-    @property
-    def id(self) -> str:
-        if self.path:
-            return f"{self.model}-b{self.batch}"
-        seq = f"-s{self.seq}" if self.seq else ""
-        return f"{self.model}-b{self.batch}-d{self.dim}{seq}"
-
-    @property
-    def model_kwargs(self) -> dict:
-        return {"dim": self.dim, **({"seq": self.seq} if self.seq else {})}
-
-    def build(self) -> Model:
-        if self.path:
-            import engines
-            load = getattr(engines, "load_onnx", None)
-            if load is None:
-                raise NotImplementedError(f"{self.path}: this checkout's engines cannot import model files")
-            return load(self.path)
-        return MODELS[self.model](**self.model_kwargs, seed=0)
-
-    @cached_property
-    def version(self) -> str:
-        """A zoo case's ops and shapes; a model file's content (how an importer lowers the same
-        file is engine code, which the gate measures, not a new workload)."""
-        if self.path:
-            content = hashlib.sha256(Path(self.path).read_bytes()).hexdigest()
-            return hashlib.sha256(json.dumps([WORKLOAD_REVISION, self.id, content]).encode()).hexdigest()[:12]
-        return workload_version(self.id, self.build())
+from ..case import Case
 
 
 def file_case(path: str, batch: int) -> Case:
@@ -79,14 +30,6 @@ def file_cases(paths, batches) -> list[Case]:
     if clash:
         raise ValueError(f"--mlexec-model: two files share the stem of {clash}; rename one")
     return cases
-
-
-def workload_version(case_id: str, model: Model) -> str:
-    """Changes when the case, the model's ops or its shapes change; not with engine code."""
-    text = json.dumps([WORKLOAD_REVISION, case_id,
-                       [(op.kind, op.inputs, op.output, sorted(op.attrs.items())) for op in model.ops],
-                       sorted(model.shapes.items())], default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _cases(models, batches, dims, seqs=(None,)):

@@ -18,8 +18,9 @@ import pytest
 
 from engines import ENGINES, EngineUnavailable
 from mlexec import heap
+from ..case import Case
 from . import session as suite_session
-from .grid import MATRICES, Case, assign_shards, estimated_seconds, file_cases, parse_shard
+from .grid import MATRICES, assign_shards, estimated_seconds, file_cases, parse_shard
 
 NAME = "mlexec.suite.plugin"   # the entry point's name, the module's own: `-p` finds it registered either way
 

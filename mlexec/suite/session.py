@@ -14,10 +14,10 @@ from threadpoolctl import threadpool_limits
 
 from engines import ENGINES
 from mlexec import baselines
+from ..case import workload_version
+from ..timing import interleave
 from . import basecode, gate, summary
-from .grid import workload_version
 from .memory import allocation_environment, high_watermark, measure_peak
-from .ratio import interleave
 
 RESULTS = pytest.StashKey[dict]()      # (case id, engine) -> {"median", "peak", "held", "err", ...}
 PLANNED = pytest.StashKey[dict]()      # (pass, case id, engine) -> True: what this run set out to measure
