@@ -1,49 +1,21 @@
 """``mlexec report``: every engine on a grid of shapes, as a table, a chart, Markdown and JSON.
 
-For every shape, each round times a block of calls per engine, in the
-orders of a Williams design (``mlexec.timing.round_order``): over a cycle of rounds every
-engine opens a round equally often and follows every other engine equally
-often, so drift, neighbours' load and whatever one engine leaves behind for
-the next fall on every engine alike. Each block follows ``settle_seconds`` of untimed calls of the same
-engine: thread pools keep spinning after their last call (OpenBLAS's for
-~0.2 s), and a block that starts while the previous engine's pool spins runs
-on contended cores. Measured: ``packed`` at mlp b8 d1024 right after a block
-of ``naive`` took 2.5-5.6 ms with gaps of 0-100 ms, 0.70-0.75 ms with gaps of
-200-400 ms (0.68 ms alone). The settling is done by calls, not by sleeping:
-after 0.3 s idle on this shared machine the next calls ran 2-6x slower for
-about 100 ms. Per engine and shape the table gives:
-
-* the median time per call over rounds and the IQR as a percentage of it;
-* the ratio to ``naive`` and to ``onnxruntime``: the median over rounds of
-  the reference's time over this engine's in the same round (> 1: this engine
-  is faster; "-" when the reference did not run), with the IQR of those
-  per-round ratios. Pairing by round cancels the host's slow spells, which
-  last seconds: at the small points of one run the engines' own times had
-  IQRs of 30-58 %, their per-round ratios 5-15 %;
-* naive's times with glibc's malloc pinned (``mlexec.heap``): its
-  per-forward temporaries are reused, never faulted back in, whatever the
-  process built before, so every ratio against it is against naive at its
-  fastest;
-* the fraction of the roofline reached: roofline time over measured time,
-  where roofline time = max(flops / peak matmul rate, weight bytes / copy
-  bandwidth) -- one forward must do its flops and stream its weights once.
-  The roofs come from :func:`mlexec.suite.roofs.calibrate`, run in the
-  same process before and after the grid, the better of the two kept. A
-  fraction above 1 means the weights were served from cache, faster than
-  the copy bandwidth of a 64 MiB buffer.
-
-A shape where a target is a close call (``targets.close_calls``: a deciding
-figure with its bar inside the IQR of its rounds) is measured again after the
-grid, with ``recheck_rounds`` more rounds of all its engines whichever side of
-the bar it fell, and judged on all its rounds.
-
-An engine that cannot be built (a missing optional package) is listed once
-with the reason and skipped for the rest of the grid. An engine whose result
-disagrees with the float64 reference is not timed at that shape; the reason
-is kept with the row.
-
-The report names the CPU it ran on (title, preamble and JSON): the same
-engines rank differently on an Intel Xeon and an AMD EPYC (docs/kernels.md).
+Every case is measured in rounds; each round times a block of calls per
+engine in the orders of a Williams design (``mlexec.timing.round_order``), so
+drift, neighbours' load and whatever one engine leaves behind fall on every
+engine alike, and each block follows ``settle_seconds`` of untimed calls of the
+same engine, while the previous engine's thread pool goes idle. Per engine and
+case the table gives the median time per call and its IQR; the ratios to
+``naive`` and ``onnxruntime`` as medians of per-round ratios (pairing by round
+cancels the host's slow spells); and the fraction of the roofline,
+max(flops / matmul roof, weight bytes / copy roof) over the median, with the
+roofs calibrated in the same process before and after the grid. naive runs
+with glibc's malloc pinned (``mlexec.heap``). A case where a target's figure
+lies near or below its bar is measured again with ``recheck_rounds`` more
+rounds and judged on all of them (``targets.close_calls``). An engine that
+cannot be built is listed once with the reason; one that disagrees with the
+float64 reference is not timed at that case. The report names its CPU. Why
+each of these, with the measurements: docs/methodology.md.
 
     mlexec report                          # the MLP and transformer grids (minutes)
     mlexec report --quick                  # a few points, 3 rounds, no rechecks (under a minute)

@@ -191,3 +191,19 @@ def test_merge_of_shards_that_compared_nothing_fails_when_the_gate_is_required(t
     folders = [shard_folder(tmp_path, k, 2, compared=()) for k in (1, 2)]
     assert ci.main(["merge", "--shards", "2", "--require-gate", "--out", str(tmp_path / "o"), *map(str, folders)]) == 4
     assert ci.main(["merge", "--shards", "2", "--out", str(tmp_path / "p"), *map(str, folders)]) == 0
+
+
+def test_trends_write_the_history_table_charts_and_the_static_site(tmp_path, monkeypatch):
+    """What bench-history.yml publishes: trends of the history branch's runs, and the /history page
+    as a static site for GitHub Pages (the git fetch itself stood in for by a copy)."""
+    import argparse
+
+    from conftest import FIXTURES
+
+    monkeypatch.setattr(ci, "cmd_fetch_history",
+                        lambda a: shutil.copytree(FIXTURES / "baselines", a.into / "baselines") and 0)
+    out = tmp_path / "history"
+    assert ci.cmd_trends(argparse.Namespace(branch="bench-history", out=out)) == 0
+    page = (out / "site" / "index.html").read_text()
+    assert '<figure class="chart' in page and "history.js" in page
+    assert (out / "site" / "history.js").is_file() and list(out.glob("*.png"))

@@ -10,7 +10,8 @@
   saved runs, named by commit.
 - ``fetch-history``: the history branch's saved runs into a folder (empty if
   the branch does not exist yet), for ``--mlexec-compare auto``.
-- ``trends``: the history branch's saved runs as the history table and charts.
+- ``trends``: the history branch's saved runs as the history table and charts, and as the
+  static history site in ``OUT/site`` (the page ``/history`` serves) for GitHub Pages.
 - ``summary``: a verdict JSON file as Markdown.
 
 Usage: python -m mlexec.suite.ci gate --base origin/main --shard 1/4 --out bench-out/1 [-- PYTEST ARGS]
@@ -193,7 +194,7 @@ def cmd_trends(args) -> int:
             (args.out / "README.md").write_text(f"No saved runs on {args.branch} yet.\n")
             return 0
         return subprocess.run([sys.executable, "-m", "mlexec", "history", "--root", str(root),
-                               "--out", str(args.out)], cwd=ROOT).returncode
+                               "--out", str(args.out), "--html", str(args.out / "site")], cwd=ROOT).returncode
 
 
 def cmd_summary(args) -> int:
