@@ -7,7 +7,9 @@ every op's calls (``OpKind.calls``) to views of those buffers. The caller's
 input is copied into an engine buffer first, so that every call can be bound
 in advance; a forward is then ``for fn, args in calls: fn(*args)``, with no
 per-op Python in between. Nothing in ``forward`` allocates an array: the views
-are made at bind time, and every call writes with ``out=``.
+are made at bind time, and every call writes with ``out=``. A linear runs on
+the kernel measured fastest for its shape on this machine (``engines.kernels``;
+``MLEXEC_TUNE=0``: NumPy's matmul and a pre-tiled bias), into the same buffer.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import numpy as np
 
 from .base import Engine, EngineBusy
 from .models import Model
-from .ops import OPS, aligned_empty
+from .kernels import KERNELS, Linears
+from .ops import OPS, aligned_empty, linear_calls, rows2d
 from .planner import Plan, Step, end_to_end, plan_memory
 
 
@@ -105,6 +108,9 @@ _get_ident = threading.get_ident
 
 class CompiledEngine(BoundEngine):
     peak_slack_bytes = 1024       # measured: 72-96 B (MLPs), 824 B (softmax's reduction state)
+    # What a linear may run on, measured at build time (engines.kernels); the same output buffer
+    # whichever runs, so the memory plan does not change. Untuned: NumPy's matmul + tiled bias.
+    kernel_candidates = tuple(k for k, v in KERNELS.items() if not k.startswith("mkl") and not v.allocates)
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
@@ -135,9 +141,16 @@ class CompiledEngine(BoundEngine):
         self.sizes = {t: 4 * max_batch * math.prod(shape) for t, shape in self.shapes.items()
                       if t not in self._root}
         self._own_memory()
+        # Kernel choices and their per-weight state are shared with workers.
+        self._linears = Linears(self.kernel_candidates, lambda gemm: "numpy")
+        self._bind(max_batch)                     # chooses every linear's kernel now
 
     def _own_memory(self) -> None:
         self._store = self._storage(self.sizes)   # name -> flat float32 array for max_batch
+
+    def report(self) -> dict:
+        """What each linear runs on (``engines.kernels.Linears.report``)."""
+        return {"kernels": self._linears.report()}
 
     def _storage(self, sizes: dict[str, int]) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -154,6 +167,10 @@ class CompiledEngine(BoundEngine):
         calls = []
         for op_calls, out, inputs, prepared, scratch, attrs in self._ops:
             views = [self._view(t, batch) for t in (out, *inputs)]
+            if op_calls is linear_calls:          # y = x @ w + b on the kernel measured fastest
+                (y, x), (w, b_tiled) = views, prepared
+                calls += self._linears.calls(rows2d(x), rows2d(y), w, b_tiled[0], b_tiled, None)
+                continue
             calls += op_calls(*views, *prepared, *(self._view(s, batch) for s in scratch), **attrs)
         result = self._view(self.model.output, batch)
         result.flags.writeable = False

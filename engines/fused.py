@@ -9,7 +9,9 @@ BLAS gemm with beta=1 accumulating onto it (``sgemv`` for one row; large
 linears on NumPy's matmul plus a pre-tiled bias add); linear+relu and
 linear+residual are one step each; layernorm's gamma/beta, attention's
 1/sqrt(head_dim) and gelu's 0.5 fold into the next linear's weights; softmax
-runs in place with its row sums on the engine's matvec. forward copies the
+runs in place with its row sums on the engine's matvec. Which library runs
+each linear is measured at build time on the machine at hand and cached
+(``engines.kernels``; ``MLEXEC_TUNE=0`` keeps fixed choices). forward copies the
 input into an engine buffer, runs ``for fn, args in steps: fn(*args)`` and
 returns a read-only view of the output buffer, valid until the next call.
 Needs SciPy's BLAS (extra ``fast``). Measurements behind each choice:
@@ -24,6 +26,7 @@ import numpy as np
 
 from .base import EngineUnavailable
 from .compiled import BoundEngine, arena_storage
+from .kernels import KERNELS, Gemm, Linears, cpu_model
 from .models import Model
 from .ops import (GELU_C, OPS, gather_keys, head_columns, keys_per_head, keys_scratch, maximum,
                   mean_column, ones_column, rows2d, softmax_rows, split_heads, standardize_calls, tile, tiled_calls,
@@ -48,15 +51,21 @@ class FusedEngine(BoundEngine):
     # SciPy's on large skinny products here, and staying on one BLAS keeps one thread pool busy
     # instead of two competing for the cores.
     blas_max_work = 1 << 19          # 8 rows at dim 256; at 32 rows x 256 NumPy already won
+    # What each linear may run on, measured at build time (engines.kernels): all but MKL's, whose
+    # spinning pool is packed's to bring in, and those that allocate per call (oneDNN's sgemm)
+    kernel_candidates = tuple(k for k, v in KERNELS.items() if not k.startswith("mkl") and not v.allocates)
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
-        self._sgemm, self._sgemv = _import_blas()
+        _import_blas()                    # SciPy's BLAS runs the default kernels: refuse early without it
         self.shapes: dict[str, tuple[int, ...]] = {}   # per-sample shape of every engine buffer
         self.steps = self._lower(model)                 # [(kind, output, inputs, operands, attrs)]
         self.weight_bytes = sum(a.nbytes for _, _, inputs, operands, _ in self.steps
                                 for a in (*inputs, *operands) if isinstance(a, np.ndarray))
         self._own_memory()
+        # Kernel choices and their per-weight state (MKL's packs) are shared with workers.
+        self._linears = Linears(self.kernel_candidates, self._default_kernel)
+        self._bind(self.max_batch)        # chooses every linear's kernel now (engines.kernels)
 
     def _own_memory(self) -> None:
         self.plan, arena, self._buffers = arena_storage(
@@ -186,19 +195,21 @@ class FusedEngine(BoundEngine):
         return self._buffers[name][:math.prod(shape)].reshape(shape)
 
     def _linear_calls(self, x2, y2, w, b, b_tiled, residual) -> list:
-        """The calls for y2 = x2 @ w + b (+ residual), every array a 2-D view bound in advance."""
-        rows = y2.shape[0]
-        # NumPy's matmul, then a tiled bias; also for weights stored transposed (ops.weight_layout),
-        # which are always above the boundary
-        if rows * w.size > self.blas_max_work or not w.flags.c_contiguous:
-            calls = [(np.matmul, (x2, w, y2))] + tiled_calls(np.add, y2, b_tiled)
-            return calls + _residual_add(y2, residual)
-        calls = bias_start(y2, b, residual)
-        if rows == 1:                                          # one row: y += W.T @ x
-            calls.append((self._sgemv, (1.0, w.T, x2[0], 1.0, y2[0], 0, 1, 0, 1, 0, 1)))
-        else:                                                  # y.T += W.T @ x.T, all Fortran views
-            calls.append((self._sgemm, (1.0, w.T, x2.T, 1.0, y2.T, 0, 0, 1)))
-        return calls
+        """The calls for y2 = x2 @ w + b (+ residual), every array a 2-D view bound in advance, on
+        the kernel measured fastest here for this shape (``engines.kernels``)."""
+        return self._linears.calls(x2, y2, w, b, b_tiled, residual)
+
+    def _default_kernel(self, gemm: Gemm) -> str:
+        """The kernel without tuning (MLEXEC_TUNE=0): SciPy's gemm/gemv with the bias fused up to
+        blas_max_work, NumPy's matmul above it and for weights stored transposed."""
+        if gemm.rows * gemm.k * gemm.n > self.blas_max_work or gemm.transposed:
+            return "numpy"
+        return "scipy"
+
+    def report(self) -> dict:
+        """What each linear runs on: per GEMM (rows x in x out, T: weights stored transposed) the
+        kernel chosen, how (measured, cached, default) and what every candidate measured."""
+        return {"cpu": cpu_model(), "kernels": self._linears.report()}
 
     def _matvec_call(self, x, col, out):
         """The call for out = x @ col, col a (n, 1) column."""
@@ -256,11 +267,3 @@ class FusedEngine(BoundEngine):
         self._bound[batch] = (self._view("input", batch), tuple(calls), result)
         return self._bound[batch]
 
-
-def _residual_add(y2: np.ndarray, residual) -> list:
-    return [] if residual is None else [(np.add, (y2, residual, y2))]
-
-
-def bias_start(y2: np.ndarray, b: np.ndarray, residual) -> list:
-    """The calls that start y2 as bias (+ residual), for a gemm with beta=1 to accumulate onto."""
-    return [(np.copyto, (y2, b))] + _residual_add(y2, residual)   # copyto: no ufunc buffer

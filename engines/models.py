@@ -16,6 +16,12 @@ import numpy as np
 
 from .ops import OPS
 
+# The bar every engine's ``forward`` is held to against ``Model.reference`` (float64) on fresh
+# random inputs: ABS_TOL on the max abs error (the zoo's weight scaling keeps activations O(1), so
+# an absolute bar is meaningful), and REL_TOL on the error's norm over the reference's.
+ABS_TOL = 1e-4
+REL_TOL = 1e-5
+
 
 @dataclass(frozen=True)
 class Op:
@@ -143,7 +149,7 @@ class _Builder:
 
     def linear(self, x: str, n_out: int, name: str, gain: float = 1.0) -> str:
         n_in = self.shapes[x][-1]
-        # He/LeCun scaling keeps activations O(1) so the 1e-4 absolute bar is meaningful.
+        # He/LeCun scaling keeps activations O(1) so the ABS_TOL absolute bar is meaningful.
         self.params[f"{name}.w"] = self._normal((n_in, n_out), math.sqrt(gain / n_in))
         self.params[f"{name}.b"] = self._normal((n_out,), 0.1)
         return self.op("linear", [x], name, self.shapes[x][:-1] + (n_out,), [f"{name}.w", f"{name}.b"])

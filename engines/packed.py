@@ -3,11 +3,13 @@
 A BLAS gemm re-packs its operands into the kernel's blocked layout on every
 call, and OpenBLAS's kernels are slow on the short, wide products of small
 batches; ONNX Runtime packs constant weights once. This engine does the same
-with Intel MKL's packed GEMM (``cblas_sgemm_pack`` at construction for
-``pack_rows`` = 128 rows, ``cblas_sgemm_compute`` per call, through ctypes on
-the engine's NumPy buffers), for every linear with more than one row and more
-than ``fused.blas_max_work`` multiply-adds; one row stays on ``sgemv``, small
-products on SciPy's ``sgemm``. Attention's per-head products, layernorm's and
+with Intel MKL's packed GEMM (``cblas_sgemm_pack`` once for
+``kernels.PACK_ROWS`` = 128 rows, ``cblas_sgemm_compute`` per call, through
+ctypes on the engine's NumPy buffers), for the linears where it measured
+fastest on this machine (``engines.kernels``: the packed GEMM and MKL's plain
+``sgemm``, each also on one thread, against fused's candidates; with
+``MLEXEC_TUNE=0`` the fixed rule: packed for more than one row above
+``fused.blas_max_work`` multiply-adds). Attention's per-head products, layernorm's and
 softmax's row reductions run on MKL too, so that one thread pool (sized like
 NumPy's BLAS pool, MKL's default spin kept) runs the forward: two pools fight
 over the cores. No allocation per forward after warm-up; the weights are held
@@ -24,8 +26,8 @@ from importlib import metadata
 import numpy as np
 
 from .base import EngineUnavailable
-from .fused import FusedEngine, bias_start
-from .ops import aligned_empty
+from . import kernels
+from .fused import FusedEngine
 from .threads import blas_threads
 
 _ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162   # CBLAS enums (mkl_cblas.h)
@@ -80,40 +82,20 @@ def _load_mkl() -> ctypes.CDLL:
 
 class PackedEngine(FusedEngine):
     name = "packed"
-    pack_rows = 128
+    pack_rows = kernels.PACK_ROWS
+    kernel_candidates = tuple(k for k, v in kernels.KERNELS.items() if not v.allocates)   # MKL's among them
 
     def __init__(self, model, max_batch: int):
         self._mkl = _load_mkl()
         super().__init__(model, max_batch)
-        self._packs: dict[int, np.ndarray] = {}      # id(folded weight) -> its packed form
-        for kind, _, _, operands, _ in self.steps:
-            if kind in ("linear", "linear_relu", "linear_add"):
-                self._packs[id(operands[0])] = self._pack(operands[0])
-        self.weight_bytes += sum(p.nbytes for p in self._packs.values())
+        self.weight_bytes += self._linears.state_bytes   # the packs of the linears that chose them
 
-    def _pack(self, w: np.ndarray) -> np.ndarray:
-        k, n = w.shape
-        size = self._mkl.cblas_sgemm_pack_get_size(_B_MATRIX, self.pack_rows, n, k)
-        dest = aligned_empty(size, np.uint8)
-        # w may be stored transposed (ops.weight_layout): then its rows are W's columns
-        trans, ld = (_NO_TRANS, n) if w.flags.c_contiguous else (_TRANS, k)
-        self._mkl.cblas_sgemm_pack(_ROW_MAJOR, _B_MATRIX, trans, self.pack_rows, n, k, 1.0,
-                                   w.ctypes.data, ld, dest.ctypes.data)
-        return dest
-
-    def _linear_calls(self, x2, y2, w, b, b_tiled, residual) -> list:
-        rows, item = y2.shape[0], x2.itemsize
-        unit_rows = x2.strides[1] == y2.strides[1] == item          # the gemm takes a row stride only
-        if rows == 1 or rows * w.size <= self.blas_max_work or not unit_rows:
-            return super()._linear_calls(x2, y2, w, b, b_tiled, residual)
-        k, n = w.shape
-        calls = bias_start(y2, b, residual)
-        ptr = ctypes.c_void_p
-        calls.append((self._mkl.sgemm_compute,
-                      (_ROW_MAJOR, _NO_TRANS, _PACKED, rows, n, k, ptr(x2.ctypes.data), x2.strides[0] // item,
-                       ptr(self._packs[id(w)].ctypes.data), n, ctypes.c_float(1.0),
-                       ptr(y2.ctypes.data), y2.strides[0] // item)))
-        return calls
+    def _default_kernel(self, gemm: kernels.Gemm) -> str:
+        """Without tuning: MKL's packed GEMM for every linear of more than one row above
+        blas_max_work, fused's choice below."""
+        if gemm.rows == 1 or gemm.rows * gemm.k * gemm.n <= self.blas_max_work:
+            return super()._default_kernel(gemm)
+        return "mkl-packed"
 
     def _matvec_call(self, x, col, out):
         # On MKL, not NumPy's matmul: one thread pool (see the module docstring).

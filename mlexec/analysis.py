@@ -4,6 +4,9 @@
 tiles them (cycling) to the model's input shape, builds the model, runs the
 chosen engines and returns a JSON-serializable dict:
 
+- the model, with its point's id as the suite and the report write it
+  (``mlexec.case.Case``, e.g. ``mlp-b1-d1024``);
+
 - per engine: median latency of ``forward`` (timed in one process, in two
   passes over the engines, the second in reverse order so drift falls on
   every engine alike; each engine's calls follow ``SETTLE_SECONDS`` of its own
@@ -12,7 +15,7 @@ chosen engines and returns a JSON-serializable dict:
   allocated during one warm ``forward`` (tracemalloc, which sees NumPy's array allocations), the
   engine's planned ``activation_bytes`` and ``weight_bytes``, memory saved vs
   ``naive``, and the max abs error against the float64 reference with a
-  pass/fail at ``TOLERANCE``;
+  pass/fail at ``engines.models.ABS_TOL``;
 - a per-op breakdown of the eager (naive) run: median time and output bytes
   of every op, with its share of the total and the slowest ops ranked.
 
@@ -37,17 +40,18 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from engines import ENGINES, MODELS, EngineUnavailable, Model, OnnxImportError, load_onnx
+from engines.models import ABS_TOL
 
 from . import heap
-from .report import SETTLE_SECONDS, settle
-
-TOLERANCE = 1e-4
+from .case import Case
+from .defaults import ANALYZER_ENGINES
+from .timing import SETTLE_SECONDS, settle
 
 # The stated limits (README, "Input limits"). Checked before anything big is allocated.
 LIMITS = {
     "max_input_bytes": 1_000_000,      # text pasted or uploaded, UTF-8
     "max_values": 100_000,             # numbers in the input, before tiling
-    "max_abs_value": 1e6,              # |value|; the 1e-4 check is meant for O(1) activations
+    "max_abs_value": 1e6,              # |value|; the ABS_TOL check is meant for O(1) activations
     "max_batch": 1024,
     "max_dim": 4096,
     "max_repeat": 500,
@@ -64,8 +68,6 @@ COMPUTE_RATES = {
     "seconds_per_op": 10e-6,        # Python dispatch per op, what dominates small shapes
     "compile_seconds": 30.0,        # an engine with slow_build (torch-compile): 10-50 s on 2 cores
 }
-
-DEFAULT_ENGINES = ("naive", "static", "arena")
 
 # One analysis measures at a time in a process: tracemalloc is process-wide, and
 # timings taken while another analysis computes would measure the other one.
@@ -322,7 +324,7 @@ def load_model_file(source, **limits) -> Model:
 
 
 def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
-                 engines: Iterable[str] | str = DEFAULT_ENGINES, repeat: int = 20, seed: int = 0,
+                 engines: Iterable[str] | str = ANALYZER_ENGINES, repeat: int = 20, seed: int = 0,
                  progress: Callable[[int, int], None] | None = None, model_file: Model | None = None) -> dict:
     """Parse, validate, run and measure; see the module docstring for the result."""
     return measure_analysis(prepare_analysis(values, model=model, dim=dim, batch=batch, engines=engines,
@@ -330,7 +332,7 @@ def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
 
 
 def prepare_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
-                     engines: Iterable[str] | str = DEFAULT_ENGINES, repeat: int = 20, seed: int = 0,
+                     engines: Iterable[str] | str = ANALYZER_ENGINES, repeat: int = 20, seed: int = 0,
                      model_file: Model | None = None) -> dict:
     """Every check of ``run_analysis`` (input, options, memory, compute budget), nothing run:
     the validated job for ``measure_analysis``. Cheap, so a server checks before it queues.
@@ -384,11 +386,14 @@ def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progre
     heap_state = heap.pin()      # naive's temporaries reused, never faulted back in (see mlexec.heap)
     if isinstance(model_name, Model):                 # imported from a file
         model, model_name = model_name, model_name.name
+        case = Case(model_name, batch)
     else:
         try:
             model = MODELS[model_name](dim=dim, seed=seed)
         except ValueError as exc:
             raise AnalysisError(f"invalid options for model {model_name!r}: {exc}") from None
+        shape = model.shapes[model.input]           # (seq, dim) per sample for a sequence model
+        case = Case(model_name, batch, dim, shape[0] if len(shape) > 1 else None)
     x = (model.random_input(batch, rng=seed) if flat is None
          else tile_values(flat, model.input_shape(batch)))
     reference = model.reference(x)
@@ -419,7 +424,7 @@ def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progre
             "activation_bytes": int(engine.activation_bytes),
             "peak_bytes": _peak_forward_bytes(engine, x),
             "max_abs_error": error,
-            "passed": bool(error <= TOLERANCE),
+            "passed": bool(error <= ABS_TOL),
             "samples_s": [],
         }
         live[name] = engine
@@ -460,7 +465,8 @@ def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progre
                                    if base and base["footprint_bytes"] > 0 else None)
 
     return {
-        "model": {"name": model_name, "dim": dim, "batch": batch, "seed": seed,
+        "model": {"name": model_name, "case": case.id, "dim": dim, "batch": batch,
+                  "seed": seed,
                   "input_shape": list(model.input_shape(batch)),
                   "output_shape": list(model.output_shape(batch)),
                   "flops": int(model.flops(batch)), "weight_bytes": int(model.weight_bytes)},
@@ -469,7 +475,7 @@ def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progre
                   "first_values": [float(v) for v in (x.reshape(-1) if flat is None else flat)[:8]]},
         "repeat": repeat,
         "heap": heap_state,
-        "tolerance": TOLERANCE,
+        "tolerance": ABS_TOL,
         "estimated_bytes": int(estimate),
         "engines": [results[n] for n in names],
         "ops": ops,

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from engines import ENGINES, MODELS
 
-from .analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, load_model_file, run_analysis
+from .analysis import LIMITS, AnalysisError, load_model_file, run_analysis
 from .baselines import BaselineError
+from .defaults import ANALYZER_ENGINES, REPORT_ENGINES
 from .history import DEFAULT_THRESHOLD
-from .report import (DEFAULT_ENGINES as REPORT_ENGINES, DEFAULT_MODELS as REPORT_MODELS, RECHECK_ROUNDS,
-                     SETTLE_SECONDS, ReportError)
+from .report import DEFAULT_MODELS as REPORT_MODELS, QUICK_TIMING, RECHECK_ROUNDS, ReportError
+from .timing import SETTLE_SECONDS
 from .units import fmt_bytes, fmt_time
 
 
@@ -78,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"with a file, the input may be left out for a seeded random one")
     a.add_argument("--dim", type=int, default=1024, help=f"model width, 1..{LIMITS['max_dim']} (default 1024)")
     a.add_argument("--batch", type=int, default=1, help=f"batch size, 1..{LIMITS['max_batch']} (default 1)")
-    a.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
-                   help=f"comma list from {', '.join(ENGINES)} (default {','.join(DEFAULT_ENGINES)})")
+    a.add_argument("--engines", default=",".join(ANALYZER_ENGINES),
+                   help=f"comma list from {', '.join(ENGINES)} (default {','.join(ANALYZER_ENGINES)})")
     a.add_argument("--repeat", type=int, default=20, help=f"timed calls per engine, 1..{LIMITS['max_repeat']} (default 20)")
     a.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     a.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -95,9 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--format", choices=("png", "svg"), default="png", help="chart format for --out (png)")
 
     r = sub.add_parser("report", help="engine x shape table with ratios to naive, ONNX Runtime and the roofline")
-    r.add_argument("--quick", action="store_true", help="a few shapes only (seconds, not minutes)")
-    r.add_argument("--models", default=",".join(REPORT_MODELS),
-                   help=f"comma list from mlp, transformer (default {','.join(REPORT_MODELS)})")
+    r.add_argument("--quick", action="store_true",
+                   help=f"a few shapes, {QUICK_TIMING['rounds']} rounds, no close-call rounds, "
+                        f"{QUICK_TIMING['settle_seconds']} s settling: well under a minute "
+                        "with the default engines, a few seconds for a few small points")
+    r.add_argument("--models", help=f"comma list from mlp, transformer (default {','.join(REPORT_MODELS)}; "
+                                    "with --shapes, the models those shapes belong to)")
     r.add_argument("--engines", default=",".join(REPORT_ENGINES),
                    help=f"comma list from {', '.join(ENGINES)} (default {','.join(REPORT_ENGINES)})")
     r.add_argument("--model", type=Path, metavar="FILE.onnx",
@@ -105,13 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--batches", default="1,8", help="batch sizes for --model (default 1,8)")
     r.add_argument("--shapes", help="instead of the built-in grid: BATCHxDIM (mlp) and BATCHxDIMxSEQ "
                                     "(transformer) entries, e.g. 1x256,8x256,1x256x64")
-    r.add_argument("--rounds", type=int, default=9, help="interleaved rounds per shape (default 9)")
-    r.add_argument("--recheck-rounds", type=int, default=RECHECK_ROUNDS,
+    r.add_argument("--rounds", type=int, help="interleaved rounds per shape (default 9)")
+    r.add_argument("--recheck-rounds", type=int,
                    help="more rounds at each shape where a target's bar lies inside the interquartile range "
-                        f"of a deciding figure's rounds, judged on all rounds; 0: none (default {RECHECK_ROUNDS})")
-    r.add_argument("--block-seconds", type=float, default=0.03,
-                   help="target duration of one engine's block of calls (default 0.03)")
-    r.add_argument("--settle-seconds", type=float, default=SETTLE_SECONDS,
+                        "of a deciding figure's rounds or above its median, judged on all rounds; 0: none "
+                        f"(default {RECHECK_ROUNDS})")
+    r.add_argument("--block-seconds", type=float, help="target duration of one engine's block of calls (default 0.03)")
+    r.add_argument("--settle-seconds", type=float,
                    help="untimed calls of each engine before its block, while the previous engine's "
                         f"thread pool stops spinning (default {SETTLE_SECONDS})")
     r.add_argument("--threads", type=int, help="BLAS threads for every engine (default: as configured)")

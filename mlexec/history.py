@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .baselines import BaselineError, load_run
+from .case import ID_PATTERN, Case
+from .suite.gate import MEMORY_GROWTH_BYTES
 from .units import fmt_bytes, fmt_time
 
 DEFAULT_THRESHOLD = 0.2
 DEFAULT_WINDOW = 3
 METRICS = {"median": "latency", "peak_bytes": "peak memory"}
-# A memory step must also be as large as the growth the gate fails on (suite.gate.MEMORY_GROWTH_BYTES,
-# equal by test; not imported, the gate needs SciPy): 72 B -> 96 B is not a step.
-MEMORY_FLOOR_BYTES = 1024
+# A memory step must also be as large as the growth the gate fails on: 72 B -> 96 B is not a step.
+MEMORY_FLOOR_BYTES = MEMORY_GROWTH_BYTES
 WEB_DIR = Path(__file__).parent / "web"
-_CASE_ID = re.compile(r"^(?P<head>.+?)-b(?P<batch>\d+)-d(?P<dim>\d+)(?:-s(?P<seq>\d+))?$")
 
 
 @dataclass
@@ -74,11 +74,11 @@ class Series:
 
     @property
     def short(self) -> str:
-        """``arena · mlp · b1 · d1024``; the test's parameter id when the run does not say."""
+        """``arena · mlp · b1 · d1024``: the engine and the case's id parts (``mlexec.case.Case``);
+        the test's parameter id when the run does not say."""
         if not (self.engine and self.model and self.batch):
             return self.name.rsplit("::", 1)[-1]
-        parts = [self.engine, self.model, f"b{self.batch}", f"d{self.dim}"]
-        return " · ".join(parts + ([f"s{self.seq}"] if self.seq else []))
+        return " · ".join([self.engine, *Case(self.model, self.batch, self.dim, self.seq).parts])
 
 
 @dataclass
@@ -110,7 +110,7 @@ def _labels(bench: dict) -> dict:
     if extra.get("engine") and extra.get("model") and extra.get("batch"):
         return {k: extra.get(k) for k in ("engine", "model", "batch", "dim", "seq")}
     param = bench.get("param") or bench["name"].partition("[")[2].rstrip("]")
-    match = _CASE_ID.match(str(param))
+    match = ID_PATTERN.match(str(param))
     if match:
         from engines import ENGINES
         head = match["head"]

@@ -1,50 +1,25 @@
 """``mlexec report``: every engine on a grid of shapes, as a table, a chart, Markdown and JSON.
 
-For every shape, each round times a block of calls per engine, in the
-orders of a Williams design (``round_order``): over a cycle of rounds every
-engine opens a round equally often and follows every other engine equally
-often, so drift, neighbours' load and whatever one engine leaves behind for
-the next fall on every engine alike. Each block follows ``settle_seconds`` of untimed calls of the same
-engine: thread pools keep spinning after their last call (OpenBLAS's for
-~0.2 s), and a block that starts while the previous engine's pool spins runs
-on contended cores. Measured: ``packed`` at mlp b8 d1024 right after a block
-of ``naive`` took 2.5-5.6 ms with gaps of 0-100 ms, 0.70-0.75 ms with gaps of
-200-400 ms (0.68 ms alone). The settling is done by calls, not by sleeping:
-after 0.3 s idle on this shared machine the next calls ran 2-6x slower for
-about 100 ms. Per engine and shape the table gives:
-
-* the median time per call over rounds and the IQR as a percentage of it;
-* the ratio to ``naive`` and to ``onnxruntime``: the median over rounds of
-  the reference's time over this engine's in the same round (> 1: this engine
-  is faster; "-" when the reference did not run), with the IQR of those
-  per-round ratios. Pairing by round cancels the host's slow spells, which
-  last seconds: at the small points of one run the engines' own times had
-  IQRs of 30-58 %, their per-round ratios 5-15 %;
-* naive's times with glibc's malloc pinned (``mlexec.heap``): its
-  per-forward temporaries are reused, never faulted back in, whatever the
-  process built before, so every ratio against it is against naive at its
-  fastest;
-* the fraction of the roofline reached: roofline time over measured time,
-  where roofline time = max(flops / peak matmul rate, weight bytes / copy
-  bandwidth) -- one forward must do its flops and stream its weights once.
-  The roofs come from :func:`mlexec.suite.roofs.calibrate`, run in the
-  same process before and after the grid, the better of the two kept. A
-  fraction above 1 means the weights were served from cache, faster than
-  the copy bandwidth of a 64 MiB buffer.
-
-A shape where a target is a close call (``targets.close_calls``: a deciding
-figure with its bar inside the IQR of its rounds) is measured again after the
-grid, with ``recheck_rounds`` more rounds of all its engines whichever side of
-the bar it fell, and judged on all its rounds.
-
-An engine that cannot be built (a missing optional package) is listed once
-with the reason and skipped for the rest of the grid. An engine whose result
-disagrees with the float64 reference is not timed at that shape; the reason
-is kept with the row.
+Every case is measured in rounds; each round times a block of calls per
+engine in the orders of a Williams design (``mlexec.timing.round_order``), so
+drift, neighbours' load and whatever one engine leaves behind fall on every
+engine alike, and each block follows ``settle_seconds`` of untimed calls of the
+same engine, while the previous engine's thread pool goes idle. Per engine and
+case the table gives the median time per call and its IQR; the ratios to
+``naive`` and ``onnxruntime`` as medians of per-round ratios (pairing by round
+cancels the host's slow spells); and the fraction of the roofline,
+max(flops / matmul roof, weight bytes / copy roof) over the median, with the
+roofs calibrated in the same process before and after the grid. naive runs
+with glibc's malloc pinned (``mlexec.heap``). A case where a target's figure
+lies near or below its bar is measured again with ``recheck_rounds`` more
+rounds and judged on all of them (``targets.close_calls``). An engine that
+cannot be built is listed once with the reason; one that disagrees with the
+float64 reference is not timed at that case. The report names its CPU. Why
+each of these, with the measurements: docs/methodology.md.
 
     mlexec report                          # the MLP and transformer grids (minutes)
-    mlexec report --quick                  # a few points (seconds)
-    mlexec report --engines naive,fused,torch-compile --models mlp --shapes 1x256,32x1024
+    mlexec report --quick                  # a few points, 3 rounds, no rechecks (under a minute)
+    mlexec report --engines naive,fused,torch-compile --shapes 1x256,32x1024   # mlp, from the shapes
 """
 from __future__ import annotations
 
@@ -52,48 +27,36 @@ import contextlib
 import json
 import math
 import re
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 
-from engines import ENGINES, MODELS, EngineUnavailable, OnnxImportError, load_onnx
+from engines import ENGINES, EngineUnavailable, OnnxImportError, load_onnx
+from engines.kernels import TUNE_ENV, cpu_model, tuning_enabled
 
 from . import heap, targets
+from .case import Case
+from .defaults import REPORT_ENGINES
 from .suite.roofs import Roofs, calibrate
+from .timing import SETTLE_SECONDS, round_order, settle, time_block
 from .units import fmt_time
 
-DEFAULT_ENGINES = ("naive", "fused", "packed", "onnxruntime", "torch")
 DEFAULT_MODELS = ("mlp", "transformer")
-TOLERANCE = 1e-3          # max abs error against the float64 reference before an engine is not timed
-SETTLE_SECONDS = 0.3     # untimed calls before each block, while the previous engine's pool goes idle
+# The largest max abs error against the float64 reference at which the report still times an
+# engine: a looser bar than engines.models.ABS_TOL, the correctness bar the suite and the
+# analyzer judge by; the report compares speed, and names any engine above this one untimed.
+MAX_TIMED_ERROR = 1e-3
 RECHECK_ROUNDS = 27      # more rounds at a close call: 36 in all with the default 9, the median's spread halved
+TIMING = {"rounds": 9, "recheck_rounds": RECHECK_ROUNDS, "block_seconds": 0.03, "settle_seconds": SETTLE_SECONDS}
+# --quick: the QUICK grid, timed for a look rather than a verdict (figures to rerun before quoting)
+QUICK_TIMING = {"rounds": 3, "recheck_rounds": 0, "block_seconds": 0.01, "settle_seconds": 0.05}
 LIMITS = {"max_rounds": 200, "max_block_seconds": 10.0, "max_settle_seconds": 10.0, "max_threads": 256,
           "max_batch": 1024, "max_dim": 8192, "max_seq": 1024}
 
 
-@dataclass(frozen=True)
-class Shape:
-    model: str
-    batch: int
-    dim: int
-    seq: int | None = None
-    source: str | None = None    # an ONNX file (--model): the model is imported, not built from the zoo
-
-    @property
-    def label(self) -> str:
-        return f"b{self.batch} d{self.dim}" + ("" if self.seq is None else f" s{self.seq}")
-
-    def build(self):
-        if self.source is not None:
-            return load_onnx(self.source)
-        kwargs = {"dim": self.dim} if self.seq is None else {"dim": self.dim, "seq": self.seq}
-        return MODELS[self.model](**kwargs)
-
-
-def file_grid(path, batches: str) -> dict[str, list[Shape]]:
+def file_grid(path, batches: str) -> dict[str, list[Case]]:
     """``--model FILE --batches 1,8``: the file's model at each batch (dim: its input's last axis)."""
     try:
         model = load_onnx(path)
@@ -104,17 +67,17 @@ def file_grid(path, batches: str) -> dict[str, list[Shape]]:
     if model.fixed_batch and max(sizes, default=1) > 1:
         raise ReportError(f"--model {path}: batch {max(sizes)} refused: {model.fixed_batch}; use --batches 1")
     shape = model.shapes[model.input]
-    return {model.name: [Shape(model.name, b, shape[-1], shape[0] if len(shape) > 1 else None, str(path))
+    return {model.name: [Case(model.name, b, shape[-1], shape[0] if len(shape) > 1 else None, str(path))
                          for b in dict.fromkeys(sizes)]}
 
 
-GRIDS: dict[str, list[Shape]] = {
-    "mlp": [Shape("mlp", b, d) for d in (256, 1024, 4096) for b in (1, 8, 32, 128)],
-    "transformer": [Shape("transformer", b, d, s) for d in (256, 512) for s in (64, 128) for b in (1, 8)],
+GRIDS: dict[str, list[Case]] = {
+    "mlp": [Case("mlp", b, d) for d in (256, 1024, 4096) for b in (1, 8, 32, 128)],
+    "transformer": [Case("transformer", b, d, s) for d in (256, 512) for s in (64, 128) for b in (1, 8)],
 }
-QUICK: dict[str, list[Shape]] = {
-    "mlp": [Shape("mlp", 1, 256), Shape("mlp", 8, 256), Shape("mlp", 32, 1024), Shape("mlp", 1, 4096)],
-    "transformer": [Shape("transformer", 1, 256, 64)],
+QUICK: dict[str, list[Case]] = {
+    "mlp": [Case("mlp", 1, 256), Case("mlp", 8, 256), Case("mlp", 32, 1024), Case("mlp", 1, 4096)],
+    "transformer": [Case("transformer", 1, 256, 64)],
 }
 _ARITY = {"mlp": 2, "transformer": 3}   # BATCHxDIM, BATCHxDIMxSEQ
 
@@ -137,9 +100,10 @@ def parse_names(text: str, known: Iterable[str], what: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def parse_shapes(text: str, models: list[str]) -> dict[str, list[Shape]]:
-    """``"1x64,8x64,1x32x8"``: BATCHxDIM entries go to mlp, BATCHxDIMxSEQ to transformer."""
-    grid: dict[str, list[Shape]] = {m: [] for m in models}
+def parse_shapes(text: str, models: list[str] | None) -> dict[str, list[Case]]:
+    """``"1x64,8x64,1x32x8"``: BATCHxDIM entries go to mlp, BATCHxDIMxSEQ to transformer.
+    ``models`` None: the models the shapes belong to."""
+    grid: dict[str, list[Case]] = {m: [] for m in models or ()}
     for entry in (e.strip() for e in text.split(",")):
         if not entry:
             continue
@@ -147,11 +111,15 @@ def parse_shapes(text: str, models: list[str]) -> dict[str, list[Shape]]:
             raise ReportError(f"expected shapes like 8x256 (mlp) or 1x256x64 (transformer), got {entry!r}")
         parts = [int(p) for p in entry.split("x")]
         model = next(m for m, n in _ARITY.items() if n == len(parts))
+        if models is None:
+            grid.setdefault(model, [])
         if model not in grid:
             raise ReportError(f"shape {entry!r} is a {model} shape, but --models is {','.join(models)}")
-        shape = Shape(model, *parts)
+        shape = Case(model, *parts)
         if shape not in grid[model]:
             grid[model].append(shape)
+    if not grid:
+        raise ReportError("expected at least one shape in --shapes, e.g. 8x256 (mlp) or 1x256x64 (transformer)")
     for model, shapes in grid.items():
         if not shapes:
             form = "BATCHxDIM" if _ARITY[model] == 2 else "BATCHxDIMxSEQ"
@@ -159,12 +127,12 @@ def parse_shapes(text: str, models: list[str]) -> dict[str, list[Shape]]:
     return grid
 
 
-def _check_shape(s: Shape) -> None:
+def _check_shape(s: Case) -> None:
     for key, value, limit in (("batch", s.batch, LIMITS["max_batch"]), ("dim", s.dim, LIMITS["max_dim"]),
                               ("seq", s.seq, LIMITS["max_seq"])):
         if value is not None and not 1 <= value <= limit:
-            raise ReportError(f"expected {key} in 1..{limit}, got {value} in {s.model} {s.label}")
-    if s.model == "transformer" and s.source is None and s.dim % 8:
+            raise ReportError(f"expected {key} in 1..{limit}, got {value} in {s.id}")
+    if s.model == "transformer" and s.path is None and s.dim % 8:
         raise ReportError(f"expected a transformer dim divisible by 8 heads, got {s.dim}")
 
 
@@ -176,21 +144,6 @@ def _check_range(name: str, value, low, high) -> None:
 # ---------------------------------------------------------------- measuring
 
 
-def time_block(fn, x, calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn(x)
-    return (time.perf_counter() - start) / calls
-
-
-def settle(fn, x, seconds: float) -> None:
-    """Untimed calls for ``seconds`` (at least one)."""
-    end = time.perf_counter() + seconds
-    fn(x)
-    while time.perf_counter() < end:
-        fn(x)
-
-
 def _build(name, model, batch, unavailable: dict[str, str]):
     try:
         return ENGINES[name](model, batch)
@@ -199,27 +152,31 @@ def _build(name, model, batch, unavailable: dict[str, str]):
         return None
 
 
-def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
-            unavailable: dict[str, str], settle_seconds: float = SETTLE_SECONDS, first_round: int = 0):
+def measure(case: Case, names: list[str], rounds: int, block_seconds: float,
+            unavailable: dict[str, str], settle_seconds: float = SETTLE_SECONDS, first_round: int = 0,
+            chosen: dict[str, list[str]] | None = None):
     """(model, per engine the time per call of each round, engines that gave a wrong result).
 
-    ``first_round`` continues the Williams design where earlier rounds of this shape stopped."""
-    model = shape.build()
-    x = model.random_input(shape.batch, rng=0)
+    ``first_round`` continues the Williams design where earlier rounds of this case stopped;
+    ``chosen`` receives, per engine that reports them, the kernels its linears run on."""
+    model = case.build()
+    x = model.random_input(case.batch, rng=0)
     expected = model.reference(x)
     engines, wrong = {}, {}
     for name in names:
         if name in unavailable:
             continue
-        eng = _build(name, model, shape.batch, unavailable)
+        eng = _build(name, model, case.batch, unavailable)
         if eng is None:
             continue
         eng.forward(x)                                 # warm up, then check it agrees
         err = float(np.max(np.abs(eng.forward(x) - expected)))
-        if not err <= TOLERANCE:
-            wrong[name] = f"max abs error {err:.2e} > {TOLERANCE:g}; not timed"
+        if not err <= MAX_TIMED_ERROR:
+            wrong[name] = f"max abs error {err:.2e} > {MAX_TIMED_ERROR:g}; not timed"
             continue
         engines[name] = eng
+        if chosen is not None:
+            chosen[name] = _kernels_of(eng)
     if not engines:
         return model, {}, wrong
     probe = min(time_block(eng.forward, x, 1) for eng in engines.values())
@@ -233,22 +190,13 @@ def measure(shape: Shape, names: list[str], rounds: int, block_seconds: float,
     return model, {name: np.array(t) for name, t in times.items()}, wrong
 
 
-def round_order(n: int, r: int) -> list[int]:
-    """Round r's order of n engines, from a Williams design: 0, 1, n-1, 2, n-2, ... shifted by r
-    (reversed in every other cycle when n is odd). Over n rounds (2n when n is odd) each engine
-    is first equally often and directly follows each other engine equally often."""
-    first, low, high = [0], 1, n - 1
-    while len(first) < n:
-        first.append(low)
-        low += 1
-        if len(first) < n:
-            first.append(high)
-            high -= 1
-    row = [(v + r) % n for v in first]
-    return row[::-1] if n % 2 and (r // n) % 2 else row
+def _kernels_of(engine) -> list[str]:
+    """"ROWSxINxOUT: kernel" for each GEMM of an engine that chooses its kernels (engines.kernels)."""
+    report = engine.report() if hasattr(engine, "report") else {}
+    return [f"{k['gemm']}: {k['kernel']}" for k in report.get("kernels", [])]
 
 
-def summarize(shape: Shape, times: dict[str, np.ndarray], flops: int, weight_bytes: int, roofs: Roofs) -> list[dict]:
+def summarize(case: Case, times: dict[str, np.ndarray], flops: int, weight_bytes: int, roofs: Roofs) -> list[dict]:
     # The least time one forward can take: its flops at the peak rate, or its weights streamed once.
     flops_s = flops / (roofs.gflops * 1e9)
     stream_s = weight_bytes / (roofs.gbytes_per_s * 1e9)
@@ -258,7 +206,7 @@ def summarize(shape: Shape, times: dict[str, np.ndarray], flops: int, weight_byt
         q1, med, q3 = (float(v) for v in np.percentile(t, [25, 50, 75]))
         vs = {ref: _paired(times[ref], t) if ref in times else (None, None) for ref in ("naive", "onnxruntime")}
         rows.append({
-            "model": shape.model, "batch": shape.batch, "dim": shape.dim, "seq": shape.seq, "shape": shape.label,
+            "case": case.id, "model": case.model, "batch": case.batch, "dim": case.dim, "seq": case.seq,
             "engine": name, "median_s": med, "iqr_pct": 100 * (q3 - q1) / med,
             "vs_naive": vs["naive"][0], "vs_naive_iqr": vs["naive"][1],
             "vs_onnxruntime": vs["onnxruntime"][0], "vs_onnxruntime_iqr": vs["onnxruntime"][1],
@@ -270,12 +218,12 @@ def summarize(shape: Shape, times: dict[str, np.ndarray], flops: int, weight_byt
 
 
 def _rows(measured: dict, roofs: Roofs, names: list[str]) -> list[dict]:
-    """The table's rows, shape by shape in the engines' order, wrong results as error rows."""
+    """The table's rows, case by case in the engines' order, wrong results as error rows."""
     rows = []
-    for shape, (times, wrong, flops, weight_bytes) in measured.items():
-        here = summarize(shape, times, flops, weight_bytes, roofs) if times else []
-        here += [{"model": shape.model, "batch": shape.batch, "dim": shape.dim, "seq": shape.seq,
-                  "shape": shape.label, "engine": name, "error": why} for name, why in wrong.items()]
+    for case, (times, wrong, flops, weight_bytes) in measured.items():
+        here = summarize(case, times, flops, weight_bytes, roofs) if times else []
+        here += [{"case": case.id, "model": case.model, "batch": case.batch, "dim": case.dim, "seq": case.seq,
+                  "engine": name, "error": why} for name, why in wrong.items()]
         rows += sorted(here, key=lambda r: names.index(r["engine"]))
     return rows
 
@@ -299,15 +247,15 @@ def _blas_threads(threads: int | None):
         yield
 
 
-def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = DEFAULT_ENGINES, *,
+def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = REPORT_ENGINES, *,
                rounds: int = 9, recheck_rounds: int = RECHECK_ROUNDS, block_seconds: float = 0.03,
                settle_seconds: float = SETTLE_SECONDS, quick: bool = False,
-               grid: dict[str, list[Shape]] | None = None, threads: int | None = None,
+               grid: dict[str, list[Case]] | None = None, threads: int | None = None,
                roofs: Roofs | None = None, progress: Callable[[int, int, str | None], None] | None = None) -> dict:
     """Measure the grid and return the report as a JSON-ready dict.
 
-    The shapes where a target is a close call (``targets.close_calls``) get
-    ``recheck_rounds`` more rounds. ``grid`` (model -> shapes) overrides the
+    The cases where a target is a close call (``targets.close_calls``) get
+    ``recheck_rounds`` more rounds. ``grid`` (model -> cases) overrides the
     built-in grids; ``roofs`` skips the calibration (tests pass their own).
     """
     models, names = list(models), list(engines)
@@ -319,8 +267,8 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         if bad:
             raise ReportError(f"unknown model {', '.join(map(repr, bad))}; choose from {', '.join(GRIDS)}")
         grid = {m: (QUICK if quick else GRIDS)[m] for m in models}
-    shapes = [s for m in grid for s in grid[m]]
-    for s in shapes:
+    cases = [s for m in grid for s in grid[m]]
+    for s in cases:
         _check_shape(s)
     _check_range("--rounds", rounds, 1, LIMITS["max_rounds"])
     _check_range("--recheck-rounds", recheck_rounds, 0, LIMITS["max_rounds"])
@@ -336,12 +284,17 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         # shared host during one calibration would lower the roof and inflate every fraction
         # (one run calibrated 123 GFLOP/s against 175 in the others, and put packed at 188 %).
         before = roofs if roofs is not None else calibrate()
-        measured = {}             # shape -> (times, wrong, flops, weight bytes)
-        for i, shape in enumerate(shapes):
+        measured = {}             # case -> (times, wrong, flops, weight bytes)
+        kernels = []              # what each tuned engine's linears ran on, per case
+        for i, case in enumerate(cases):
             if progress is not None:
-                progress(i, len(shapes), f"{shape.model} {shape.label}")
-            model, times, wrong = measure(shape, names, rounds, block_seconds, unavailable, settle_seconds)
-            measured[shape] = (times, wrong, model.flops(shape.batch), model.weight_bytes)
+                progress(i, len(cases), case.id)
+            chosen: dict[str, list[str]] = {}
+            model, times, wrong = measure(case, names, rounds, block_seconds, unavailable, settle_seconds,
+                                          chosen=chosen)
+            kernels += [{"case": case.id, "engine": n, "kernels": k}
+                        for n, k in chosen.items() if k]
+            measured[case] = (times, wrong, model.flops(case.batch), model.weight_bytes)
             del model
         after = roofs if roofs is not None else calibrate()
         roofs = Roofs(max(before.gflops, after.gflops), max(before.gbytes_per_s, after.gbytes_per_s))
@@ -349,32 +302,33 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         # A fixed number of extra rounds wherever a verdict is a close call, whichever side its
         # median fell on (stopping when it looked good would bias the verdicts), judged on all.
         close = set(targets.close_calls(rows)) if recheck_rounds else set()
-        again = [s for s in shapes if (s.model, s.label) in close]
+        again = [s for s in cases if s.id in close]
         rechecked = []
-        for i, shape in enumerate(again):
+        for i, case in enumerate(again):
             if progress is not None:
-                progress(len(shapes) + i, len(shapes) + len(again), f"{shape.model} {shape.label}, again")
-            times, wrong, flops, weight_bytes = measured[shape]
-            _, more, more_wrong = measure(shape, list(times), recheck_rounds, block_seconds, unavailable,
+                progress(len(cases) + i, len(cases) + len(again), f"{case.id}, again")
+            times, wrong, flops, weight_bytes = measured[case]
+            _, more, more_wrong = measure(case, list(times), recheck_rounds, block_seconds, unavailable,
                                           settle_seconds, first_round=rounds)
             times = {name: t for name, t in times.items() if name not in more_wrong}   # wrong once: not timed
             if set(more) == set(times):       # the same engines ran: the rounds stay paired
                 times = {name: np.concatenate([times[name], more[name]]) for name in times}
-                rechecked.append(shape)
-            measured[shape] = (times, {**wrong, **more_wrong}, flops, weight_bytes)
+                rechecked.append(case)
+            measured[case] = (times, {**wrong, **more_wrong}, flops, weight_bytes)
         if again:
             rows = _rows(measured, roofs, names)
         if progress is not None:
-            progress(len(shapes) + len(again), len(shapes) + len(again), None)
+            progress(len(cases) + len(again), len(cases) + len(again), None)
         from engines.threads import blas_threads
         used_threads = blas_threads()
     return {
-        "engines": names, "models": list(grid), "shapes": [asdict(s) for s in shapes],
+        "cpu": cpu_model(), "kernel_tuning": "on" if tuning_enabled() else f"off ({TUNE_ENV}=0)",
+        "engines": names, "models": list(grid), "cases": [asdict(s) for s in cases],
         "rounds": rounds, "recheck_rounds": recheck_rounds,
-        "rechecked": [{"model": s.model, "shape": s.label} for s in rechecked],
+        "rechecked": [s.id for s in rechecked],
         "block_seconds": block_seconds, "settle_seconds": settle_seconds, "threads": used_threads,
         "heap": heap_state, "roofs": {"gflops": roofs.gflops, "gbytes_per_s": roofs.gbytes_per_s},
-        "rows": rows,
+        "rows": rows, "kernels": kernels,
         "targets": targets.as_dicts(targets.check(rows)),
         "unavailable": [{"engine": n, "reason": unavailable[n]} for n in names if n in unavailable],
     }
@@ -387,11 +341,11 @@ def _ratio(v, iqr) -> str:
     return "-" if v is None else f"{v:.2f}x ({iqr[0]:.2f}-{iqr[1]:.2f})"
 
 
-_HEADER = ["model", "shape", "engine", "median", "IQR %", "× naive", "× onnxruntime", "of roofline"]
+_HEADER = ["case", "engine", "median", "IQR %", "× naive", "× onnxruntime", "of roofline"]
 
 
 def _cells(row: dict) -> list[str]:
-    head = [row["model"], row["shape"], row["engine"]]
+    head = [row["case"], row["engine"]]
     if row.get("error"):
         return head + [row["error"], "", "", "", ""]
     return head + [fmt_time(row["median_s"]), f"{row['iqr_pct']:.0f}", _ratio(row["vs_naive"], row["vs_naive_iqr"]),
@@ -400,7 +354,8 @@ def _cells(row: dict) -> list[str]:
 
 def _preamble(report: dict) -> list[str]:
     r = report["roofs"]
-    return [f"roofs: matmul {r['gflops']:.0f} GFLOP/s, copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
+    return [f"CPU: {report.get('cpu', 'not recorded')}; kernel tuning {report.get('kernel_tuning', 'not recorded')}",
+            f"roofs: matmul {r['gflops']:.0f} GFLOP/s, copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
             f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape"
             f"{_rechecked(report)}; heap: {report.get('heap', 'not recorded')}",
             "× naive, × onnxruntime: median (IQR) over rounds of their time over this engine's (> 1: faster); "
@@ -411,7 +366,7 @@ def _rechecked(report: dict) -> str:
     again = report.get("rechecked") or []
     if not again:
         return ""
-    where = ", ".join(f"{p['model']} {p['shape']}" for p in again)
+    where = ", ".join(again)
     return f", {report['rounds'] + report['recheck_rounds']} at the close call(s) {where}"
 
 
@@ -432,7 +387,7 @@ def _target_lines(report: dict) -> list[str]:
 
 
 def format_markdown(report: dict) -> str:
-    out = ["# Engine report", ""] + [line + "  " for line in _preamble(report)] + [""]
+    out = [f"# Engine report: {report.get('cpu', 'CPU not recorded')}", ""] + [line + "  " for line in _preamble(report)] + [""]
     out.append("| " + " | ".join(_HEADER) + " |")
     out.append("|" + "---|" * len(_HEADER))
     out += ["| " + " | ".join(c or " " for c in _cells(r)) + " |" for r in report["rows"]]
@@ -440,6 +395,9 @@ def format_markdown(report: dict) -> str:
         out += ["", "Unavailable:", ""] + [f"- `{u['engine']}`: {u['reason']}" for u in report["unavailable"]]
     if report["targets"]:
         out += ["", "## Targets", ""] + [f"- {line}" for line in _target_lines(report)]
+    if report.get("kernels"):
+        out += ["", "## Kernels chosen (engines.kernels)", ""]
+        out += [f"- {k['case']} {k['engine']}: " + "; ".join(k["kernels"]) for k in report["kernels"]]
     return "\n".join(out) + "\n"
 
 
@@ -448,13 +406,13 @@ def _figure(report: dict, model: str):
     from matplotlib.lines import Line2D
 
     rows = [r for r in report["rows"] if r["model"] == model and not r.get("error")]
-    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    shapes = list(dict.fromkeys(r["case"] for r in rows))
     names = [n for n in report["engines"] if any(r["engine"] == n for r in rows)]
     fig = Figure(figsize=(max(6.0, 1.1 * len(shapes) * max(1, len(names)) ** 0.5 + 2), 4.5))
     ax = fig.subplots()
     roof_ax = ax.twinx()
     width = 0.8 / max(1, len(names))
-    cell = {(r["shape"], r["engine"]): r for r in rows}
+    cell = {(r["case"], r["engine"]): r for r in rows}
     for k, name in enumerate(names):
         xs = [i + (k - (len(names) - 1) / 2) * width for i, s in enumerate(shapes) if (s, name) in cell]
         got = [cell[(s, name)] for s in shapes if (s, name) in cell]
@@ -520,19 +478,24 @@ def main(args) -> int:
         grid = file_grid(args.model, args.batches)
         models = list(grid)
     else:
-        models = parse_names(args.models, GRIDS, "model")
+        models = parse_names(args.models, GRIDS, "model") if args.models else None
         grid = parse_shapes(args.shapes, models) if args.shapes else None
+        models = list(grid) if grid else (models or list(DEFAULT_MODELS))
+    timing = {k: getattr(args, k) if getattr(args, k) is not None else v
+              for k, v in (QUICK_TIMING if args.quick else TIMING).items()}
+    tty = sys.stderr.isatty()
 
     def progress(done, total, what):
-        if not sys.stderr.isatty():
+        # on a terminal one line redrawn; in a log, a line per point
+        if what is None and not tty:
             return
-        end = "\n" if what is None else ""
-        what = what or "done"
-        print(f"\rreport: {done}/{total} {what:<24}", end=end, file=sys.stderr, flush=True)
+        line = f"report: {done}/{total} {what or 'done'}"
+        if tty:
+            print(f"\r{line:<44}", end="\n" if what is None else "", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
 
-    report = _finite(run_report(models, names, rounds=args.rounds, recheck_rounds=args.recheck_rounds,
-                                block_seconds=args.block_seconds,
-                                settle_seconds=args.settle_seconds, quick=args.quick, grid=grid,
+    report = _finite(run_report(models, names, **timing, quick=args.quick, grid=grid,
                                 threads=args.threads, progress=progress))
     paths, note = save(report, args.out)
     if args.json:

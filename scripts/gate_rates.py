@@ -1,16 +1,20 @@
 #!/usr/bin/env python
-"""Measure the latency gate's false-alarm and detection rates over N runs.
+"""Measure the gate's false-alarm and detection rates over N trials, with no saved run.
 
 Each run is a fresh ``pytest benchmarks/`` process on the quick matrix with
-the ``planted`` engine from ``mlexec.suite.plants`` and the latency gate
-against this checkout's own code (``--mlexec-base .``):
+the ``planted`` engine from ``mlexec.suite.plants``, gated against this
+checkout's own code measured beside it (``--mlexec-base .``; in the
+reference code ``planted`` is plain ``static``) and against no saved run
+(``--mlexec-baselines`` an empty folder), so it works on any machine:
 
-- N runs with ``MLEXEC_PLANT=none``: nothing changed, so any regression the
+- ``MLEXEC_PLANT=none``, both passes: nothing changed, so any regression the
   gate reports is a false alarm;
-- N runs with ``MLEXEC_PLANT=slow``: the planted engine is 25 % slower, so
-  the gate must report it (other engines must still pass).
+- ``MLEXEC_PLANT=slow``, latency pass: ``planted`` is 25 % slower, so the
+  gate must report it (other engines must still pass);
+- ``MLEXEC_PLANT=temp``, memory pass: ``planted`` makes one extra (batch, dim)
+  temporary per forward, so the memory A/B must report it at every case.
 
-The two kinds alternate, so both see the same machine weather.
+The kinds alternate within a trial, so all see the same machine weather.
 Usage: python scripts/gate_rates.py [-n 20] [--engines naive,static,arena,planted]
 """
 from __future__ import annotations
@@ -25,22 +29,31 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PASS = {"none": "both", "slow": "time", "temp": "memory"}
 
 
-def gate_run(verdict: Path, plant: str, engines: str, extra: list[str]) -> dict:
+def gate_run(verdict: Path, plant: str, engines: str, store: Path, extra: list[str]) -> dict:
     env = dict(os.environ, MLEXEC_PLANT=plant, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "pytest", "benchmarks/", "-q", "-p", "no:cacheprovider",
-           "-p", "mlexec.suite.plants", "--mlexec-pass=time", "--mlexec-compare=off", "--mlexec-base=.",
-           f"--mlexec-engines={engines}", "--benchmark-max-time=0.05", f"--mlexec-verdict={verdict}", *extra]
+           "-p", "mlexec.suite.plants", f"--mlexec-pass={PASS[plant]}", f"--mlexec-baselines={store}",
+           "--mlexec-base=.", "--mlexec-require-gate", f"--mlexec-engines={engines}",
+           "--benchmark-max-time=0.05", f"--mlexec-verdict={verdict}", *extra]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode not in (0, 1) or not verdict.exists():
         raise SystemExit(f"benchmark run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return json.loads(verdict.read_text())
 
 
+def planted_caught(verdict: dict, kind: str) -> tuple[int, int, int]:
+    """(planted benchmarks flagged, planted benchmarks compared, unplanted flagged) for one kind."""
+    flagged = {f["name"] for f in verdict["regressions"] if f["kind"] == kind}
+    planted = {n for n in verdict["compared"][kind] if n.startswith("planted-")}
+    return len(flagged & planted), len(planted), len(flagged - planted)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-n", type=int, default=20, help="runs of each kind (default: %(default)s)")
+    parser.add_argument("-n", type=int, default=20, help="trials, each one run of every kind (default: %(default)s)")
     parser.add_argument("--engines", default="naive,static,arena,planted",
                         help="engines to run (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="keep the verdict files here")
@@ -48,34 +61,41 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="gate-rates-"))
     out.mkdir(parents=True, exist_ok=True)
+    store = out / "no-saved-runs"
+    store.mkdir(exist_ok=True)
 
     started = time.time()
-    passed = caught = planted_flagged = planted_total = innocent_flagged = compared = 0
+    passed = slow_caught = temp_caught = 0
+    slow_flags = slow_total = temp_flags = temp_total = innocent = compared = 0
     for i in range(args.n):
-        clean = gate_run(out / f"clean-{i:02d}.json", "none", args.engines, args.pytest_args)
-        slow = gate_run(out / f"slow-{i:02d}.json", "slow", args.engines, args.pytest_args)
+        runs = {plant: gate_run(out / f"{plant}-{i:02d}.json", plant, args.engines, store, args.pytest_args)
+                for plant in ("none", "slow", "temp")}
+        clean = runs["none"]
         passed += not clean["failed"]
         for f in clean["regressions"]:
-            print(f"false alarm, run {i}: {f['name']} {f['ratio']:.3f}x p={f['p_value']}", file=sys.stderr)
-        flagged = {f["name"] for f in slow["regressions"] if f["kind"] == "latency"}
-        planted = {n for n in flagged if n.startswith("planted-")}
-        caught += bool(planted)
-        planted_flagged += len(planted)
-        planted_total += slow["latency_compared"] // len(args.engines.split(","))   # one per case
-        innocent_flagged += len(flagged - planted)
-        compared += clean["latency_compared"] + slow["latency_compared"]
-        print(f"run {i + 1}/{args.n}: unchanged {'passed' if not clean['failed'] else 'FAILED'}, "
-              f"slowed: {len(planted)} planted flagged ({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+            print(f"false alarm, trial {i}: {f['name']} {f['kind']} {f['ratio']:.3f}x", file=sys.stderr)
+        flagged, total, others = planted_caught(runs["slow"], "latency")
+        slow_caught += flagged > 0
+        slow_flags, slow_total, innocent = slow_flags + flagged, slow_total + total, innocent + others
+        flagged, total, others = planted_caught(runs["temp"], "memory")
+        temp_caught += flagged == total > 0
+        temp_flags, temp_total, innocent = temp_flags + flagged, temp_total + total, innocent + others
+        compared += sum(r["memory_compared"] + r["latency_compared"] for r in runs.values())
+        print(f"trial {i + 1}/{args.n}: unchanged {'passed' if not clean['failed'] else 'FAILED'}, "
+              f"slowed: {slow_flags} flagged so far, temporary: {temp_flags} flagged so far "
+              f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
 
     n = args.n
-    print(f"latency gate: > 1.15x in 3 interleaved A/B measurements and Mann-Whitney p < 0.002; "
-          f"quick matrix, engines {args.engines}, {compared} A/B comparisons")
-    print(f"unchanged code passed:  {passed}/{n} runs")
-    print(f"25% slowdown caught:    {caught}/{n} runs "
-          f"({planted_flagged}/{planted_total} planted benchmarks flagged; "
-          f"{innocent_flagged} unplanted benchmarks flagged in those runs)")
+    print(f"gate against this checkout's code measured beside it, no saved run; quick matrix, engines "
+          f"{args.engines}; {compared} A/B comparisons")
+    print(f"unchanged code passed:     {passed}/{n} trials")
+    print(f"25% slowdown caught:       {slow_caught}/{n} trials ({slow_flags}/{slow_total} planted benchmarks "
+          f"flagged)")
+    print(f"planted temporary caught:  {temp_caught}/{n} trials (every case; {temp_flags}/{temp_total} planted "
+          f"benchmarks flagged)")
+    print(f"unplanted benchmarks flagged in the planted runs: {innocent}")
     print(f"wall time {time.time() - started:.0f} s; verdicts in {out}")
-    return 0 if (passed == n and caught >= n - 1) else 1
+    return 0 if (passed == n and slow_caught >= n - 1 and temp_caught == n) else 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,11 @@ sys.path.insert(0, str(ROOT))
 
 from engines import ENGINES, MODELS, EngineUnavailable  # noqa: E402  (after the path is set)
 
+# The tests run the engines' fixed kernel defaults: measuring kernels at every build would cost
+# seconds per test and make the paths tested depend on the machine's load. tests/test_kernels.py
+# turns tuning on, with its own cache folder.
+os.environ["MLEXEC_TUNE"] = "0"
+
 # Small enough for the whole matrix to run in seconds, big enough to exercise
 # multi-row tiling, multiple heads and every op kind.
 SMALL_MODELS = {

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from engines import ENGINES, MODELS, Engine, EngineUnavailable
+from engines.models import ABS_TOL
 from mlexec.analysis import LIMITS, AnalysisError, _model_size, estimate_bytes, parse_values, run_analysis, tile_values
 
 
@@ -22,6 +23,12 @@ def test_result_is_measured_and_consistent(small):
     assert naive["activation_bytes"] == 0 and naive["peak_bytes"] >= 64 * 4
     assert by_name["arena"]["activation_bytes"] <= by_name["static"]["activation_bytes"]
     assert result["model"]["input_shape"] == [1, 64]
+    assert result["model"]["case"] == "mlp-b1-d64"      # the suite's and the report's id (mlexec.case)
+
+
+def test_a_sequence_model_is_named_with_its_seq(small):
+    result = run_analysis("1.0", model="transformer", engines="naive", **{**small, "dim": 32, "repeat": 1})
+    assert result["model"]["case"] == "transformer-b1-d32-s64"
 
 
 def test_error_is_against_the_reference(small):
@@ -31,13 +38,13 @@ def test_error_is_against_the_reference(small):
     expected = float(np.max(np.abs(ENGINES["arena"](model, 2).forward(x) - model.reference(x))))
     arena = result["engines"][1]
     assert arena["max_abs_error"] == pytest.approx(expected, rel=1e-6, abs=1e-12)
-    assert arena["passed"] is (expected <= 1e-4)
+    assert arena["passed"] is (expected <= ABS_TOL)
 
 
 def test_large_values_fail_the_absolute_check(small):
-    # float32 keeps ~7 digits, so activations ~1e6 cannot be within 1e-4 absolute
+    # float32 keeps ~7 digits, so activations ~1e6 cannot be within ABS_TOL absolute
     result = run_analysis([1e6, -1e6, 5e5], engines=["naive"], **small)
-    assert result["engines"][0]["max_abs_error"] > 1e-4
+    assert result["engines"][0]["max_abs_error"] > ABS_TOL
     assert result["engines"][0]["passed"] is False and result["all_passed"] is False
 
 

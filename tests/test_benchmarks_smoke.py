@@ -3,14 +3,17 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, subprocess_env
 from engines import ENGINES
 from mlexec.suite.grid import HEADLINE, QUICK
 
 
+@pytest.mark.e2e
 def test_every_benchmark_runs_once_and_the_summary_prints():
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "benchmarks/", "--benchmark-disable", "--mlexec-compare=off",
+        [sys.executable, "-m", "pytest", "benchmarks/", "--benchmark-disable", "--mlexec-compare=off", "--mlexec-base=off",
          "-p", "mlexec.suite.plants", "-p", "no:cacheprovider", "-v", "-rs"],
         cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -27,3 +30,6 @@ def test_every_benchmark_runs_once_and_the_summary_prints():
     assert len(skipped) < len(outcomes)
     assert "engines compared" in proc.stdout
     assert f"headline ({HEADLINE.id}): allocated per forward, naive" in proc.stdout
+    # the gate's section comes last, and says that this run compared nothing
+    section = proc.stdout[proc.stdout.rindex("regression gate"):]
+    assert "NOTHING COMPARED: this run is not gated" in section and "engines compared" not in section

@@ -6,7 +6,10 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, subprocess_env
+from mlexec import baselines
 from mlexec.suite import ci
 
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
@@ -54,6 +57,7 @@ def test_failed_memory_tests_are_read_from_junit(tmp_path):
     assert ci.failed_memory_tests(tmp_path / "absent.xml") == []
 
 
+@pytest.mark.e2e
 def test_gate_command_leaves_summary_run_and_memray_report(tmp_path):
     out = tmp_path / "out"
     env = dict(subprocess_env(), MLEXEC_PLANT="temp")
@@ -67,7 +71,8 @@ def test_gate_command_leaves_summary_run_and_memray_report(tmp_path):
     assert {b["extra_info"]["case"] for b in run["benchmarks"]} == {"mlp-b32-d256"}
     assert all(b["extra_info"]["peak_bytes"] >= 32 * 256 * 4 for b in run["benchmarks"])
     summary = (out / "summary.md").read_text()
-    assert summary.startswith("### Benchmark gate: no regression")     # latency unchanged vs "."
+    assert summary.startswith("### Benchmark gate: **regression**")     # the temporary, against static at "."
+    assert "| `planted-mlp-b32-d256` | memory |" in summary
     reports = list((out / "memray-reports").glob("*.html"))
     assert len(reports) == 1 and "planted-mlp-b32-d256" in reports[0].name
 
@@ -93,3 +98,112 @@ def test_push_history_commits_new_runs_to_the_history_branch(tmp_path):
     assert {"baselines/m/0002_abc.json", "baselines/m/0003_def.json"} <= set(listed)
     assert git("show", "bench-history:baselines/m/0002_abc.json", cwd=origin) == '{"run": "0002_abc.json"}'
     assert git("log", "--format=%s", "main", cwd=origin).split("\n")[0] == "init"   # main untouched
+
+
+def test_push_history_renumbers_a_taken_name_and_retries_a_rejected_push(tmp_path):
+    git = lambda *args, cwd: subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,  # noqa: E731
+                                            text=True).stdout
+    origin, work = tmp_path / "origin.git", tmp_path / "work"
+    git("init", "-q", "--bare", str(origin), cwd=tmp_path)
+    git("clone", "-q", str(origin), str(work), cwd=tmp_path)
+    (work / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "push-history", work / "scripts" / "push-history")
+    (work / "baselines" / "m").mkdir(parents=True)
+    (work / "README").write_text("x")
+    git("add", ".", cwd=work)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init", cwd=work)
+    git("push", "-q", "origin", "HEAD:main", cwd=work)
+    (work / "baselines" / "m" / "0001_other.json").write_text('{"run": "other"}')
+    subprocess.run(["bash", "scripts/push-history"], cwd=work, check=True, capture_output=True)
+    (work / "baselines" / "m" / "0001_other.json").unlink()
+    # The next push is rejected once, as when another writer got in first.
+    hook = origin / "hooks" / "pre-receive"
+    hook.write_text(f"#!/bin/sh\n[ -e {tmp_path}/rejected ] && exit 0\ntouch {tmp_path}/rejected\nexit 1\n")
+    hook.chmod(0o755)
+    (work / "baselines" / "m" / "0001_mine.json").write_text('{"run": "mine"}')     # the same number
+    proc = subprocess.run(["bash", "scripts/push-history"], cwd=work, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "rejected (attempt 1)" in proc.stderr
+    listed = git("ls-tree", "-r", "--name-only", "bench-history", cwd=origin).split()
+    assert sorted(listed) == ["README", "baselines/m/0001_other.json", "baselines/m/0002_mine.json",
+                              "scripts/push-history"]
+
+
+# --- merging shards -----------------------------------------------------------------------
+
+def shard_folder(tmp_path, k, n, commit="abc", compared=("static-mlp-b1-d256",), regressions=()):
+    from mlexec.suite import gate
+    verdict = gate.Verdict(reference="code at def (merge-base of HEAD with main)", shard=f"{k}/{n}")
+    for name in compared:
+        verdict.done("memory", name)
+    for name in regressions:
+        verdict.done("memory", name, gate.Finding(name, "memory", 72, 8264, 114.8))
+    folder = tmp_path / f"shard-{k}"
+    folder.mkdir()
+    (folder / "verdict.json").write_text(json.dumps(verdict.as_dict()))
+    stats = dict.fromkeys(("min", "max", "mean", "stddev", "median", "iqr", "rounds"), 1)
+    run = {"machine_info": {"system": "Linux", "python_implementation": "CPython", "python_version": "3.11.7",
+                            "cpu": {"brand_raw": f"CPU {k}", "bits": 64, "count": 2}},
+           "commit_info": {"id": commit}, "datetime": "2026-01-01T00:00:00", "version": "5.2.3",
+           "benchmarks": [{"name": f"test_forward[{n}]", "fullname": "x", "stats": stats, "extra_info": {}}
+                          for n in compared]}
+    (folder / "run.json").write_text(json.dumps(run))
+    return folder
+
+
+def test_merge_makes_one_verdict_run_and_summary(tmp_path):
+    folders = [shard_folder(tmp_path, 1, 2, compared=["naive-mlp-b1-d256"]),
+               shard_folder(tmp_path, 2, 2, compared=["static-mlp-b1-d256", "planted-mlp-b1-d256"],
+                            regressions=["planted-mlp-b1-d256"])]
+    out = tmp_path / "out"
+    status = ci.main(["merge", "--shards", "2", "--out", str(out), "--save", str(tmp_path / "saved"),
+                      *map(str, folders)])
+    assert status == 1                                             # the planted regression
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["memory_compared"] == 3 and [f["name"] for f in verdict["regressions"]] == ["planted-mlp-b1-d256"]
+    run = json.loads((out / "run.json").read_text())
+    assert [b["name"] for b in run["benchmarks"]] == ["test_forward[naive-mlp-b1-d256]",
+                                                      "test_forward[planted-mlp-b1-d256]",
+                                                      "test_forward[static-mlp-b1-d256]"]
+    assert [m["cpu"]["brand_raw"] for m in run["machine_info"]["shards"]] == ["CPU 1", "CPU 2"]
+    assert (out / "summary.md").read_text().startswith("### Benchmark gate: **regression**")
+    [(path, saved)] = baselines.iter_runs(tmp_path / "saved")
+    assert path.parent.name == "Linux-CPython-3.11-64bit-CPU-1-2cpu" and path.name == "0001_abc.json"
+
+
+def test_merge_fails_when_a_shard_did_not_report(tmp_path):
+    folders = [shard_folder(tmp_path, 1, 3), shard_folder(tmp_path, 3, 3), tmp_path / "empty"]
+    out = tmp_path / "out"
+    assert ci.main(["merge", "--shards", "3", "--out", str(out), *map(str, folders)]) == 1
+    assert "no verdict from shard 2/3: it failed to report" in (out / "summary.md").read_text()
+    assert not (out / "verdict.json").exists()
+
+
+def test_merge_rejects_doubled_shards_and_mixed_commits(tmp_path):
+    one = shard_folder(tmp_path, 1, 2)
+    with pytest.raises(ci.MergeError, match="given twice"):
+        ci.merge_shards([one, one], 2)
+    with pytest.raises(ci.MergeError, match="different commits"):
+        ci.merge_shards([one, shard_folder(tmp_path, 2, 2, commit="xyz")], 2)
+
+
+def test_merge_of_shards_that_compared_nothing_fails_when_the_gate_is_required(tmp_path):
+    folders = [shard_folder(tmp_path, k, 2, compared=()) for k in (1, 2)]
+    assert ci.main(["merge", "--shards", "2", "--require-gate", "--out", str(tmp_path / "o"), *map(str, folders)]) == 4
+    assert ci.main(["merge", "--shards", "2", "--out", str(tmp_path / "p"), *map(str, folders)]) == 0
+
+
+def test_trends_write_the_history_table_charts_and_the_static_site(tmp_path, monkeypatch):
+    """What bench-history.yml publishes: trends of the history branch's runs, and the /history page
+    as a static site for GitHub Pages (the git fetch itself stood in for by a copy)."""
+    import argparse
+
+    from conftest import FIXTURES
+
+    monkeypatch.setattr(ci, "cmd_fetch_history",
+                        lambda a: shutil.copytree(FIXTURES / "baselines", a.into / "baselines") and 0)
+    out = tmp_path / "history"
+    assert ci.cmd_trends(argparse.Namespace(branch="bench-history", out=out)) == 0
+    page = (out / "site" / "index.html").read_text()
+    assert '<figure class="chart' in page and "history.js" in page
+    assert (out / "site" / "history.js").is_file() and list(out.glob("*.png"))

@@ -13,9 +13,9 @@ import pytest
 
 from conftest import ROOT, make_engine, subprocess_env
 from engines import ENGINES, MODELS, EngineBusy, EnginePool
+from engines.models import ABS_TOL
 
 PLANNED = sorted(name for name, cls in ENGINES.items() if cls.returns_view)
-ABS_TOL = 1e-4
 
 
 def in_thread(fn):
@@ -75,8 +75,18 @@ def test_one_engine_shared_by_two_threads_is_never_silently_wrong(name):
                 wrong += 1
         return right, busy, wrong
 
-    with ThreadPoolExecutor(max_workers=2) as threads:
-        results = list(threads.map(calls, (0, 1)))
+    # Two distinct threads (an executor may run both tasks on one idle worker), started together.
+    results = [None, None]
+    start = threading.Barrier(2)
+
+    def run(offset):
+        start.wait()
+        results[offset] = calls(offset)
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     assert sum(wrong for *_, wrong in results) == 0
     assert sorted(right for right, *_ in results) == [0, 300]     # the owner's all right, the other refused
 

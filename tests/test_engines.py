@@ -6,10 +6,10 @@ from hypothesis import given, settings, strategies as st
 from engines import ENGINES, MODELS, ops
 from conftest import SMALL_MODELS, make_engine
 from engines.ops import aligned, aligned_empty
+from engines.models import ABS_TOL, REL_TOL
 from engines.planner import ALIGNMENT
 
 MAX_BATCH = 6
-ABS_TOL, REL_TOL = 1e-4, 1e-5   # the seed's bar, and a relative one that scales with the output
 
 
 def assert_matches_reference(model, out, x):

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from engines import ENGINES, MODELS, EngineUnavailable
+from engines.models import ABS_TOL, REL_TOL
 
 MAX_BATCH = 4
 SMALL = {"mlp": dict(dim=64), "mlp-deep": dict(dim=64), "transformer": dict(dim=64, seq=16)}
@@ -21,8 +22,8 @@ def check(engine, model, batches=(1, 3, MAX_BATCH)):
         y = engine.forward(x)
         ref = model.reference(x)
         assert isinstance(y, np.ndarray) and y.dtype == np.float32 and y.shape == ref.shape
-        assert np.abs(y - ref).max() < 1e-4
-        assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5
+        assert np.abs(y - ref).max() < ABS_TOL
+        assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < REL_TOL
 
 
 @pytest.mark.parametrize("model_name", list(SMALL))

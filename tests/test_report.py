@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, subprocess_env
-from engines import EngineUnavailable
-from mlexec import report
-from mlexec.report import ReportError, Shape
+from engines import MODELS, EngineUnavailable
+from engines.kernels import cpu_model
+from mlexec import report, timing
+from mlexec.case import Case
+from mlexec.report import ReportError
 
 ENGINES = ["naive", "static", "fused", "onnxruntime", "torch", "ghost"]
-GRID = {"mlp": [Shape("mlp", 1, 64), Shape("mlp", 8, 64)]}
+GRID = {"mlp": [Case("mlp", 1, 64), Case("mlp", 8, 64)]}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -51,19 +53,19 @@ def test_every_available_engine_has_a_row_per_shape(result):
     assert "ghost" in missing
     ghosts = [u for u in built["unavailable"] if u["engine"] == "ghost"]
     assert len(ghosts) == 1 and ghosts[0]["reason"] == "ghost needs the 'ghost' package"   # once, not per shape
-    expected = [(s.label, e) for s in GRID["mlp"] for e in ENGINES if e not in missing]
-    assert [(r["shape"], r["engine"]) for r in built["rows"]] == expected
+    expected = [(s.id, e) for s in GRID["mlp"] for e in ENGINES if e not in missing]
+    assert [(r["case"], r["engine"]) for r in built["rows"]] == expected
     assert all(not r.get("error") for r in built["rows"]), built["rows"]
     table = report.format_table(built)
     assert table.count("unavailable: ghost: ghost needs") == 1
-    for shape, engine in expected:
-        assert any(line.split()[:4] == ["mlp", *shape.split(), engine] for line in table.splitlines())
+    for case_id, engine in expected:
+        assert any(line.split()[:2] == [case_id, engine] for line in table.splitlines())
 
 
 def test_ratios_pair_the_rounds(result):
     built, _, _ = result
-    for shape in GRID["mlp"]:
-        rows = {r["engine"]: r for r in measured(built) if r["shape"] == shape.label}
+    for case in GRID["mlp"]:
+        rows = {r["engine"]: r for r in measured(built) if r["case"] == case.id}
         for r in rows.values():
             rounds = np.array(r["rounds_s"])
             assert len(rounds) == 2
@@ -85,7 +87,7 @@ def test_roofline_fraction(result):
     built, _, _ = result
     roofs = report.Roofs(**built["roofs"])
     for r in measured(built):
-        model = report.MODELS["mlp"](dim=r["dim"])
+        model = MODELS["mlp"](dim=r["dim"])
         roof_s = max(model.flops(r["batch"]) / (roofs.gflops * 1e9), model.weight_bytes / (roofs.gbytes_per_s * 1e9))
         assert r["roofline_s"] == pytest.approx(roof_s, rel=1e-12)
         assert r["roofline_fraction"] == pytest.approx(roof_s / r["median_s"], rel=1e-12)
@@ -100,7 +102,7 @@ def test_files_png_markdown_json(result):
         assert "mlp.png" in names
         assert next(p for p in paths if p.name == "mlp.png").read_bytes()[:8] == PNG_MAGIC
     md = next(p for p in paths if p.name == "report.md").read_text()
-    assert md.count("| mlp | b1 d64 |") == md.count("| mlp | b8 d64 |") == len(measured(built)) // 2
+    assert md.count("| mlp-b1-d64 |") == md.count("| mlp-b8-d64 |") == len(measured(built)) // 2
     assert "`ghost`: ghost needs" in md
     saved = json.loads(next(p for p in paths if p.name == "report.json").read_text())
     assert saved["rows"] == json.loads(json.dumps(built["rows"]))
@@ -108,7 +110,7 @@ def test_files_png_markdown_json(result):
 
 def test_parse_shapes_and_names():
     grid = report.parse_shapes("1x64, 8x64,2x32x8,1x64", ["mlp", "transformer"])     # a repeat is measured once
-    assert grid == {"mlp": [Shape("mlp", 1, 64), Shape("mlp", 8, 64)], "transformer": [Shape("transformer", 2, 32, 8)]}
+    assert grid == {"mlp": [Case("mlp", 1, 64), Case("mlp", 8, 64)], "transformer": [Case("transformer", 2, 32, 8)]}
     for text, models in [("1x64x8", ["mlp"]), ("1x", ["mlp"]), ("8x64", ["mlp", "transformer"])]:
         with pytest.raises(ReportError):
             report.parse_shapes(text, models)
@@ -124,16 +126,21 @@ def mlexec(*args):
 
 
 def test_cli_quick_report(tmp_path):
-    proc = mlexec("--quick", "--models", "mlp", "--engines", "naive,fused", "--shapes", "1x64,8x64",
+    proc = mlexec("--quick", "--engines", "naive,fused", "--shapes", "1x64,8x64",     # mlp, from the shapes
                   "--rounds", "1", "--recheck-rounds", "0", "--block-seconds", "0.001", "--settle-seconds", "0", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("roofs: matmul ")
+    assert lines[0].startswith(f"CPU: {cpu_model()}; kernel tuning ")
+    assert lines[1].startswith("roofs: matmul ")
     if platform.libc_ver()[0] == "glibc":      # the process measured with its heap pinned (mlexec.heap)
-        assert lines[0].endswith("heap: glibc malloc pinned: no trimming, mmap from 32 MiB")
-    rows = [line.split() for line in lines if line.startswith("mlp ")]
-    expected = [(s, e) for s in ("b1 d64", "b8 d64") for e in ("naive", "fused")]
-    assert [(r[1] + " " + r[2], r[3]) for r in rows] == expected
+        assert lines[1].endswith("heap: glibc malloc pinned: no trimming, mmap from 32 MiB")
+    # stderr is a pipe here: a line per point, not a redrawn one
+    assert proc.stderr.splitlines() == ["report: 0/2 mlp-b1-d64", "report: 1/2 mlp-b8-d64"]
+    assert json.loads((tmp_path / "report.json").read_text())["cpu"] == cpu_model()
+    assert (tmp_path / "report.md").read_text().startswith(f"# Engine report: {cpu_model()}\n")
+    rows = [line.split() for line in lines if line.startswith("mlp-")]
+    expected = [(s, e) for s in ("mlp-b1-d64", "mlp-b8-d64") for e in ("naive", "fused")]
+    assert [(r[0], r[1]) for r in rows] == expected
     assert lines[-1].startswith("saved: ") and str(tmp_path / "report.md") in lines[-1]
     verdicts = lines[lines.index("targets (mlexec/targets.py):") + 1:-2]
     assert [v.split("] ")[1].split(":")[0] for v in verdicts] == [
@@ -162,22 +169,22 @@ def test_close_calls_get_more_rounds_and_are_judged_on_all(monkeypatch):
     seen = []
 
     def close_calls(rows):
-        seen.append({(r["shape"], r["engine"]): len(r["rounds_s"]) for r in rows})
-        return [("mlp", "b8 d64")]
+        seen.append({(r["case"], r["engine"]): len(r["rounds_s"]) for r in rows})
+        return ["mlp-b8-d64"]
 
     monkeypatch.setattr(report.targets, "close_calls", close_calls)
     kwargs = dict(grid=GRID, rounds=2, block_seconds=0.001, settle_seconds=0,
                   roofs=report.Roofs(gflops=100.0, gbytes_per_s=10.0))
     built = report.run_report(["mlp"], ["naive", "static"], recheck_rounds=3, **kwargs)
-    first = {(s.label, e): 2 for s in GRID["mlp"] for e in ("naive", "static")}
+    first = {(s.id, e): 2 for s in GRID["mlp"] for e in ("naive", "static")}
     assert seen == [first]                               # judged once, on the first pass
-    assert {(r["shape"], r["engine"]): len(r["rounds_s"]) for r in built["rows"]} == {**first, ("b8 d64", "naive"): 5,
-                                                                                       ("b8 d64", "static"): 5}
-    b8 = {r["engine"]: r for r in built["rows"] if r["shape"] == "b8 d64"}
+    assert {(r["case"], r["engine"]): len(r["rounds_s"]) for r in built["rows"]} == {**first, ("mlp-b8-d64", "naive"): 5,
+                                                                                       ("mlp-b8-d64", "static"): 5}
+    b8 = {r["engine"]: r for r in built["rows"] if r["case"] == "mlp-b8-d64"}
     per_round = np.array(b8["naive"]["rounds_s"]) / np.array(b8["static"]["rounds_s"])
     assert b8["static"]["vs_naive"] == pytest.approx(float(np.median(per_round)), rel=1e-12)
-    assert built["rechecked"] == [{"model": "mlp", "shape": "b8 d64"}]
-    assert "2 interleaved round(s) per shape, 5 at the close call(s) mlp b8 d64;" in report.format_table(built)
+    assert built["rechecked"] == ["mlp-b8-d64"]
+    assert "2 interleaved round(s) per shape, 5 at the close call(s) mlp-b8-d64;" in report.format_table(built)
 
     built = report.run_report(["mlp"], ["naive", "static"], recheck_rounds=0, **kwargs)
     assert len(seen) == 1 and built["rechecked"] == []
@@ -196,14 +203,14 @@ def test_an_engine_wrong_when_measured_again_is_reported_not_timed(monkeypatch):
             return self.right.forward(x) + (len(built_engines) > 1)
 
     monkeypatch.setitem(report.ENGINES, "flaky", WrongTheSecondTime)
-    monkeypatch.setattr(report.targets, "close_calls", lambda rows: [("mlp", "b1 d16")])
-    built = report.run_report(["mlp"], ["naive", "flaky"], grid={"mlp": [Shape("mlp", 1, 16)]}, rounds=2,
+    monkeypatch.setattr(report.targets, "close_calls", lambda rows: ["mlp-b1-d16"])
+    built = report.run_report(["mlp"], ["naive", "flaky"], grid={"mlp": [Case("mlp", 1, 16)]}, rounds=2,
                               recheck_rounds=2, block_seconds=0.001, settle_seconds=0,
                               roofs=report.Roofs(gflops=100.0, gbytes_per_s=10.0))
     rows = {r["engine"]: r for r in built["rows"]}
     assert len(built_engines) == 2 and list(rows) == ["naive", "flaky"]
     assert "max abs error" in rows["flaky"]["error"] and "median_s" not in rows["flaky"]
-    assert len(rows["naive"]["rounds_s"]) == 4 and built["rechecked"] == [{"model": "mlp", "shape": "b1 d16"}]
+    assert len(rows["naive"]["rounds_s"]) == 4 and built["rechecked"] == ["mlp-b1-d16"]
 
 
 def test_wrong_result_is_reported_not_timed(monkeypatch):
@@ -215,7 +222,7 @@ def test_wrong_result_is_reported_not_timed(monkeypatch):
             return np.zeros(self.shape, dtype=np.float32)
 
     monkeypatch.setitem(report.ENGINES, "broken", Broken)
-    built = report.run_report(["mlp"], ["naive", "broken"], grid={"mlp": [Shape("mlp", 1, 16)]}, rounds=1,
+    built = report.run_report(["mlp"], ["naive", "broken"], grid={"mlp": [Case("mlp", 1, 16)]}, rounds=1,
                               block_seconds=0.001, settle_seconds=0,
                               roofs=report.Roofs(gflops=100.0, gbytes_per_s=10.0))
     rows = {r["engine"]: r for r in built["rows"]}
@@ -228,10 +235,36 @@ def test_wrong_result_is_reported_not_timed(monkeypatch):
 def test_round_order_balances_first_places_and_predecessors(n):
     # A rotation keeps every engine behind the same predecessor; a Williams design varies it.
     cycle = n if n % 2 == 0 else 2 * n
-    rows = [report.round_order(n, r) for r in range(cycle)]
+    rows = [timing.round_order(n, r) for r in range(cycle)]
     assert all(sorted(row) == list(range(n)) for row in rows)
     assert Counter(row[0] for row in rows) == {i: cycle // n for i in range(n)}
     pairs = Counter(pair for row in rows for pair in zip(row, row[1:]))
     if n > 1:
         assert set(pairs) == {(a, b) for a in range(n) for b in range(n) if a != b}
         assert set(pairs.values()) == {cycle // n}
+
+
+def test_quick_means_few_rounds_unless_told_otherwise(monkeypatch, tmp_path):
+    """--quick: the QUICK grid with QUICK_TIMING; an explicit option still wins."""
+    from mlexec.cli import build_parser
+    seen = {}
+
+    def fake(models, names, **kwargs):
+        seen.update(kwargs, models=models)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(report, "run_report", fake)
+    for argv, expected in [(["--quick"], report.QUICK_TIMING), ([], report.TIMING),
+                           (["--quick", "--rounds", "5"], {**report.QUICK_TIMING, "rounds": 5})]:
+        seen.clear()
+        with pytest.raises(SystemExit):
+            report.main(build_parser().parse_args(["report", *argv, "--out", str(tmp_path)]))
+        assert {k: seen[k] for k in expected} == expected
+        assert seen["models"] == list(report.DEFAULT_MODELS)
+
+
+def test_shapes_alone_pick_their_models():
+    assert report.parse_shapes("1x256,8x256", None) == {"mlp": [Case("mlp", 1, 256), Case("mlp", 8, 256)]}
+    assert list(report.parse_shapes("1x256x64,1x256", None)) == ["transformer", "mlp"]
+    with pytest.raises(ReportError, match="expected at least one shape"):
+        report.parse_shapes(" , ", None)

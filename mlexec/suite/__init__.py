@@ -1,2 +1,4 @@
-"""Support code for the benchmark suite in benchmarks/: the grid, machine roofs,
-memory limits, the interleaved ratio the latency gate reads, and the summary table."""
+"""The benchmark suite: ``plugin`` (pytest options, parametrization, fixtures, hooks),
+``benchmarks`` (the two benchmarks) and ``session`` (results, the gate's measurements, the
+report) are pytest-bound; ``grid``, ``gate``, ``roofs``, ``memory``, ``summary``
+and ``basecode`` are plain code the plugin calls; ``ci`` is what the workflows run."""

@@ -1,27 +1,39 @@
 """What the CI workflows run, as one tested module (the YAML only calls it).
 
-- ``gate``: the benchmark suite with the gate (memory against baselines/,
-  latency A/B against a reference commit), leaving in ``--out`` the run's JSON,
-  the verdict, a Markdown summary for the job page and, when a memory test
-  failed, memray flame graphs of the failing tests.
-- ``record``: the suite, saved into baselines/ as a new run named by commit,
-  then the history table and charts rendered into ``--out``.
+- ``gate``: the benchmark suite (one shard of it with ``--shard K/N``) gated
+  against reference code measured beside it, leaving in ``--out`` the run's
+  JSON, the verdict, a Markdown summary for the job page and, when a memory
+  test failed, memray flame graphs of the failing tests. Nothing compared fails.
+- ``record``: the suite (or one shard) measured for the history, ungated.
+- ``merge``: the shards' verdicts and runs as one verdict, one run and one
+  summary; a missing shard fails it. ``--save DIR`` adds the merged run to
+  saved runs, named by commit.
+- ``fetch-history``: the history branch's saved runs into a folder (empty if
+  the branch does not exist yet), for ``--mlexec-compare auto``.
+- ``trends``: the history branch's saved runs as the history table and charts, and as the
+  static history site in ``OUT/site`` (the page ``/history`` serves) for GitHub Pages.
 - ``summary``: a verdict JSON file as Markdown.
 
-Usage: python -m mlexec.suite.ci gate --base origin/main --out bench-out [-- PYTEST ARGS]
+Usage: python -m mlexec.suite.ci gate --base origin/main --shard 1/4 --out bench-out/1 [-- PYTEST ARGS]
+       python -m mlexec.suite.ci merge --shards 4 --out bench-out bench-out/*
 """
 from __future__ import annotations
 
 import argparse
 import glob
+import io
 import json
 import os
+import re
 import subprocess
+import tarfile
+import tempfile
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from . import gate
+from .grid import parse_shard
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,14 +68,19 @@ def memray_reports(bins: Path, names: list[str], out: Path) -> list[Path]:
     return reports
 
 
+def _shard_args(shard: str | None) -> list[str]:
+    return [f"--mlexec-shard={shard}"] if shard else []
+
+
 def cmd_gate(args) -> int:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    status = _pytest([f"--mlexec-base={args.base}", f"--mlexec-verdict={out / 'verdict.json'}",
+    status = _pytest([f"--mlexec-base={args.base}", "--mlexec-require-gate", *_shard_args(args.shard),
+                      f"--mlexec-verdict={out / 'verdict.json'}",
                       f"--benchmark-json={out / 'run.json'}", f"--junitxml={out / 'junit.xml'}",
                       f"--memray-bin-path={out / 'memray'}", "--memray-bin-prefix=gate", *args.pytest_args])
     verdict = out / "verdict.json"
-    summary = (gate.format_markdown(json.loads(verdict.read_text()), json.loads(verdict.read_text())["reference"])
+    summary = (gate.format_markdown(gate.Verdict.from_dict(json.loads(verdict.read_text())))
                if verdict.exists() else f"### Benchmark gate: no verdict (pytest exit {status})\n")
     (out / "summary.md").write_text(summary)
     failing = failed_memory_tests(out / "junit.xml")
@@ -73,16 +90,115 @@ def cmd_gate(args) -> int:
 
 
 def cmd_record(args) -> int:
-    status = _pytest(["--mlexec-save", f"--mlexec-baselines={args.baselines}", *args.pytest_args])
-    if status == 0:
-        status = subprocess.run([sys.executable, "-m", "mlexec", "history", "--root", str(args.baselines),
-                                 "--out", str(args.out)], cwd=ROOT).returncode
-    return status
+    args.out.mkdir(parents=True, exist_ok=True)
+    return _pytest(["--mlexec-base=off", "--mlexec-compare=off", *_shard_args(args.shard),
+                    f"--mlexec-verdict={args.out / 'verdict.json'}", f"--benchmark-json={args.out / 'run.json'}",
+                    *args.pytest_args])
+
+
+class MergeError(ValueError):
+    """The shards don't make one whole run; the message says why."""
+
+
+def merge_shards(folders: list[Path], shards: int) -> tuple[gate.Verdict, dict | None]:
+    """One verdict and one run from the folders of shards 1..``shards`` (each a verdict.json and,
+    when benchmarks were timed, a run.json). Raises MergeError when a shard is missing or doubled."""
+    found: dict[int, tuple[gate.Verdict, dict | None]] = {}
+    for folder in folders:
+        path = folder / "verdict.json"
+        if not path.is_file():
+            continue
+        verdict = gate.Verdict.from_dict(json.loads(path.read_text()))
+        k, n = parse_shard(verdict.shard or "1/1")
+        if n != shards:
+            raise MergeError(f"{path}: shard {verdict.shard}, expected one of {shards}")
+        if k in found:
+            raise MergeError(f"{path}: shard {k}/{n} given twice")
+        run = folder / "run.json"
+        found[k] = verdict, json.loads(run.read_text()) if run.is_file() else None
+    missing = [k for k in range(1, shards + 1) if k not in found]
+    if missing:
+        raise MergeError(f"no verdict from shard {', '.join(f'{k}/{shards}' for k in missing)}: "
+                         f"{'it' if len(missing) == 1 else 'they'} failed to report")
+    verdict = gate.merge([found[k][0] for k in sorted(found)])
+    runs = [found[k][1] for k in sorted(found) if found[k][1] is not None]
+    run = None
+    if runs:
+        commits = {r["commit_info"].get("id") for r in runs}
+        if len(commits) > 1:
+            raise MergeError(f"shards measured different commits: {sorted(map(str, commits))}")
+        run = dict(runs[0], benchmarks=sorted((b for r in runs for b in r["benchmarks"]), key=lambda b: b["name"]))
+        run["machine_info"] = dict(runs[0]["machine_info"], shards=[r["machine_info"] for r in runs])
+    return verdict, run
+
+
+def cmd_merge(args) -> int:
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        verdict, run = merge_shards(args.folders, args.shards)
+    except MergeError as exc:
+        (args.out / "summary.md").write_text(f"### Benchmark gate: **incomplete**\n\n{exc}\n")
+        print(f"merge: {exc}", file=sys.stderr)
+        return 1
+    from .session import write_json
+    write_json(args.out / "verdict.json", verdict.as_dict())
+    if run is not None:
+        write_json(args.out / "run.json", run)
+    (args.out / "summary.md").write_text(gate.format_markdown(verdict))
+    print(gate.format_verdict(verdict))
+    if args.save:
+        if run is None:
+            print("merge: no timed run to save", file=sys.stderr)
+            return 1
+        from mlexec import baselines
+        name = (run["commit_info"].get("id") or "nocommit")[:12]
+        saved = baselines.save_run(run, args.save, machine_folder(run["machine_info"]), name)
+        print(f"saved the merged run as {saved}")
+    if verdict.failed:
+        return 1
+    return 4 if args.require_gate and verdict.nothing_compared else 0
+
+
+def machine_folder(machine_info: dict) -> str:
+    """``mlexec.baselines.machine_id``'s form, from a run's machine_info (its first shard's machine)."""
+    cpu = machine_info.get("cpu") or {}
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", cpu.get("brand_raw") or "unknown-cpu").strip("-")
+    version = ".".join(str(machine_info.get("python_version", "0.0")).split(".")[:2])
+    return (f"{machine_info.get('system', 'unknown')}-{machine_info.get('python_implementation', 'unknown')}-"
+            f"{version}-{cpu.get('bits', 64)}bit-{slug}-{cpu.get('count', 0)}cpu")
+
+
+def cmd_fetch_history(args) -> int:
+    """``git fetch`` the history branch and check out its baselines/ into ``--into``."""
+    args.into.mkdir(parents=True, exist_ok=True)
+    fetched = subprocess.run(["git", "fetch", "-q", "origin", args.branch], cwd=ROOT, capture_output=True)
+    if fetched.returncode != 0:
+        print(f"fetch-history: no branch {args.branch!r} on origin yet: no history", file=sys.stderr)
+        return 0
+    archive = subprocess.run(["git", "archive", "--format=tar", "FETCH_HEAD", "baselines"], cwd=ROOT,
+                             capture_output=True)
+    if archive.returncode != 0:
+        print(f"fetch-history: {args.branch!r} holds no baselines/", file=sys.stderr)
+        return 0
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(args.into, filter="data")
+    return 0
+
+
+def cmd_trends(args) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd_fetch_history(argparse.Namespace(branch=args.branch, into=Path(tmp)))
+        root = Path(tmp) / "baselines"
+        if not root.is_dir():
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "README.md").write_text(f"No saved runs on {args.branch} yet.\n")
+            return 0
+        return subprocess.run([sys.executable, "-m", "mlexec", "history", "--root", str(root),
+                               "--out", str(args.out), "--html", str(args.out / "site")], cwd=ROOT).returncode
 
 
 def cmd_summary(args) -> int:
-    verdict = json.loads(args.verdict.read_text())
-    sys.stdout.write(gate.format_markdown(verdict, verdict.get("reference", "?")))
+    sys.stdout.write(gate.format_markdown(gate.Verdict.from_dict(json.loads(args.verdict.read_text()))))
     return 0
 
 
@@ -90,16 +206,32 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlexec.suite.ci", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("gate", help="run the suite and gate it")
-    p.add_argument("--base", required=True, help="latency reference: a git ref or a folder holding engines/")
+    p = sub.add_parser("gate", help="run the suite (or one shard) and gate it")
+    p.add_argument("--base", required=True, help="reference code: a git ref, a folder holding engines/, or auto")
+    p.add_argument("--shard", default=None, metavar="K/N", help="run shard K of N (default: all)")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="where results go (default: %(default)s)")
     p.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
     p.set_defaults(run=cmd_gate)
-    p = sub.add_parser("record", help="run the suite, save it as a baseline, render the history")
-    p.add_argument("--baselines", type=Path, default=Path("baselines"), help="default: %(default)s")
-    p.add_argument("--out", type=Path, default=Path("reports/history"), help="default: %(default)s")
+    p = sub.add_parser("record", help="run the suite (or one shard) for the history, ungated")
+    p.add_argument("--shard", default=None, metavar="K/N", help="run shard K of N (default: all)")
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="default: %(default)s")
     p.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
     p.set_defaults(run=cmd_record)
+    p = sub.add_parser("merge", help="merge the shards' verdicts and runs; fails if a shard is missing")
+    p.add_argument("--shards", type=int, required=True, help="how many shards the run was split into")
+    p.add_argument("--out", type=Path, required=True, help="where the merged files go")
+    p.add_argument("--save", type=Path, default=None, metavar="DIR", help="save the merged run into DIR")
+    p.add_argument("--require-gate", action="store_true", help="exit 4 when nothing at all was compared")
+    p.add_argument("folders", type=Path, nargs="+", help="one folder per shard")
+    p.set_defaults(run=cmd_merge)
+    p = sub.add_parser("fetch-history", help="the history branch's saved runs into a folder")
+    p.add_argument("--branch", default="bench-history", help="default: %(default)s")
+    p.add_argument("--into", type=Path, default=Path("history"), help="default: %(default)s")
+    p.set_defaults(run=cmd_fetch_history)
+    p = sub.add_parser("trends", help="the history branch's saved runs as the history table and charts")
+    p.add_argument("--branch", default="bench-history", help="default: %(default)s")
+    p.add_argument("--out", type=Path, default=Path("reports/history"), help="default: %(default)s")
+    p.set_defaults(run=cmd_trends)
     p = sub.add_parser("summary", help="print a verdict JSON file as Markdown")
     p.add_argument("verdict", type=Path)
     p.set_defaults(run=cmd_summary)

@@ -1,8 +1,12 @@
-"""The regression gate: this run against a reference, memory from saved figures, latency A/B.
+"""The regression gate's rules and its verdict: this run against reference code, measured
+beside it in the same job, and optionally against a saved run.
 
-Memory is deterministic (BLAS pinned, engines warmed up), so it is gated on
-saved figures: any growth of ``MEMORY_GROWTH_BYTES`` or more in a benchmark's
-measured peak against the reference run fails.
+Memory is deterministic (BLAS pinned, engines warmed up): every benchmark's
+peak bytes per forward are measured once for the current engine and once for
+the reference code's engine, the same way, and any growth of
+``MEMORY_GROWTH_BYTES`` or more fails. A saved run's figures are a second
+source, compared only when they were measured with the same allocation
+environment (``Environment``).
 
 Latency is not. Raw times from two runs differ by 30-60 % here, and even an
 engine's ratio to a fixed yardstick drifts by up to 20 % between processes,
@@ -16,29 +20,64 @@ straggling BLAS thread), and a benchmark regresses only when, asv-style:
   (noise comes in bursts; a regression persists),
 - and the pooled times differ by a one-sided Mann-Whitney U test at p < ``ALPHA``.
 
-``scripts/gate_rates.py`` measures how often this passes unchanged code and
-catches a planted 25 % slowdown; the README keeps its last figures.
+A verdict lists what it compared and, grouped by reason, every benchmark it
+did not: a gate that compared nothing says so. ``scripts/gate_rates.py``
+measures how often this passes unchanged code and catches planted
+regressions; docs/gate.md keeps its last figures. Pure: no pytest, no SciPy.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
-from scipy.stats import mannwhitneyu
 
-from .ratio import Interleaved
+from ..timing import Interleaved
 
-MEMORY_GROWTH_BYTES = 1024
+# Half the smallest temporary memray sees (NumPy serves arrays under 1 KiB from its own cache):
+# a 1 KiB temporary can replace ~100 B of Python objects at the peak, so it grows the peak by
+# ~900 B (measured: planted at mlp-b1-d256, 72 B -> 1024 B). Identical code measures equal bytes.
+MEMORY_GROWTH_BYTES = 512
 LATENCY_FACTOR = 1.15
 CONFIRMATIONS = 2
 ALPHA = 0.002
+
+# What a benchmark can be compared on: peak bytes against the reference code (A/B), peak bytes
+# against a saved run, latency against the reference code (A/B).
+KINDS = ("memory", "memory-saved", "latency")
+RULES = (f"memory: growth >= {MEMORY_GROWTH_BYTES} B; latency: > {LATENCY_FACTOR:.2f}x in "
+         f"{CONFIRMATIONS + 1} interleaved measurements and Mann-Whitney p < {ALPHA}")
+
+
+def mann_whitney_greater(a, b) -> float:
+    """One-sided p-value that ``a`` tends to exceed ``b`` (Mann-Whitney U).
+
+    Normal approximation with tie correction and continuity correction, as
+    ``scipy.stats.mannwhitneyu(a, b, alternative="greater", method="asymptotic")``;
+    the gate pools at least 45 samples a side, where it is accurate.
+    """
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n1, n2 = len(a), len(b)
+    pooled = np.concatenate([a, b])
+    _, inverse, counts = np.unique(pooled, return_inverse=True, return_counts=True)
+    # average rank of each distinct value: ranks of equal values are shared
+    ends = np.cumsum(counts)
+    ranks = (ends - (counts - 1) / 2.0)[inverse]
+    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
+    n = n1 + n2
+    ties = float(np.sum(counts.astype(float) ** 3 - counts))
+    var = n1 * n2 / 12.0 * ((n + 1) - ties / (n * (n - 1)))
+    if var <= 0:
+        return 1.0
+    z = (u - n1 * n2 / 2.0 - 0.5) / math.sqrt(var)
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
 @dataclass(frozen=True)
 class Finding:
     name: str          # the benchmark, e.g. static-mlp-b32-d1024
-    kind: str          # "memory" or "latency"
+    kind: str          # one of KINDS
     baseline: float    # bytes, or seconds per call
     current: float
     ratio: float
@@ -47,20 +86,78 @@ class Finding:
 
 @dataclass
 class Verdict:
+    """What was compared, against what, what was not and why, and what regressed."""
+    reference: str = "no reference code"     # the code compared against, and why that code
+    saved: str | None = None                 # the saved run compared against, and why; None: none
+    compared: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    skipped: dict[str, dict[str, list[str]]] = field(default_factory=lambda: {k: {} for k in KINDS})
     regressions: list[Finding] = field(default_factory=list)
-    memory_compared: int = 0
-    latency_compared: int = 0
-    stale: list[str] = field(default_factory=list)    # other workload version: skipped, not misread
     notes: list[str] = field(default_factory=list)
+    shard: str | None = None                 # "K/N" when this run measured one shard
+
+    def done(self, kind: str, name: str, finding: Finding | None = None) -> None:
+        self.compared[kind].append(name)
+        if finding:
+            self.regressions.append(finding)
+
+    def skip(self, kind: str, name: str, reason: str) -> None:
+        self.skipped[kind].setdefault(reason, []).append(name)
 
     @property
     def failed(self) -> bool:
         return bool(self.regressions)
 
+    @property
+    def memory_compared(self) -> int:
+        """Benchmarks compared for memory by either source."""
+        return len(set(self.compared["memory"]) | set(self.compared["memory-saved"]))
+
+    @property
+    def latency_compared(self) -> int:
+        return len(self.compared["latency"])
+
+    @property
+    def nothing_compared(self) -> bool:
+        return not any(self.compared.values())
+
     def as_dict(self) -> dict:
-        return {"failed": self.failed, "memory_compared": self.memory_compared,
-                "latency_compared": self.latency_compared, "stale": self.stale, "notes": self.notes,
-                "regressions": [f.__dict__ for f in self.regressions]}
+        return {"failed": self.failed, "nothing_compared": self.nothing_compared,
+                "memory_compared": self.memory_compared, "latency_compared": self.latency_compared,
+                "reference": self.reference, "saved": self.saved, "shard": self.shard,
+                "compared": self.compared, "skipped": self.skipped, "notes": self.notes,
+                "regressions": [asdict(f) for f in self.regressions]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Verdict:
+        verdict = cls(reference=data["reference"], saved=data.get("saved"), shard=data.get("shard"),
+                      notes=list(data.get("notes", [])),
+                      regressions=[Finding(**f) for f in data.get("regressions", [])])
+        for kind in KINDS:
+            verdict.compared[kind] = list(data.get("compared", {}).get(kind, []))
+            verdict.skipped[kind] = {r: list(n) for r, n in data.get("skipped", {}).get(kind, {}).items()}
+        return verdict
+
+
+def merge(verdicts: list[Verdict]) -> Verdict:
+    """The verdicts of the shards of one run as one verdict (references listed if they differ)."""
+    merged = Verdict(reference=" | ".join(dict.fromkeys(v.reference for v in verdicts)) or "no shards",
+                     saved=" | ".join(dict.fromkeys(v.saved for v in verdicts if v.saved)) or None)
+    for v in sorted(verdicts, key=lambda v: v.shard or ""):
+        for kind in KINDS:
+            merged.compared[kind] += v.compared[kind]
+            for reason, names in v.skipped[kind].items():
+                merged.skipped[kind].setdefault(reason, []).extend(names)
+        merged.regressions += v.regressions
+        merged.notes += [n for n in v.notes if n not in merged.notes]
+    return merged
+
+
+# --- the rules ------------------------------------------------------------------------
+
+def memory_finding(name: str, baseline: int, current: int, kind: str = "memory") -> Finding | None:
+    if current - baseline >= MEMORY_GROWTH_BYTES:
+        return Finding(name, kind, baseline, current, current / max(baseline, 1))
+    return None
 
 
 def saved_figures(run: dict) -> dict[tuple[str, str], dict]:
@@ -70,20 +167,20 @@ def saved_figures(run: dict) -> dict[tuple[str, str], dict]:
 
 
 def memory_findings(reference_run: dict, current: dict, verdict: Verdict) -> None:
-    """current: (case id, engine) -> {"peak": bytes, "version": str}."""
+    """This run's peaks against a saved run's. current: (case id, engine) -> {"peak", "version"}."""
     saved = saved_figures(reference_run)
     for key, now in current.items():
-        old = saved.get(key)
-        if old is None or old.get("peak_bytes") is None or now.get("peak") is None:
-            continue
         name = f"{key[1]}-{key[0]}"
-        if old.get("version") != now.get("version"):
-            verdict.stale.append(name)
-            continue
-        verdict.memory_compared += 1
-        if now["peak"] - old["peak_bytes"] >= MEMORY_GROWTH_BYTES:
-            verdict.regressions.append(Finding(name, "memory", old["peak_bytes"], now["peak"],
-                                               now["peak"] / max(old["peak_bytes"], 1)))
+        old = saved.get(key)
+        if now.get("peak") is None:
+            continue                                  # not measured here: reported by the A/B pass
+        if old is None or old.get("peak_bytes") is None:
+            verdict.skip("memory-saved", name, "not in the saved run")
+        elif old.get("version") != now.get("version"):
+            verdict.skip("memory-saved", name, "another workload version in the saved run")
+        else:
+            verdict.done("memory-saved", name,
+                         memory_finding(name, old["peak_bytes"], now["peak"], "memory-saved"))
 
 
 def latency_finding(name: str, measure: Callable[[], Interleaved]) -> Finding | None:
@@ -95,46 +192,87 @@ def latency_finding(name: str, measure: Callable[[], Interleaved]) -> Finding | 
         return None
     current = [t for s in samples for t in s.a_times]
     reference = [t for s in samples for t in s.b_times]
-    p = float(mannwhitneyu(current, reference, alternative="greater").pvalue)
+    p = mann_whitney_greater(current, reference)
     if p >= ALPHA:
         return None
     ratio = float(np.median([r for s in samples for r in s.ratios]))
     return Finding(name, "latency", float(np.median(reference)), float(np.median(current)), ratio, p)
 
 
-def format_verdict(verdict: Verdict, reference_label: str) -> str:
-    lines = [f"gate against {reference_label}: memory {verdict.memory_compared} benchmarks, "
-             f"latency {verdict.latency_compared} benchmarks (A/B in this process)"]
+# --- the verdict as text ----------------------------------------------------------------
+
+_WHAT = {"memory": "memory A/B", "memory-saved": "memory vs saved run", "latency": "latency A/B"}
+
+
+def _names(names: list[str], limit: int = 12) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _grouped(verdict: Verdict) -> list[tuple[list[str], str, list[str]]]:
+    """(kinds, reason, benchmarks) of what was not compared; kinds that left out the same
+    benchmarks for the same reason share one line."""
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for kind in KINDS:
+        for reason, names in verdict.skipped[kind].items():
+            groups.setdefault((reason, tuple(names)), []).append(kind)
+    return [(kinds, reason, list(names)) for (reason, names), kinds in groups.items()]
+
+
+def format_verdict(verdict: Verdict) -> str:
+    """A short block: against what, how many compared per kind, what was not and why, the result."""
+    lines = [f"against: {verdict.reference}"]
+    if verdict.saved:
+        lines.append(f"and saved run: {verdict.saved}")
+    for kind in KINDS:
+        done = len(verdict.compared[kind])
+        missed = sum(len(n) for n in verdict.skipped[kind].values())
+        if done or missed:
+            lines.append(f"  {_WHAT[kind] + ':':20} {done} of {done + missed} benchmarks compared")
     lines += [f"  note: {n}" for n in verdict.notes]
-    if verdict.stale:
-        lines.append(f"  skipped {len(verdict.stale)} with another workload version (stale baseline)")
-    if not verdict.regressions:
-        lines.append(f"  no regression (memory: growth >= {MEMORY_GROWTH_BYTES} B; latency: > "
-                     f"{LATENCY_FACTOR:.2f}x in {CONFIRMATIONS + 1} measurements, Mann-Whitney p < {ALPHA})")
-        return "\n".join(lines)
-    width = max(len(f.name) for f in verdict.regressions)
-    lines.append(f"  {'REGRESSED':{width}}  kind        baseline       current    ratio")
-    for f in verdict.regressions:
-        if f.kind == "memory":
-            base, cur = f"{int(f.baseline):,} B", f"{int(f.current):,} B"
-        else:
-            base, cur = f"{f.baseline * 1e6:,.1f} us", f"{f.current * 1e6:,.1f} us"
-        note = f"  p={f.p_value:.1e}" if f.p_value is not None else ""
-        lines.append(f"  {f.name:{width}}  {f.kind:8}  {base:>12}  {cur:>12}  {f.ratio:6.2f}x{note}")
+    missed = _grouped(verdict)
+    if missed:
+        lines.append("not compared:")
+        lines += [f"  {', '.join(_WHAT[k] for k in kinds)} ({len(names)}): {reason}: {_names(names)}"
+                  for kinds, reason, names in missed]
+    if verdict.regressions:
+        width = max(len(f.name) for f in verdict.regressions)
+        lines.append(f"  {'REGRESSED':{width}}  kind              baseline       current    ratio")
+        for f in verdict.regressions:
+            lines.append(f"  {f.name:{width}}  {f.kind:12}  {_value(f, f.baseline):>12}  {_value(f, f.current):>12}"
+                         f"  {f.ratio:6.2f}x" + (f"  p={f.p_value:.1e}" if f.p_value is not None else ""))
+        lines.append(f"FAILED: {len(verdict.regressions)} regressions ({RULES})")
+    elif verdict.nothing_compared:
+        lines.append("NOTHING COMPARED: this run is not gated")
+    else:
+        lines.append(f"passed: no regression in {sum(map(len, verdict.compared.values()))} comparisons ({RULES})")
     return "\n".join(lines)
 
 
-def format_markdown(verdict: dict, reference_label: str) -> str:
-    """The verdict (``Verdict.as_dict``) as a Markdown table, for a CI job summary."""
-    status = "**regression**" if verdict["failed"] else "no regression"
-    lines = [f"### Benchmark gate: {status}", "",
-             f"Against `{reference_label}`: memory {verdict['memory_compared']} benchmarks, "
-             f"latency {verdict['latency_compared']} benchmarks (A/B in one process).", ""]
-    lines += [f"- {n}" for n in verdict["notes"]]
-    if verdict["regressions"]:
+def _value(f: Finding | dict, v: float) -> str:
+    kind = f.kind if isinstance(f, Finding) else f["kind"]
+    return f"{int(v):,} B" if kind.startswith("memory") else f"{v * 1e6:,.1f} µs"
+
+
+def format_markdown(verdict: Verdict) -> str:
+    """The verdict as Markdown, for a CI job summary."""
+    status = ("**regression**" if verdict.failed else "**nothing compared**" if verdict.nothing_compared
+              else "no regression")
+    lines = [f"### Benchmark gate: {status}", "", f"Against {verdict.reference}."]
+    if verdict.saved:
+        lines.append(f"And saved run {verdict.saved}.")
+    lines.append("")
+    for kind in KINDS:
+        done = len(verdict.compared[kind])
+        missed = sum(len(n) for n in verdict.skipped[kind].values())
+        if done or missed:
+            lines.append(f"- {_WHAT[kind]}: {done} of {done + missed} benchmarks compared")
+    lines += [f"- note: {n}" for n in verdict.notes]
+    for kinds, reason, names in _grouped(verdict):
+        lines.append(f"- not compared, {', '.join(_WHAT[k] for k in kinds)} ({len(names)}): {reason}: {_names(names)}")
+    if verdict.regressions:
         lines += ["", "| benchmark | kind | baseline | current | ratio |", "|---|---|---|---|---|"]
-        for f in verdict["regressions"]:
-            fmt = (lambda v: f"{int(v):,} B") if f["kind"] == "memory" else (lambda v: f"{v * 1e6:,.1f} µs")
-            lines.append(f"| `{f['name']}` | {f['kind']} | {fmt(f['baseline'])} | {fmt(f['current'])} "
-                         f"| {f['ratio']:.2f}x |")
+        for f in verdict.regressions:
+            lines.append(f"| `{f.name}` | {f.kind} | {_value(f, f.baseline)} | {_value(f, f.current)} "
+                         f"| {f.ratio:.2f}x |")
     return "\n".join(lines) + "\n"

@@ -1,49 +1,35 @@
-"""The benchmark grid: which model shapes each engine is measured on."""
+"""The benchmark grid: which cases (``mlexec.case.Case``) each engine is measured on, and how a
+grid is split into shards that CI runners measure side by side."""
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
-from functools import cached_property
+from pathlib import Path
 
-from engines import MODELS
-from engines.models import Model
-
-# Bump when the measured workload changes in a way the case fields don't show
-# (inputs, calls per round, what the memory pass runs): older baselines are skipped.
-WORKLOAD_REVISION = 1
+from ..case import Case
 
 
-@dataclass(frozen=True)
-class Case:
-    model: str
-    batch: int
-    dim: int
-    seq: int | None = None     # transformer only
-
-    @property
-    def id(self) -> str:
-        seq = f"-s{self.seq}" if self.seq else ""
-        return f"{self.model}-b{self.batch}-d{self.dim}{seq}"
-
-    @property
-    def model_kwargs(self) -> dict:
-        return {"dim": self.dim, **({"seq": self.seq} if self.seq else {})}
-
-    def build(self) -> Model:
-        return MODELS[self.model](**self.model_kwargs, seed=0)
-
-    @cached_property
-    def version(self) -> str:
-        return workload_version(self.id, self.build())
+def file_case(path: str, batch: int) -> Case:
+    """The case of a model file at one batch size, named by the file's stem."""
+    return Case(Path(path).stem, batch, path=str(path))
 
 
-def workload_version(case_id: str, model: Model) -> str:
-    """Changes when the case, the model's ops or its shapes change; not with engine code."""
-    text = json.dumps([WORKLOAD_REVISION, case_id,
-                       [(op.kind, op.inputs, op.output, sorted(op.attrs.items())) for op in model.ops],
-                       sorted(model.shapes.items())], default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+def file_cases(paths, batches) -> list[Case]:
+    """Every model file at every batch, checked now: a file that does not import, or a batch it
+    refuses, raises ValueError naming the file (one line)."""
+    cases = []
+    for path in dict.fromkeys(paths):
+        for batch in batches:
+            case = file_case(path, batch)
+            try:
+                model = case.build()
+                model.input_shape(batch)
+            except (OSError, ValueError, NotImplementedError) as exc:
+                raise ValueError(f"--mlexec-model {path} at batch {batch}: {exc}") from None
+            cases.append(case)
+    ids = [c.id for c in cases]
+    clash = sorted({i for i in ids if ids.count(i) > 1})
+    if clash:
+        raise ValueError(f"--mlexec-model: two files share the stem of {clash}; rename one")
+    return cases
 
 
 def _cases(models, batches, dims, seqs=(None,)):
@@ -62,3 +48,42 @@ QUICK = (_cases(["mlp"], [1, 32], [256, 1024]) + [Case("mlp", 128, 1024)]
 
 MATRICES = {"quick": QUICK, "full": FULL}
 HEADLINE = Case("mlp", 128, 1024)   # the seed's model; its row is the summary's headline
+
+
+# --- shards: N runners measure disjoint parts of one matrix ----------------------------
+
+# Estimated seconds one (engine, case) pair costs in a gated run: a fixed part (pytest-benchmark's
+# calibration and max-time, the A/B measurements' minimum time, builds), and a part that grows
+# with the work of a forward, about FORWARDS_PER_PAIR forwards at FLOPS_PER_SECOND.
+FIXED_SECONDS = 2.0
+FORWARDS_PER_PAIR = 60
+FLOPS_PER_SECOND = 50e9
+SLOW_BUILD_SECONDS = 30.0     # an engine that compiles per model (torch-compile)
+
+
+def estimated_seconds(flops: int, slow_build: bool = False) -> float:
+    return FIXED_SECONDS + FORWARDS_PER_PAIR * flops / FLOPS_PER_SECOND + (SLOW_BUILD_SECONDS if slow_build else 0.0)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N) with 1 <= K <= N; ValueError otherwise."""
+    k, sep, n = text.partition("/")
+    if not sep or not k.strip().isdigit() or not n.strip().isdigit():
+        raise ValueError(f"expected K/N such as 1/4, got {text!r}")
+    k, n = int(k), int(n)
+    if not 1 <= k <= n:
+        raise ValueError(f"expected 1 <= K <= N in K/N, got {text!r}")
+    return k, n
+
+
+def assign_shards(costs: dict[str, float], n: int) -> dict[str, int]:
+    """Each unit -> a shard in 1..n, greedily balancing the summed cost (longest first onto the
+    least loaded shard; ties by name). Depends only on ``costs`` and ``n``: every runner computes
+    the same split, and every unit lands in exactly one shard."""
+    loads = [0.0] * n
+    shard = {}
+    for unit in sorted(costs, key=lambda u: (-costs[u], u)):
+        k = min(range(n), key=lambda i: (loads[i], i))
+        loads[k] += costs[unit]
+        shard[unit] = k + 1
+    return shard

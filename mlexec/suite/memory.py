@@ -18,8 +18,11 @@ temporary through. Peers get 64 KiB for their allocators' bookkeeping
 from __future__ import annotations
 
 import os
+import platform
 import tempfile
 
+MEMORY_CALLS = 3         # forwards per measurement: the peak of one, with any growth between calls
+BLAS_THREADS = 1         # BLAS pinned: a threaded sgemm allocates per call (about 512 KiB)
 
 
 def limit_bytes(engine, batch: int) -> int:
@@ -40,3 +43,40 @@ def warm_up(engine, x, calls: int = 3) -> None:
         with memray.Tracker(os.path.join(tmp, "warm-up.bin")):
             for _ in range(calls):
                 engine.forward(x)
+
+
+def measure_peak(engine, x, calls: int = MEMORY_CALLS) -> int:
+    """Peak heap bytes of ``calls`` warm forwards, counted as the memory pass counts them:
+    memray's high-water mark, BLAS pinned, after a tracked warm-up; the caller's thread only
+    unless the engine runs on a framework's own threads. Deterministic: one measurement is enough."""
+    import memray
+    from threadpoolctl import threadpool_limits
+
+    with tempfile.TemporaryDirectory() as tmp, threadpool_limits(BLAS_THREADS):
+        warm_up(engine, x)
+        path = os.path.join(tmp, "peak.bin")
+        with memray.Tracker(path):
+            for _ in range(calls):
+                engine.forward(x)
+        return high_watermark(path, main_thread_only=not engine.own_threads)
+
+
+def high_watermark(capture: str, main_thread_only: bool) -> int:
+    """Peak bytes of a memray capture, as pytest-memray's limit_memory counts them."""
+    from memray import FileReader
+
+    reader = FileReader(capture)
+    main = reader.metadata.main_thread_id
+    return sum(r.size for r in reader.get_high_watermark_allocation_records(merge_threads=not main_thread_only)
+               if not main_thread_only or r.tid == main)
+
+
+def allocation_environment() -> dict:
+    """What decides the bytes a forward allocates: Python, NumPy, the BLAS libraries and the
+    thread pinning of the memory pass. Not the CPU model: saved peaks match across CPUs."""
+    import numpy
+
+    # NumPy's own BLAS, as built; not whatever other BLAS an engine happened to load (MKL).
+    blas = numpy.__config__.CONFIG.get("Build Dependencies", {}).get("blas", {})
+    return {"python": platform.python_version(), "numpy": numpy.__version__,
+            "blas": f"{blas.get('name', '?')} {blas.get('version', '?')}", "blas_threads": BLAS_THREADS}

@@ -7,7 +7,8 @@ Load with ``pytest -p mlexec.suite.plants``; it registers one engine,
 - ``slow``: every forward 25 % slower (it spins for a quarter of the time the
   real forward just took, so the slowdown is exact whatever the machine does);
 - ``temp``: one extra temporary per forward, a (batch, dim) float32 copy of the
-  output, the smallest array a careless kernel would make.
+  output, the smallest array a careless kernel would make;
+- ``slow,temp``: both.
 """
 from __future__ import annotations
 
@@ -24,16 +25,14 @@ class PlantedEngine(StaticEngine):
     name = "planted"
 
     def _forward(self, x):
-        plant = os.environ.get("MLEXEC_PLANT", "none")
-        if plant == "slow":
-            t0 = time.perf_counter()
-            out = super()._forward(x)
+        plant = os.environ.get("MLEXEC_PLANT", "none").split(",")
+        t0 = time.perf_counter()
+        out = super()._forward(x)
+        if "slow" in plant:
             until = time.perf_counter() + SLOWDOWN * (time.perf_counter() - t0)
             while time.perf_counter() < until:
                 pass
-            return out
-        out = super()._forward(x)
-        if plant == "temp":
+        if "temp" in plant:
             out.copy()
         return out
 

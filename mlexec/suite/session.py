@@ -1,32 +1,50 @@
 """What happens around the benchmarks: results per case, memory peaks, the run's JSON,
-the gate, saving, and the terminal report."""
+the gate, saving, and the terminal report. Called from ``mlexec.suite.plugin``."""
 from __future__ import annotations
 
 import itertools
 import json
-import subprocess
+import os
+import platform
+import tempfile
 from pathlib import Path
 
 import pytest
-from memray import FileReader
 from threadpoolctl import threadpool_limits
 
 from engines import ENGINES
 from mlexec import baselines
+from ..case import workload_version
+from ..timing import interleave
 from . import basecode, gate, summary
-from .grid import MATRICES, workload_version
-from .ratio import interleave
+from .memory import allocation_environment, high_watermark, measure_peak
 
 RESULTS = pytest.StashKey[dict]()      # (case id, engine) -> {"median", "peak", "held", "err", ...}
-VERDICT = pytest.StashKey[tuple]()     # (label, gate.Verdict | error message)
+PLANNED = pytest.StashKey[dict]()      # (pass, case id, engine) -> True: what this run set out to measure
+CASES = pytest.StashKey[dict]()        # case id -> Case, every case of the chosen matrix
+VERDICT = pytest.StashKey[object]()    # gate.Verdict, or an error message
 SAVED = pytest.StashKey[Path]()
 # Engine name -> reference engine name, for throw-away engines that exist only in this run.
 BASE_ALIASES = pytest.StashKey[dict]()
-REPO = Path(__file__).resolve().parents[2]
+PASSES = {"test_forward": "time", "test_peak_memory": "memory"}
+ALLOCATION_KEY = "mlexec_allocation"   # machine_info key of a run's allocation environment
 
 
 def record(config, case_id: str, engine: str, **fields) -> None:
     config.stash.setdefault(RESULTS, {}).setdefault((case_id, engine), {}).update(fields)
+
+
+def record_outcome(item, report) -> None:
+    """Why a benchmark has no figure: it was skipped (with pytest's reason) or failed."""
+    params = item.callspec.params
+    which = PASSES[item.originalname]
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        record(item.config, params["case_id"], params["engine_name"],
+               **{f"{which}_status": reason.removeprefix("Skipped: ")})
+    elif report.failed:
+        record(item.config, params["case_id"], params["engine_name"],
+               **{f"{which}_status": f"its test failed ({report.when})"})
 
 
 def record_peak(item) -> None:
@@ -36,10 +54,7 @@ def record_peak(item) -> None:
     marker = item.get_closest_marker("limit_memory")
     if result is None or marker is None:
         return
-    main_only = marker.kwargs.get("current_thread_only", False)
-    reader = FileReader(result.result_file)
-    peak = sum(r.size for r in reader.get_high_watermark_allocation_records(merge_threads=not main_only)
-               if not main_only or r.tid == reader.metadata.main_thread_id)
+    peak = high_watermark(result.result_file, marker.kwargs.get("current_thread_only", False))
     params = item.callspec.params
     record(item.config, params["case_id"], params["engine_name"], peak=peak)
 
@@ -67,25 +82,86 @@ def current_run(config) -> dict | None:
     return run
 
 
-def _reference_run(config, machine: str):
+# --- the saved run: a second source for memory ---------------------------------------
+
+def _describe(env: dict) -> str:
+    return f"Python {env.get('python')}, NumPy {env.get('numpy')}, {env.get('blas')}, " \
+           f"BLAS threads {env.get('blas_threads')}"
+
+
+def _cpu(run: dict) -> str | None:
+    return (run.get("machine_info", {}).get("cpu") or {}).get("brand_raw")
+
+
+def this_cpu() -> str:
+    """This machine's CPU model, as /proc/cpuinfo (or the platform) names it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                        platform.processor() or "unknown CPU")
+    except OSError:
+        return platform.processor() or "unknown CPU"
+
+
+def saved_run(config, here_cpu: str | None) -> tuple[str, dict, str | None] | None:
+    """(label, run, why memory is not comparable or None), or None when no saved run is compared.
+
+    ``auto``: the latest saved run, on any machine, whose allocation environment is this one's.
+    A named file is always taken, and the label says which of its parts are comparable here.
+    """
     choice = config.getoption("mlexec_compare")
+    env = allocation_environment()
     if choice == "off":
         return None
-    if choice != "auto":
-        return choice, baselines.load_run(choice)
-    runs = baselines.iter_runs(config.getoption("mlexec_baselines"), machine_id=machine)
-    return (str(runs[-1][0]), runs[-1][1]) if runs else None
+    if choice == "auto":
+        root = config.getoption("mlexec_baselines")
+        runs = [(p, r) for p, r in baselines.iter_runs(root) if r["machine_info"].get(ALLOCATION_KEY) == env]
+        if not runs:
+            return None
+        path, run = max(runs, key=lambda pr: (pr[1]["datetime"], str(pr[0])))
+        return f"{path} (the latest in {root} with this allocation environment)", run, None
+    run = baselines.load_run(choice)
+    there = run["machine_info"].get(ALLOCATION_KEY)
+    cpu = _cpu(run)
+    where = f"recorded on {cpu or 'an unnamed CPU'}" + (f", not this {here_cpu}" if cpu != here_cpu else "")
+    if there is None:
+        return (f"{choice} ({where}; it does not record its allocation environment: memory compared "
+                f"unverified; its times are never compared)"), run, None
+    differs = [f"{k} {there.get(k)} there, {v} here" for k, v in env.items() if there.get(k) != v]
+    if differs:
+        return (f"{choice} ({where}; times never compared)", run,
+                "another allocation environment in the saved run: " + "; ".join(differs))
+    return (f"{choice} ({where}; memory comparable: same {_describe(env)}; "
+            f"its times are never compared)"), run, None
 
 
-def _head_commit() -> tuple[str | None, bool]:
+# --- the reference code: latency and memory A/B ----------------------------------------
+
+def reference_code(config):
+    """(label, the reference ``engines`` module), or (why there is none, None)."""
+    repo = Path(config.rootpath)
+    choice = config.getoption("mlexec_base")
+    if choice == "off":
+        return "no reference code (--mlexec-base off)", None
+    if choice == "auto":
+        source, why = basecode.default_base(repo)
+        if source is None:
+            root = config.getoption("mlexec_baselines")
+            try:
+                runs = baselines.iter_runs(root)
+            except baselines.BaselineError:
+                runs = []
+            commits = [r["commit_info"].get("id") for _, r in sorted(runs, key=lambda pr: pr[1]["datetime"])]
+            if not commits or not commits[-1]:
+                return f"no reference code: {why}, and no saved run in {root} names a commit", None
+            source, why = commits[-1], f"the latest saved run's commit ({why})"
+    else:
+        source, why = choice, "named by --mlexec-base"
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "engines"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return head, bool(dirty)
-    except (OSError, subprocess.CalledProcessError):
-        return None, True
+        label, directory = basecode.resolve(source, repo)
+        return f"code at {label} ({why})", basecode.load(directory)
+    except basecode.BaseCodeError as exc:
+        return f"no reference code: {exc}", None
 
 
 def _measurement(make_current, make_reference, x, rounds):
@@ -103,94 +179,138 @@ def _measurement(make_current, make_reference, x, rounds):
     return measure
 
 
-def _latency_ab(config, source: str, verdict: gate.Verdict) -> None:
-    """Every timed benchmark of this run, current engine against the reference code's."""
-    head, dirty = _head_commit()
-    if head and not dirty and head.startswith(source):
-        verdict.notes.append(f"latency: the reference code is this commit ({source}); nothing to compare")
-        return
+def _reference_model(base, case):
+    """The case's model as the reference code builds it, or False when it can't."""
     try:
-        label, directory = basecode.resolve(source, REPO)
-        base = basecode.load(directory)
-    except basecode.BaseCodeError as exc:
-        verdict.notes.append(f"latency not gated: {exc}")
-        return
-    aliases = config.stash.get(BASE_ALIASES, {})
-    timed = {key for key, r in config.stash.get(RESULTS, {}).items() if r.get("median") is not None}
-    cases = {c.id: c for c in MATRICES[config.getoption("mlexec_matrix")]}
-    rounds = config.getoption("mlexec_rounds")
-    for case_id in dict.fromkeys(case for case, _ in timed):
-        case = cases[case_id]
-        model = case.build()
-        try:
-            base_model = base.MODELS[case.model](**case.model_kwargs, seed=0)
-        except (KeyError, TypeError, ValueError):
-            base_model = None
-        x = model.random_input(case.batch, rng=12345)
-        for engine in [e for c, e in timed if c == case_id]:
-            name = f"{engine}-{case_id}"
-            base_cls = base.ENGINES.get(aliases.get(engine, engine))
-            if base_model is None or base_cls is None:
-                verdict.notes.append(f"latency: {name} has no counterpart in {label}")
-                continue
-            if workload_version(case_id, base_model) != case.version:
-                verdict.stale.append(name)
-                continue
-            with threadpool_limits(1):
-                finding = gate.latency_finding(name, _measurement(
-                    lambda: ENGINES[engine](model, case.batch), lambda: base_cls(base_model, case.batch), x, rounds))
-            verdict.latency_compared += 1
-            if finding:
-                verdict.regressions.append(finding)
-    verdict.notes.insert(0, f"latency reference code: {label}")
+        if case.path:
+            return base.load_onnx(case.path)
+        return base.MODELS[case.model](**case.model_kwargs, seed=0)
+    except Exception:   # the reference code may predate this model, its importer or its options
+        return False
 
 
-def finish(session, machine: str) -> None:
-    config = session.config
+def _compare_code(config, base, verdict: gate.Verdict) -> None:
+    """Every benchmark this run measured, current engine against the reference code's:
+    latency interleaved, memory peak once each."""
+    planned = config.stash.get(PLANNED, {})
     results = config.stash.get(RESULTS, {})
-    if not results:
+    aliases = config.stash.get(BASE_ALIASES, {})
+    cases = config.stash[CASES]
+    rounds = config.getoption("mlexec_rounds")
+    for case_id in dict.fromkeys(c for _, c, _ in planned):
+        case = cases[case_id]
+        engines = list(dict.fromkeys(e for _, c, e in planned if c == case_id))
+        model = base_model = None
+        for engine in engines:
+            name, r = f"{engine}-{case_id}", results.get((case_id, engine), {})
+            for kind, which, figure in (("latency", "time", "median"), ("memory", "memory", "peak")):
+                if (which, case_id, engine) not in planned:
+                    continue
+                if r.get(figure) is None:
+                    verdict.skip(kind, name, r.get(f"{which}_status") or "not measured in this run")
+                    continue
+                if base is None:
+                    verdict.skip(kind, name, verdict.reference)
+                    continue
+                if model is None:
+                    model = case.build()
+                    x = model.random_input(case.batch, rng=12345)
+                    base_model = _reference_model(base, case)
+                base_cls = getattr(base, "ENGINES", {}).get(aliases.get(engine, engine))
+                if base_model is False or base_cls is None:
+                    verdict.skip(kind, name, "no counterpart in the reference code")
+                elif not case.path and workload_version(case_id, base_model) != case.version:
+                    verdict.skip(kind, name, "another workload version in the reference code")
+                elif kind == "latency":
+                    with threadpool_limits(1):
+                        finding = gate.latency_finding(name, _measurement(
+                            lambda: ENGINES[engine](model, case.batch), lambda: base_cls(base_model, case.batch),
+                            x, rounds))
+                    verdict.done(kind, name, finding)
+                else:
+                    now = measure_peak(ENGINES[engine](model, case.batch), x)
+                    before = measure_peak(base_cls(base_model, case.batch), x)
+                    verdict.done(kind, name, gate.memory_finding(name, before, now))
+
+
+def finish(session) -> None:
+    """The gate, at the end of a run that measured benchmarks: sets the exit status."""
+    config = session.config
+    if not config.stash.get(PLANNED, None) or config.option.collectonly:
         return
     run = current_run(config)
+    here_cpu = (_cpu(run) if run else None) or this_cpu()
+    verdict = gate.Verdict(shard=config.getoption("mlexec_shard"))
     try:
-        reference = _reference_run(config, machine)
+        saved = saved_run(config, here_cpu)
     except baselines.BaselineError as exc:
-        config.stash[VERDICT] = ("baseline", f"cannot gate: {exc}")
+        config.stash[VERDICT] = f"cannot gate: {exc}"
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return
-    source = config.getoption("mlexec_base") or (reference and reference[1]["commit_info"].get("id"))
-    if reference or source:
-        verdict = gate.Verdict()
-        label = reference[0] if reference else f"code at {source}"
-        if reference:
-            cases = {c.id: c for c in MATRICES[config.getoption("mlexec_matrix")]}
-            current = {key: {"peak": r.get("peak"), "version": cases[key[0]].version}
-                       for key, r in results.items() if key[0] in cases}
-            gate.memory_findings(reference[1], current, verdict)
-        if source:
-            _latency_ab(config, source, verdict)
-        config.stash[VERDICT] = (label, verdict)
-        path = config.getoption("mlexec_verdict")
-        if path:
-            Path(path).write_text(json.dumps({"reference": label, **verdict.as_dict()}, indent=1))
-        if verdict.failed:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if saved:
+        verdict.saved, saved_figures, not_comparable = saved
+        results = config.stash.get(RESULTS, {})
+        current = {key: {"peak": r.get("peak"), "version": config.stash[CASES][key[0]].version}
+                   for key, r in results.items() if r.get("peak") is not None}
+        if not_comparable:
+            for engine_case in (f"{e}-{c}" for c, e in current):
+                verdict.skip("memory-saved", engine_case, not_comparable)
+        else:
+            gate.memory_findings(saved_figures, current, verdict)
+    elif config.getoption("mlexec_compare") == "auto":
+        verdict.notes.append(f"no saved run in {config.getoption('mlexec_baselines')} with this allocation "
+                             f"environment ({_describe(allocation_environment())})")
+    verdict.reference, base = reference_code(config)
+    _compare_code(config, base, verdict)
+    config.stash[VERDICT] = verdict
+    path = config.getoption("mlexec_verdict")
+    if path:
+        write_json(Path(path), verdict.as_dict())
+    if verdict.failed:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif verdict.nothing_compared and config.getoption("mlexec_require_gate"):
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
     if config.getoption("mlexec_save") and session.exitstatus == 0 and run is not None:
         name = (run["commit_info"].get("id") or "nocommit")[:12]
         if run["commit_info"].get("dirty"):
             name += "-dirty"
-        config.stash[SAVED] = baselines.save_run(run, config.getoption("mlexec_baselines"), machine, name)
+        from mlexec.baselines import machine_id
+        config.stash[SAVED] = baselines.save_run(run, config.getoption("mlexec_baselines"), machine_id(), name)
 
 
-def report(tr, config) -> None:
-    results = config.stash.get(RESULTS, {})
+def write_json(path: Path, data) -> None:
+    """Atomically: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=1)
+    os.replace(tmp, path)
+
+
+# --- the terminal report -----------------------------------------------------------------
+
+def report_table(tr, config) -> None:
+    results = {k: r for k, r in config.stash.get(RESULTS, {}).items()
+               if r.get("median") is not None or r.get("peak") is not None}
     if results:
         tr.write_sep("=", "engines compared")
         tr.write_line("alloc/fwd: memray peak of warm forwards, BLAS pinned to 1 thread; held: planned "
                       "activation buffers; median: pytest-benchmark; speedup and mem saved: vs naive")
         tr.write_line(summary.format_table(results))
-    if VERDICT in config.stash:
-        label, verdict = config.stash[VERDICT]
-        tr.write_sep("=", "regression gate")
-        tr.write_line(verdict if isinstance(verdict, str) else gate.format_verdict(verdict, label))
+
+
+def report_gate(tr, config) -> None:
+    """The gate's section, the last thing a run prints before pytest's closing line."""
+    if not config.stash.get(PLANNED, None) or config.option.collectonly:
+        return
+    verdict = config.stash.get(VERDICT, "not run (the session ended before the gate)")
+    shard = config.getoption("mlexec_shard")
+    tr.write_sep("=", "regression gate" + (f" (shard {shard})" if shard else ""))
+    if isinstance(verdict, str):
+        tr.write_line(verdict, red=True)
+    else:
+        tr.write_line(gate.format_verdict(verdict))
+        if verdict.nothing_compared and config.getoption("mlexec_require_gate"):
+            tr.write_line("--mlexec-require-gate: nothing was compared, so the run fails (exit 4)", red=True)
     if SAVED in config.stash:
         tr.write_line(f"saved this run as {config.stash[SAVED]}")

@@ -1,6 +1,8 @@
 """The table that ends a benchmark run: naive vs every other engine, case by case."""
 from __future__ import annotations
 
+from engines.models import ABS_TOL
+
 from .grid import HEADLINE
 from ..units import fmt_bytes, fmt_time
 
@@ -33,7 +35,7 @@ def format_table(results: dict) -> str:
     for r in table:
         speed = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         saved = f"{r['saved']:.1f}%" if r["saved"] is not None else "-"
-        err = "-" if r["err"] is None else f"{'yes' if r['err'] < 1e-4 else 'NO'} ({r['err']:.0e})"
+        err = "-" if r["err"] is None else f"{'yes' if r['err'] < ABS_TOL else 'NO'} ({r['err']:.0e})"
         lines.append(f"{r['case']:28} {r['engine']:14} {fmt_bytes(r['peak']):>11} {fmt_bytes(r['held']):>11} "
                      f"{fmt_time(r['median']):>11} "
                      f"{speed:>8} {saved:>10}  {err}")

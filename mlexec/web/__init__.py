@@ -23,7 +23,8 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from engines import ENGINES, MODELS
 
-from ..analysis import DEFAULT_ENGINES, LIMITS, AnalysisError, load_model_file
+from ..analysis import LIMITS, AnalysisError, load_model_file
+from ..defaults import ANALYZER_ENGINES
 from ..units import fmt_bytes, fmt_time
 from .runner import AnalysisRunner, Busy, TimedOut
 
@@ -34,7 +35,7 @@ MODEL_LIMITS = {"max_model_bytes": 8 * 2**20, "max_nodes": 2000}
 MAX_REQUEST_BYTES = LIMITS["max_input_bytes"] + MODEL_LIMITS["max_model_bytes"] + 64 * 1024
 
 DEFAULTS = {"input": "1.0, 0.5", "model": "mlp", "dim": "1024", "batch": "1", "repeat": "20",
-            "seed": "0", "engines": list(DEFAULT_ENGINES)}
+            "seed": "0", "engines": list(ANALYZER_ENGINES)}
 API_KEYS = {"values", "model", "dim", "batch", "engines", "repeat", "seed"}
 
 log = logging.getLogger("mlexec.web")

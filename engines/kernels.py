@@ -1,0 +1,504 @@
+"""kernels: each linear's GEMM chosen by measuring on the machine at hand, and remembered.
+
+Why: no BLAS wins every product on every CPU. On an AMD EPYC host (AVX2),
+NumPy's OpenBLAS took 28 us for 8 x 256 x 256 where oneDNN took 14, yet
+oneDNN lost at 8 x 4096 x 4096; MKL's packed GEMM that wins on an Intel Xeon
+ran at 0.46x naive there (docs/kernels.md). So an engine times the
+candidates below for every GEMM-shaped step, at the rows it binds, and keeps
+the fastest.
+
+- **Candidates** (``KERNELS``, one entry per kernel): each computes
+  ``y = x @ w + b (+ residual)`` into caller-owned memory as a list of bound
+  calls ``(fn, args)``, allocating nothing per call. A BLAS gemm starts the
+  output as the bias (``np.copyto``, no ufunc buffer) and accumulates with
+  beta=1; NumPy's matmul writes ``out=`` and adds a pre-tiled bias. The
+  ``-1t`` variants run the same call on one thread (the library's own
+  set-threads call around it, ~0.1 us): at small products the pool's wake-up
+  costs more than the second core gives. A candidate whose library is missing
+  is left out, with the reason in ``unavailable()``.
+- **Timing** (``measure``): the candidates run on scratch arrays of the
+  step's shape, in blocks of calls, interleaved in rotating order round after
+  round as ``mlexec report`` interleaves engines, so a slow spell of the host
+  falls on all of them; the median per candidate decides. A candidate 2x
+  slower than the best after two rounds is dropped; past 0.6 s of timing the
+  rounds stop at three (large products, where rounds are long and steadier).
+- **Cache**: the choices are kept per machine (CPU model and flags, library
+  versions, thread count) in ``$MLEXEC_CACHE_DIR`` or
+  ``$XDG_CACHE_HOME/mlexec`` (``~/.cache/mlexec``), one JSON file per machine,
+  written atomically; a second build on the same machine measures nothing.
+- **Switch**: ``MLEXEC_TUNE=0`` measures nothing and uses each engine's
+  fixed default (the choices made before tuning existed); ``MLEXEC_TUNE=again``
+  measures every GEMM afresh and overwrites the cached choices (after the
+  machine's load or libraries changed).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import json
+import os
+import platform
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .ops import aligned, tile, tiled_calls
+from .threads import blas_threads
+
+TUNE_ENV = "MLEXEC_TUNE"
+CACHE_ENV = "MLEXEC_CACHE_DIR"
+CACHE_VERSION = 1           # bump when a kernel's calls change: older choices are then ignored
+BLOCK_SECONDS = 2e-4        # one timed block: long enough that perf_counter's cost is noise
+ROUND_BUDGET_S = 0.12       # total timing per GEMM, spread over the rounds
+MIN_ROUNDS, MAX_ROUNDS = 5, 41
+CAP_S = 0.6                 # past this much timing per GEMM, stop after CAP_ROUNDS (large products)
+CAP_ROUNDS = 3
+DROP_AFTER, DROP_RATIO = 2, 2.0  # after this many rounds, drop candidates this much slower than the best
+
+
+def tuning_enabled() -> bool:
+    return os.environ.get(TUNE_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM-shaped step: y (rows, n) = x (rows, k) @ w (k, n) + b (+ a residual of y's shape)."""
+    rows: int
+    k: int
+    n: int
+    transposed: bool = False     # w stored (n, k) and used through its transposed view (ops.weight_layout)
+    residual: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.rows}x{self.k}x{self.n}" + ("T" if self.transposed else "") + ("+res" if self.residual else "")
+
+
+# ---------------------------------------------------------------- libraries, loaded once each
+
+_ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162   # CBLAS enums (mkl_cblas.h)
+_LIBS: dict[str, object] = {}
+_WHY: dict[str, str] = {}
+
+
+def _package_file(package: str, pattern: str) -> str | None:
+    try:
+        files = metadata.files(package) or ()
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:
+        if re.fullmatch(pattern, f.name):
+            return str(f.locate())
+    return None
+
+
+def _once(name: str, load: Callable[[], object]):
+    """The library ``name`` loaded by ``load`` once per process; None (reason in _WHY) when it fails."""
+    if name not in _LIBS and name not in _WHY:
+        try:
+            _LIBS[name] = load()
+        except (OSError, AttributeError, ImportError, RuntimeError) as exc:
+            _WHY[name] = str(exc)
+    return _LIBS.get(name)
+
+
+def _load_onednn():
+    path = _package_file("onednn", r"libdnnl\.so\.\d+") or ctypes.util.find_library("dnnl")
+    if path is None:
+        raise ImportError("oneDNN is not installed (pip install -e .[onednn])")
+    # The wheel's libdnnl needs TBB's and the Intel compiler runtime's libraries, installed beside it
+    # but not on the loader's path: load them first, globally, from the same folder.
+    folder = Path(path).parent
+    for dep in ("libtbb.so.12", "libintlc.so.5", "libsvml.so", "libimf.so", "libsycl.so.9"):
+        if (folder / dep).exists():
+            ctypes.CDLL(str(folder / dep), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(path)
+    fn = lib.dnnl_sgemm
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _openblas_threads(package: str) -> tuple:
+    """(set-threads, get-threads) of the OpenBLAS that ``package`` (numpy or scipy) loaded: the
+    one in its wheel's ``<package>.libs`` folder, else the only OpenBLAS loaded."""
+    from threadpoolctl import threadpool_info
+    pools = [p for p in threadpool_info() if p.get("internal_api") == "openblas"]
+    mine = [p for p in pools if f"{os.sep}{package}.libs{os.sep}" in p["filepath"]]
+    for pool in mine or (pools if len(pools) == 1 else []):
+        lib = ctypes.CDLL(pool["filepath"])
+        for prefix in ("", "scipy_"):
+            for suffix in ("", "64_", "_64"):
+                if hasattr(lib, f"{prefix}openblas_set_num_threads{suffix}"):
+                    set_threads = lib[f"{prefix}openblas_set_num_threads{suffix}"]
+                    set_threads.restype = None
+                    return set_threads, lib[f"{prefix}openblas_get_num_threads{suffix}"]
+    raise ImportError(f"cannot tell which OpenBLAS {package} uses")
+
+
+def _one_openblas_thread(set_threads, get_threads, calls: tuple) -> None:
+    """Run ``calls`` on one OpenBLAS thread, then give back the count found (which a caller's
+    threadpoolctl limit may have set)."""
+    before = get_threads()
+    set_threads(1)
+    for fn, args in calls:
+        fn(*args)
+    set_threads(before)
+
+
+def _one_mkl_thread(set_local, calls: tuple) -> None:
+    """Run ``calls`` with MKL on one thread (a setting of the calling thread only), then give back
+    the setting found."""
+    before = set_local(1)
+    for fn, args in calls:
+        fn(*args)
+    set_local(before)
+
+
+def _load_mkl_rt():
+    from .packed import _load_mkl     # MKL's runtime, typed for the packed GEMM, loaded once
+    return _load_mkl()
+
+
+def _scipy_blas():
+    from scipy.linalg.blas import sgemm, sgemv
+    return sgemm, sgemv
+
+
+# ---------------------------------------------------------------- the candidates
+
+class _Pointer(ctypes.c_void_p):
+    """An array's address that keeps the array alive as long as the bound call holding it."""
+    __slots__ = ("array",)
+
+
+def _ptr(a: np.ndarray) -> ctypes.c_void_p:
+    p = _Pointer(a.ctypes.data)
+    p.array = a
+    return p
+
+
+def _bias_start(y2, b, residual) -> list:
+    """The output started as bias (+ residual), for a gemm with beta=1 to accumulate onto."""
+    calls = [(np.copyto, (y2, b))]                     # copyto: no ufunc buffer
+    return calls + ([] if residual is None else [(np.add, (y2, residual, y2))])
+
+
+def _numpy_calls(x2, y2, w, b, b_tiled, residual, _state) -> list:
+    calls = [(np.matmul, (x2, w, y2))] + tiled_calls(np.add, y2, b_tiled)
+    return calls + ([] if residual is None else [(np.add, (y2, residual, y2))])
+
+
+def _scipy_calls(x2, y2, w, b, b_tiled, residual, _state) -> list:
+    sgemm, sgemv = _LIBS["scipy"]
+    calls = _bias_start(y2, b, residual)
+    trans = 0 if w.flags.c_contiguous else 1          # w.T Fortran (n, k), or w itself Fortran (k, n)
+    a = w.T if trans == 0 else w
+    if y2.shape[0] == 1:                               # y += W.T @ x
+        return calls + [(sgemv, (1.0, a, x2[0], 1.0, y2[0], 0, 1, 0, 1, trans, 1))]
+    return calls + [(sgemm, (1.0, a, x2.T, 1.0, y2.T, trans, 0, 1))]   # y.T += W.T @ x.T, Fortran views
+
+
+def _ld(a: np.ndarray) -> int:
+    return a.strides[0] // a.itemsize
+
+
+def _w_layout(w) -> tuple[int, int]:
+    """(CBLAS transpose flag, leading dimension) of w (k, n) as a row-major B operand."""
+    return (_NO_TRANS, _ld(w)) if w.flags.c_contiguous else (_TRANS, w.strides[1] // w.itemsize)
+
+
+def _mkl_gemm_calls(x2, y2, w, b, b_tiled, residual, _state) -> list:
+    rows, (k, n) = y2.shape[0], w.shape
+    tb, ldb = _w_layout(w)
+    return _bias_start(y2, b, residual) + [(_LIBS["mkl"].sgemm, (
+        _ROW_MAJOR, _NO_TRANS, tb, rows, n, k, ctypes.c_float(1.0), _ptr(x2), _ld(x2), _ptr(w), ldb,
+        ctypes.c_float(1.0), _ptr(y2), _ld(y2)))]
+
+
+PACK_ROWS = 128   # MKL packs for a row count; packed for 128 it served 8-1024 rows as well as any (packed.py)
+
+
+def _mkl_pack(w: np.ndarray) -> np.ndarray:
+    from .ops import aligned_empty
+    lib, (k, n) = _LIBS["mkl"], w.shape
+    size = lib.cblas_sgemm_pack_get_size(_B_MATRIX, PACK_ROWS, n, k)
+    dest = aligned_empty(size, np.uint8)
+    tb, ldb = _w_layout(w)
+    lib.cblas_sgemm_pack(_ROW_MAJOR, _B_MATRIX, tb, PACK_ROWS, n, k, 1.0, w.ctypes.data, ldb, dest.ctypes.data)
+    return dest
+
+
+def _mkl_packed_calls(x2, y2, w, b, b_tiled, residual, packed) -> list:
+    rows, (k, n) = y2.shape[0], w.shape
+    return _bias_start(y2, b, residual) + [(_LIBS["mkl"].sgemm_compute, (
+        _ROW_MAJOR, _NO_TRANS, _PACKED, rows, n, k, _ptr(x2), _ld(x2), _ptr(packed), n,
+        ctypes.c_float(1.0), _ptr(y2), _ld(y2)))]
+
+
+def _onednn_calls(x2, y2, w, b, b_tiled, residual, _state) -> list:
+    rows, (k, n), i64 = y2.shape[0], w.shape, ctypes.c_int64
+    tb, ldb = _w_layout(w)
+    return _bias_start(y2, b, residual) + [(_LIBS["onednn"], (
+        ctypes.c_char(b"N"), ctypes.c_char(b"N" if tb == _NO_TRANS else b"T"), i64(rows), i64(n), i64(k),
+        ctypes.c_float(1.0), _ptr(x2), i64(_ld(x2)), _ptr(w), i64(ldb), ctypes.c_float(1.0), _ptr(y2),
+        i64(_ld(y2))))]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One way to run a linear. ``calls(x2, y2, w, b, b_tiled, residual, state)`` returns the bound
+    calls; ``prepare(w)`` makes ``state`` once per weight (MKL's packed form), or None."""
+    library: str                                   # what must load for it (``available``)
+    calls: Callable
+    prepare: Callable | None = None
+    one_thread: str | None = None                  # the pool to pin to one thread around the call
+    # Allocates native memory on every call (oneDNN's sgemm: 74 KB at 64 x 256 x 256, 1-2 MB at
+    # 128 x 1024 x 1024 under memray, pinned or not): not for engines that promise zero allocation
+    allocates: bool = False
+
+
+_LOADERS: dict[str, Callable[[], object]] = {
+    "numpy": lambda: np,
+    "scipy": _scipy_blas,
+    "mkl": _load_mkl_rt,
+    "onednn": _load_onednn,
+    "numpy-threads": lambda: _openblas_threads("numpy"),
+    "scipy-threads": lambda: _openblas_threads("scipy"),
+}
+
+
+def _load(library: str):
+    return _once(library, _LOADERS[library])
+
+
+KERNELS: dict[str, Kernel] = {
+    "numpy": Kernel("numpy", _numpy_calls),
+    "numpy-1t": Kernel("numpy", _numpy_calls, one_thread="numpy-threads"),
+    "scipy": Kernel("scipy", _scipy_calls),
+    "scipy-1t": Kernel("scipy", _scipy_calls, one_thread="scipy-threads"),
+    "mkl-gemm": Kernel("mkl", _mkl_gemm_calls),
+    "mkl-gemm-1t": Kernel("mkl", _mkl_gemm_calls, one_thread="mkl"),
+    "mkl-packed": Kernel("mkl", _mkl_packed_calls, prepare=_mkl_pack),
+    "mkl-packed-1t": Kernel("mkl", _mkl_packed_calls, prepare=_mkl_pack, one_thread="mkl"),
+    "onednn": Kernel("onednn", _onednn_calls, allocates=True),
+}
+
+
+def unavailable() -> dict[str, str]:
+    """Kernel name -> why it cannot run here (its library is missing)."""
+    out = {}
+    for name, kernel in KERNELS.items():
+        for lib in (kernel.library, kernel.one_thread):
+            if lib is not None and _load(lib) is None:
+                out[name] = _WHY.get(lib, f"{lib} did not load")
+                break
+    return out
+
+
+def bind(name: str, x2, y2, w, b, b_tiled, residual, state=None) -> list:
+    """The calls of kernel ``name`` for y2 = x2 @ w + b (+ residual)."""
+    kernel = KERNELS[name]
+    for library in (kernel.library, kernel.one_thread):
+        if library is not None and _load(library) is None:
+            raise RuntimeError(f"kernel {name!r} cannot run here: {_WHY.get(library)}")
+    calls = kernel.calls(x2, y2, w, b, b_tiled, residual, state)
+    if kernel.one_thread is None:
+        return calls
+    if kernel.one_thread == "mkl":
+        return [(_one_mkl_thread, (_LIBS["mkl"].MKL_Set_Num_Threads_Local, tuple(calls)))]
+    return [(_one_openblas_thread, (*_LIBS[kernel.one_thread], tuple(calls)))]
+
+
+# ---------------------------------------------------------------- measuring
+
+def _run(calls) -> None:
+    for fn, args in calls:
+        fn(*args)
+
+
+def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> dict[str, float]:
+    """Median seconds per call of each candidate on scratch arrays shaped like ``gemm``,
+    timed in blocks interleaved in rotating order; a candidate far behind is dropped early (inf)."""
+    rng = np.random.default_rng(0)
+    def normal(*shape):
+        return aligned(rng.standard_normal(shape, dtype=np.float32))
+    x, b = normal(gemm.rows, gemm.k), normal(gemm.n)
+    w = normal(gemm.n, gemm.k).T if gemm.transposed else normal(gemm.k, gemm.n)
+    b_tiled = tile(b, gemm.rows)
+    residual = normal(gemm.rows, gemm.n) if gemm.residual else None
+    y = aligned(np.zeros((gemm.rows, gemm.n)))
+    bound = {}
+    for name in names:
+        kernel = KERNELS[name]
+        state = kernel.prepare(w) if kernel.prepare else None
+        bound[name] = (bind(name, x, y, w, b, b_tiled, residual, state), state)
+    one = {}
+    for name, (calls, _) in bound.items():          # warm up, and size the blocks
+        _run(calls)
+        t0 = time.perf_counter()
+        _run(calls)
+        one[name] = max(time.perf_counter() - t0, 1e-7)
+    per_call = max(one.values())
+    reps = max(1, int(BLOCK_SECONDS / per_call))
+    rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, budget_s / (reps * sum(one.values())))))
+    times: dict[str, list[float]] = {name: [] for name in bound}
+    alive = list(bound)
+    start = time.perf_counter()
+    for r in range(rounds):
+        if r >= CAP_ROUNDS and time.perf_counter() - start > CAP_S:
+            break
+        # grouped by thread pool, the groups rotated: a pool still spinning after its block slows
+        # the next pool's block, so fewer pool changes per round, falling on every group in turn
+        groups = list(dict.fromkeys(KERNELS[n].library for n in alive))
+        groups = groups[r % len(groups):] + groups[:r % len(groups)]
+        order = [n for g in groups for n in alive if KERNELS[n].library == g]
+        for name in (order if r % 2 == 0 else order[::-1]):
+            calls = bound[name][0]
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                _run(calls)
+            times[name].append((time.perf_counter() - t0) / reps)
+        if r + 1 == DROP_AFTER and len(alive) > 2:
+            best = min(np.median(times[n]) for n in alive)
+            alive = [n for n in alive if np.median(times[n]) <= DROP_RATIO * best]
+    return {name: float(np.median(t)) if name in alive else float("inf") for name, t in times.items()}
+
+
+# ---------------------------------------------------------------- the cache
+
+def machine() -> dict:
+    """What a choice depends on: CPU model and flags, library versions, thread count."""
+    cpu, flags = platform.processor() or platform.machine(), ""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        cpu = re.search(r"^model name\s*:\s*(.*)$", text, re.M).group(1).strip()
+        flags = re.search(r"^flags\s*:\s*(.*)$", text, re.M).group(1).strip()
+    except (OSError, AttributeError):
+        pass
+    versions = {}
+    for package in ("numpy", "scipy", "mkl", "onednn"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {"cpu": cpu, "flags_sha1": hashlib.sha1(flags.encode()).hexdigest()[:12], "versions": versions,
+            "threads": blas_threads(), "cache_version": CACHE_VERSION}
+
+
+def cpu_model() -> str:
+    return machine()["cpu"]
+
+
+def cache_dir() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mlexec"
+
+
+def cache_path() -> Path:
+    digest = hashlib.sha1(json.dumps(machine(), sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / f"kernels-{digest}.json"
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data["choices"] if isinstance(data.get("choices"), dict) else {}
+    except (OSError, ValueError, KeyError, AttributeError):
+        return {}
+
+
+def _write_cache(path: Path, choices: dict) -> None:
+    """Merge ``choices`` into the file atomically (temp file + rename); a cache that cannot be
+    written only costs the next build its measuring."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        merged = {**_read_cache(path), **choices}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"machine": machine(), "choices": merged}, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+@dataclass
+class Choice:
+    kernel: str
+    how: str                                        # "measured", "cached", or "default (MLEXEC_TUNE=0)"
+    times_s: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0                            # spent measuring
+
+
+_MEMO: dict[tuple, Choice] = {}                     # this process's choices: (gemm key, candidates)
+
+
+def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
+    """The fastest of ``candidates`` for ``gemm`` on this machine: from the cache, else measured
+    (and cached); ``default`` when tuning is off, or when no candidate can run."""
+    runnable = [c for c in candidates if c not in unavailable()]
+    if not tuning_enabled() or not runnable:
+        return Choice(default, f"default ({TUNE_ENV}=0)" if not tuning_enabled() else "default")
+    entry = f"{gemm.key}|{','.join(runnable)}"
+    memo_key = (str(cache_path()), entry)
+    if memo_key in _MEMO:
+        return _MEMO[memo_key]
+    path = cache_path()
+    cached = None if os.environ.get(TUNE_ENV, "").strip().lower() == "again" else _read_cache(path).get(entry)
+    if isinstance(cached, dict) and cached.get("kernel") in runnable:
+        times = {n: float("inf") if t is None else float(t) for n, t in dict(cached.get("times_s", {})).items()}
+        choice = Choice(cached["kernel"], "cached", times)
+    else:
+        t0 = time.perf_counter()
+        times = measure(gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")}
+        best = min(times, key=lambda n: (times[n], n != default))
+        choice = Choice(best, "measured", times, time.perf_counter() - t0)
+        _write_cache(path, {entry: {"kernel": best, "times_s": {n: (t if np.isfinite(t) else None)
+                                                                for n, t in times.items()}}})
+    _MEMO[memo_key] = choice
+    return choice
+
+
+class Linears:
+    """The linears of one engine: each one's kernel chosen (``choose``), its calls bound, its
+    per-weight state (MKL's packs) made once, and every choice kept for ``report``."""
+
+    def __init__(self, candidates: tuple[str, ...], default: Callable[[Gemm], str]):
+        self.candidates = candidates
+        self.default = default
+        self.states: dict[tuple[str, int], object] = {}     # (kernel, id(weight)) -> prepared state
+        self.choices: dict[str, Choice] = {}                 # gemm key -> choice
+
+    def calls(self, x2, y2, w, b, b_tiled, residual) -> list:
+        gemm = Gemm(y2.shape[0], *w.shape, transposed=not w.flags.c_contiguous, residual=residual is not None)
+        unit = x2.strides[1] == y2.strides[1] == x2.itemsize
+        candidates = self.candidates if unit else ("numpy",)
+        choice = choose(gemm, candidates, self.default(gemm) if unit else "numpy")
+        self.choices[gemm.key] = choice
+        kernel = KERNELS[choice.kernel]
+        state = None
+        if kernel.prepare is not None:
+            key = (kernel.library, id(w))
+            if key not in self.states:
+                self.states[key] = kernel.prepare(w)
+            state = self.states[key]
+        return bind(choice.kernel, x2, y2, w, b, b_tiled, residual, state)
+
+    @property
+    def state_bytes(self) -> int:
+        return sum(getattr(s, "nbytes", 0) for s in self.states.values())
+
+    def report(self) -> list[dict]:
+        """Per GEMM: the kernel chosen, how, and what every candidate measured (microseconds)."""
+        return [{"gemm": key, "kernel": c.kernel, "how": c.how, "tuning_s": round(c.seconds, 4),
+                 "candidates_us": {n: (None if not np.isfinite(t) else round(1e6 * t, 2))
+                                   for n, t in c.times_s.items()}}
+                for key, c in self.choices.items()]

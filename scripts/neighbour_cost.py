@@ -1,0 +1,108 @@
+"""What an engine's thread pool costs the code that runs right after it in the same process.
+
+For each pool setting (one subprocess each, since MKL and OpenMP read their
+settings when they load), rounds of: a block of the engine, then at once 20
+calls of the neighbour (naive at mlp b8 d256, on NumPy's OpenBLAS), then the
+neighbour alone for 0.4 s (longer than any pool spins) and 20 more calls as
+its reference. Printed per setting: the engine's time per call, the
+neighbour's right after the engine and after itself, and their ratio (the
+neighbour's cost). Medians over the rounds.
+
+    python scripts/neighbour_cost.py                       # packed at mlp b32 d1024, every setting
+    python scripts/neighbour_cost.py --engine fused --shape 32x1024
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+ENGINE_BLOCK_S = 0.02      # the engine's block
+NEIGHBOUR_CALLS = 20       # the neighbour's calls timed right after it
+QUIET_S = 0.4              # the neighbour alone this long before its reference calls
+SETTINGS = {                                   # name -> environment for the subprocess
+    "MKL default (KMP_BLOCKTIME 200 ms)": {},
+    "KMP_BLOCKTIME=20": {"KMP_BLOCKTIME": "20"},
+    "KMP_BLOCKTIME=5": {"KMP_BLOCKTIME": "5"},
+    "KMP_BLOCKTIME=1": {"KMP_BLOCKTIME": "1"},
+    "KMP_BLOCKTIME=0": {"KMP_BLOCKTIME": "0"},
+    "MKL_DYNAMIC=TRUE": {"MKL_DYNAMIC": "TRUE"},
+}
+
+
+def _block(fn, x, seconds: float) -> float:
+    """Seconds per call over a block of about ``seconds``."""
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn(x)
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return elapsed / calls
+
+
+def _calls(fn, x, calls: int) -> float:
+    """Seconds per call over ``calls`` calls."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(x)
+    return (time.perf_counter() - start) / calls
+
+
+def child(engine: str, batch: int, dim: int, rounds: int) -> dict:
+    import numpy as np
+    from engines import ENGINES, MODELS
+
+    model = MODELS["mlp"](dim=dim)
+    eng = ENGINES[engine](model, batch)
+    x = model.random_input(batch, rng=0)
+    nmodel = MODELS["mlp"](dim=256)
+    naive = ENGINES["naive"](nmodel, 8)
+    nx = nmodel.random_input(8, rng=0)
+    after_engine, after_self, engine_s = [], [], []
+    for r in range(rounds):
+        engine_s.append(_block(eng.forward, x, ENGINE_BLOCK_S))
+        after_engine.append(_calls(naive.forward, nx, NEIGHBOUR_CALLS))    # at once, no settling
+        _block(naive.forward, nx, QUIET_S)           # longer than any pool's spin: the engine's pool idle
+        after_self.append(_calls(naive.forward, nx, NEIGHBOUR_CALLS))
+    med = lambda v: float(np.median(v))                   # noqa: E731
+    ratios = [a / b for a, b in zip(after_engine, after_self)]
+    return {"engine_us": 1e6 * med(engine_s), "neighbour_after_engine_us": 1e6 * med(after_engine),
+            "neighbour_after_itself_us": 1e6 * med(after_self), "neighbour_cost": med(ratios)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", default="packed")
+    ap.add_argument("--shape", default="32x1024", help="BATCHxDIM of the engine's mlp (default 32x1024)")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--settings", default=",".join(SETTINGS), help="comma list of the settings to run")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    batch, dim = (int(v) for v in args.shape.split("x"))
+    if args.child:
+        print(json.dumps(child(args.engine, batch, dim, args.rounds)))
+        return 0
+    from engines.kernels import cpu_model
+    print(f"CPU: {cpu_model()}; {args.engine} at mlp b{batch} d{dim}; neighbour naive mlp b8 d256; "
+          f"{args.rounds} interleaved rounds")
+    print(f"{'setting':<36} {'engine µs':>10} {'nb after engine':>16} {'nb after itself':>16} {'cost':>6}")
+    for name in args.settings.split(","):
+        env = {**os.environ, **SETTINGS[name], "PYTHONPATH": str(ROOT), "MLEXEC_TUNE": os.environ.get(
+            "MLEXEC_TUNE", "0")}           # untuned by default: packed on MKL's packed GEMM, the pool asked about
+        out = subprocess.run([sys.executable, __file__, "--child", "--engine", args.engine, "--shape", args.shape,
+                              "--rounds", str(args.rounds)], env=env, capture_output=True, text=True, check=True)
+        r = json.loads(out.stdout.splitlines()[-1])
+        print(f"{name:<36} {r['engine_us']:>10.1f} {r['neighbour_after_engine_us']:>16.1f} "
+              f"{r['neighbour_after_itself_us']:>16.1f} {r['neighbour_cost']:>5.2f}x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""Kernel choice (engines.kernels): every candidate right and allocation-free, the choice measured
+once per machine and then read from the cache, the switch that turns it off, and the report."""
+import json
+import os
+import tempfile
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from engines import ENGINES, MODELS, kernels
+from engines.models import ABS_TOL, REL_TOL
+from engines.ops import aligned, tile
+
+AVAILABLE = [name for name in kernels.KERNELS if name not in kernels.unavailable()]
+
+
+@pytest.fixture
+def tuned(monkeypatch, tmp_path):
+    """Tuning on, a fresh cache folder, no choices remembered from earlier tests, short timing."""
+    monkeypatch.setenv(kernels.TUNE_ENV, "1")
+    monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(kernels, "_MEMO", {})
+    monkeypatch.setattr(kernels, "ROUND_BUDGET_S", 0.005)
+    monkeypatch.setattr(kernels, "MIN_ROUNDS", 3)
+    return tmp_path
+
+
+def operands(rows, k, n, transposed, residual, seed=0):
+    rng = np.random.default_rng(seed)
+    x, b = aligned(rng.standard_normal((rows, k))), aligned(rng.standard_normal(n))
+    w64 = rng.standard_normal((k, n))
+    w = aligned(w64.T).T if transposed else aligned(w64)
+    res = aligned(rng.standard_normal((rows, n))) if residual else None
+    expected = x.astype(np.float64) @ w64 + b + (0 if res is None else res)
+    return x, w, b, tile(b, rows), res, expected
+
+
+def bound(name, x, w, b, b_tiled, res, y):
+    kernel = kernels.KERNELS[name]
+    return kernels.bind(name, x, y, w, b, b_tiled, res, kernel.prepare(w) if kernel.prepare else None)
+
+
+@pytest.mark.parametrize("name", AVAILABLE)
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("transposed", [False, True], ids=["w_in_out", "w_stored_transposed"])
+@pytest.mark.parametrize("residual", [False, True], ids=["bias", "bias_residual"])
+def test_every_kernel_matches_float64(name, rows, transposed, residual):
+    x, w, b, b_tiled, res, expected = operands(rows, 48, 40, transposed, residual)
+    y = aligned(np.full((rows, 40), np.nan))
+    calls = bound(name, x, w, b, b_tiled, res, y)
+    for _ in range(2):                           # a second run must not accumulate onto the first
+        kernels._run(calls)
+    np.testing.assert_allclose(y, expected, atol=ABS_TOL, rtol=REL_TOL)
+
+
+@pytest.mark.parametrize("name", AVAILABLE)
+def test_every_kernel_allocates_no_arrays(name):
+    """Traced bytes of a warm call at 4 and 256 rows: Python's bookkeeping only (argument tuples,
+    f2py's returned array object), the same at both sizes; a (rows, n) temporary would be 64 KiB."""
+    peaks = []
+    for rows in (4, 256):
+        x, w, b, b_tiled, res, _ = operands(rows, 64, 64, False, True)
+        y = aligned(np.zeros((rows, 64)))
+        calls = bound(name, x, w, b, b_tiled, res, y)
+        for _ in range(3):
+            kernels._run(calls)
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            kernels._run(calls)
+            peaks.append(tracemalloc.get_traced_memory()[1] - base)
+        finally:
+            tracemalloc.stop()
+    assert max(peaks) < 2048, peaks
+    assert abs(peaks[1] - peaks[0]) < 512, peaks
+
+
+@pytest.mark.parametrize("name", AVAILABLE)
+def test_native_allocations_are_what_the_kernel_declares(name):
+    """memray, BLAS pinned to one thread, after a warm-up: nothing for a kernel the zero-allocation
+    engines may choose; a kernel flagged ``allocates`` shows its per-call scratch."""
+    memray = pytest.importorskip("memray", reason="memray is part of the bench extra")
+    from threadpoolctl import threadpool_limits
+    x, w, b, b_tiled, res, _ = operands(64, 256, 256, False, False)
+    calls = bound(name, x, w, b, b_tiled, res, aligned(np.zeros((64, 256))))
+    with threadpool_limits(1), tempfile.TemporaryDirectory() as tmp:
+        for _ in range(3):
+            kernels._run(calls)
+        path = os.path.join(tmp, "calls.bin")
+        with memray.Tracker(path):
+            for _ in range(3):
+                kernels._run(calls)
+        peak = memray.FileReader(path).metadata.peak_memory
+    if kernels.KERNELS[name].allocates:
+        assert peak > 16 * 1024, peak
+    else:
+        assert peak <= 1024, peak                  # NumPy's matmul keeps 96 B of its own
+
+
+def test_zero_allocation_engines_never_offer_an_allocating_kernel():
+    for engine in ("static", "arena", "fused", "packed"):
+        assert not any(kernels.KERNELS[k].allocates for k in ENGINES[engine].kernel_candidates), engine
+
+
+def test_choice_is_measured_once_then_read_from_the_cache(tuned, monkeypatch):
+    gemm = kernels.Gemm(4, 32, 32)
+    first = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
+    assert first.how == "measured" and first.kernel in ("numpy", "scipy")
+    assert set(first.times_s) == {"numpy", "scipy"} and first.times_s[first.kernel] == min(first.times_s.values())
+    (path,) = tuned.glob("kernels-*.json")
+    saved = json.loads(path.read_text())
+    assert saved["machine"]["cpu"] == kernels.cpu_model()
+    assert not list(tuned.glob("*.tmp"))             # written by rename, nothing left behind
+    monkeypatch.setattr(kernels, "_MEMO", {})        # as a new process would
+    monkeypatch.setattr(kernels, "measure", lambda *a, **k: pytest.fail("measured again"))
+    again = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
+    assert again.how == "cached" and again.kernel == first.kernel and again.times_s == first.times_s
+
+
+def test_a_candidate_dropped_early_is_cached_and_reported_as_not_measured(tuned, monkeypatch):
+    monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 1e-6, "scipy": float("inf")})
+    kernels.choose(kernels.Gemm(4, 32, 32), ("numpy", "scipy"), "scipy")
+    monkeypatch.setattr(kernels, "_MEMO", {})
+    linears = kernels.Linears(("numpy", "scipy"), lambda gemm: "scipy")
+    x, w, b, b_tiled, res, _ = operands(4, 32, 32, False, False)
+    linears.calls(x, aligned(np.zeros((4, 32))), w, b, b_tiled, res)
+    (entry,) = linears.report()
+    assert entry["how"] == "cached" and entry["kernel"] == "numpy"
+    assert entry["candidates_us"] == {"numpy": 1.0, "scipy": None}
+
+
+def test_another_machine_does_not_read_this_ones_choices(tuned, monkeypatch):
+    kernels.choose(kernels.Gemm(4, 32, 32), ("numpy", "scipy"), "numpy")
+    here = kernels.cache_path()
+    monkeypatch.setattr(kernels, "blas_threads", lambda: 64)
+    assert kernels.cache_path() != here
+
+
+def test_switch_off_measures_nothing_and_takes_the_default(tuned, monkeypatch):
+    monkeypatch.setenv(kernels.TUNE_ENV, "0")
+    monkeypatch.setattr(kernels, "measure", lambda *a, **k: pytest.fail("measured with tuning off"))
+    choice = kernels.choose(kernels.Gemm(4, 32, 32), ("numpy", "scipy"), "scipy")
+    assert (choice.kernel, choice.how) == ("scipy", "default (MLEXEC_TUNE=0)")
+    assert not list(tuned.iterdir())
+
+
+def test_unreadable_cache_is_measured_again(tuned):
+    gemm = kernels.Gemm(4, 32, 32)
+    kernels.cache_path().parent.mkdir(parents=True, exist_ok=True)
+    kernels.cache_path().write_text("{not json")
+    assert kernels.choose(gemm, ("numpy", "scipy"), "numpy").how == "measured"
+
+
+@pytest.mark.parametrize("engine", ["static", "arena", "fused", "packed"])
+def test_tuned_engine_is_right_and_reports_every_linear(engine, tuned):
+    model = MODELS["mlp"](dim=32, seed=1)
+    try:
+        eng = ENGINES[engine](model, 4)
+    except Exception as exc:                         # EngineUnavailable: its optional package is missing
+        pytest.skip(f"{engine} unavailable: {exc}")
+    x = model.random_input(4, rng=0)
+    np.testing.assert_allclose(eng.forward(x), model.reference(x), atol=ABS_TOL, rtol=0)
+    report = eng.report()["kernels"]
+    linears = sum(op.kind == "linear" for op in model.ops)
+    assert 1 <= len(report) <= linears               # one entry per distinct GEMM shape
+    assert all(r["kernel"] in eng.kernel_candidates for r in report)
+    assert {r["how"] for r in report} <= {"measured", "cached"}
+    assert all(set(r["candidates_us"]) <= set(eng.kernel_candidates) for r in report)
+
+
+def test_again_measures_afresh_and_overwrites(tuned, monkeypatch):
+    gemm = kernels.Gemm(4, 32, 32)
+    kernels.choose(gemm, ("numpy", "scipy"), "numpy")
+    monkeypatch.setattr(kernels, "_MEMO", {})
+    monkeypatch.setenv(kernels.TUNE_ENV, "again")
+    monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 2e-6, "scipy": 1e-6})
+    assert kernels.choose(gemm, ("numpy", "scipy"), "numpy").how == "measured"
+    monkeypatch.setattr(kernels, "_MEMO", {})
+    monkeypatch.setenv(kernels.TUNE_ENV, "1")
+    assert kernels.choose(gemm, ("numpy", "scipy"), "numpy").kernel == "scipy"
+
+
+def test_one_thread_kernels_give_back_a_callers_thread_limit():
+    """A -1t kernel restores the count it found: under threadpoolctl's one-thread limit (how the
+    memory benchmarks pin BLAS) the pool stays at one thread after the call."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+    one_thread = [n for n in AVAILABLE if kernels.KERNELS[n].one_thread]
+    x, w, b, b_tiled, res, _ = operands(4, 32, 32, False, False)
+    with threadpool_limits(1):
+        for name in one_thread:
+            kernels._run(bound(name, x, w, b, b_tiled, res, aligned(np.zeros((4, 32)))))
+        assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {1}
