@@ -38,6 +38,8 @@ class Engine:
     def __init__(self, model: Model, max_batch: int):
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if model.fixed_batch and max_batch > 1:
+            raise ValueError(f"{model.name}: batch {max_batch} refused: {model.fixed_batch}")
         self.model = model
         self.max_batch = int(max_batch)
         self._sample_shape = tuple(model.shapes[model.input])

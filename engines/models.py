@@ -43,6 +43,9 @@ class Model:
     # runs as they are, and for each op's output the names of the file's nodes it came from.
     source: bytes | None = field(default=None, repr=False)
     origin: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    # Why the model runs at batch 1 only (a file that fixes its batch at 1 where the importer
+    # cannot show which axis is the batch), or None: any batch.
+    fixed_batch: str | None = None
 
     def __post_init__(self):
         defined = {self.input}

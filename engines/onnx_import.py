@@ -15,7 +15,10 @@ on one sample: its per-sample shape is its batch-1 shape without the axis
 that grows with the batch (exporters move and merge that axis: PyTorch's
 attention runs (seq, batch·heads, head_dim)). Because ops then treat each
 sample independently, the import checks that the file does too: at batch 2,
-the first sample's output must equal the batch-1 output.
+the first sample's output must equal the batch-1 output. A file that fixes its
+batch at 1 is run at batch 2 with its literal ``Reshape`` targets led by -1
+(``_batch_free``); if that fails the checks, the model runs at batch 1 only
+(``Model.fixed_batch`` says why and where).
 
 Lowering is one table, ``onnx_lower.LOWER``: ONNX op type -> a function that
 emits IR ops. A new op type is one entry. The passes that turn generic ops into the
@@ -88,6 +91,8 @@ def file_workload(path: str | os.PathLike, batch: int, **limits) -> FileWorkload
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
         raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
     model = load_onnx(path, **limits)
+    if model.fixed_batch and batch > 1:
+        raise ValueError(f"{model.name}: batch {batch} refused: {model.fixed_batch}")
     return FileWorkload(model, int(batch), workload_version(model.source))
 
 
@@ -211,11 +216,68 @@ def unsupported_nodes(proto, dynamic: set[str]) -> list[str]:
     return bad
 
 
+def _evaluator_ops() -> list:
+    """Ops for ONNX's reference evaluator (onnx 1.x), through ``engines.conv``'s eager forms,
+    which tests/test_conv.py checks against ONNX Runtime:
+
+    - 2-D MaxPool and AveragePool: the evaluator's own loop over every output in Python took
+      40 of 50 s importing Inception v2. Anything else (auto_pad, other ranks, storage_order,
+      the Indices output) goes to its own.
+    - BatchNormalization before opset 14 in inference mode: the evaluator fills in the schema's
+      default momentum and then normalises with the batch's own statistics (training mode),
+      so a batch-2 run differed from batch 1 by 1e-3 at ResNet-50's first BN."""
+    from onnx.reference.ops.op_average_pool import AveragePool_19
+    from onnx.reference.op_run import OpRun
+    from onnx.reference.ops.op_max_pool import MaxPool as ReferenceMaxPool
+
+    from .conv import avgpool_eager, batchnorm_eager, maxpool_eager
+
+    def plain(node, x, auto_pad, kernel_shape, storage_order=None):
+        return (np.ndim(x) == 4 and len(kernel_shape or ()) == 2 and auto_pad in (None, "NOTSET", b"NOTSET")
+                and not storage_order and len([o for o in node.output if o]) == 1)
+
+    def window(kernel_shape, strides, pads, dilations, ceil_mode):
+        return dict(kernel_shape=tuple(kernel_shape), strides=tuple(strides or (1, 1)),
+                    pads=tuple(pads or (0, 0, 0, 0)), dilations=tuple(dilations or (1, 1)), ceil_mode=ceil_mode or 0)
+
+    class MaxPool(ReferenceMaxPool):
+        op_domain = ""
+
+        def _run(self, x, auto_pad=None, ceil_mode=None, dilations=None, kernel_shape=None, pads=None,
+                 storage_order=None, strides=None):
+            if not plain(self.onnx_node, x, auto_pad, kernel_shape, storage_order):
+                return super()._run(x, auto_pad, ceil_mode, dilations, kernel_shape, pads, storage_order, strides)
+            return (maxpool_eager(x, **window(kernel_shape, strides, pads, dilations, ceil_mode)).astype(x.dtype),)
+
+    class AveragePool(AveragePool_19):
+        op_domain = ""
+
+        def _run(self, x, auto_pad=None, ceil_mode=None, dilations=None, kernel_shape=None, pads=None,
+                 strides=None, count_include_pad=None):
+            if not plain(self.onnx_node, x, auto_pad, kernel_shape):
+                return super()._run(x, auto_pad, ceil_mode, dilations, kernel_shape, pads, strides, count_include_pad)
+            y = avgpool_eager(x, count_include_pad=count_include_pad or 0,
+                              **window(kernel_shape, strides, pads, dilations, ceil_mode))
+            return (y.astype(x.dtype),)
+
+    class BatchNormalization(OpRun):
+        op_domain = ""
+
+        def _run(self, x, scale, bias, mean, var, epsilon=None, momentum=None, training_mode=None,
+                 is_test=None, spatial=None):
+            if training_mode or np.ndim(x) != 4:
+                raise NotImplementedError("BatchNormalization in training mode, or not over (N, C, H, W)")
+            return (batchnorm_eager(x, scale, bias, mean, var, epsilon=1e-5 if epsilon is None else epsilon)
+                    .astype(x.dtype),)
+
+    return [MaxPool, AveragePool, BatchNormalization]
+
+
 def evaluate(proto, input_name: str, x: np.ndarray) -> dict[str, np.ndarray]:
     """Every value of the graph for this input, with ONNX's reference evaluator."""
     from onnx.reference import ReferenceEvaluator
     try:
-        results = ReferenceEvaluator(proto).run(None, {input_name: x}, intermediate=True)
+        results = ReferenceEvaluator(proto, new_ops=_evaluator_ops()).run(None, {input_name: x}, intermediate=True)
     except Exception as exc:
         raise OnnxImportError(f"the graph does not run at batch {x.shape[0]} "
                               f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]})") from exc
@@ -239,6 +301,67 @@ def _measure(proto, dynamic, one: dict, two: dict) -> tuple[dict[str, Act], list
         acts[name] = Act(name, tuple(s1), i if s1[i] == 1 else None)
     return acts, problems
 
+def _separable(proto, acts, one, two) -> list[str]:
+    """The output keeps its batch axis first, and the batch-2 run's first sample is the batch-1 run."""
+    output = proto.graph.output[0].name
+    out = acts.get(output)
+    if out is None:
+        return [f"the output {output!r} does not depend on the input"]
+    if out.bpos != 0:
+        return [f"the output {output!r} does not have the batch axis first (shape {out.shape} at batch 1)"]
+    if not np.allclose(two[output][:1], one[output], rtol=SEPARABLE_RTOL,
+                       atol=SEPARABLE_RTOL * max(1.0, float(np.max(np.abs(one[output]))))):
+        return ["the graph mixes samples: at batch 2 the first sample's output differs from its "
+                "output at batch 1 (an op works across the batch axis)"]
+    return []
+
+
+def _batch_free(proto, input_name: str, one: dict):
+    """A copy of a file that fixes the batch at 1, with the batch axis made symbolic and every
+    Reshape to a literal shape led by 1 ((1, 2048)) made to lead by -1 instead; and the names of
+    those Reshape nodes. Whether the leading 1 really was the batch the batch-2 run then shows
+    (each value keeps one batch axis, the first sample's output unchanged)."""
+    import onnx
+    from onnx import numpy_helper
+    proto2 = onnx.ModelProto()
+    proto2.CopyFrom(proto)
+    graph = proto2.graph
+    graph.input[[i.name for i in graph.input].index(input_name)].type.tensor_type.shape.dim[0].dim_param = "batch"
+    literal, inits = [], {t.name: numpy_helper.to_array(t) for t in graph.initializer if t.data_type == 7}
+    for node in graph.node:
+        if node.op_type != "Reshape" or len(node.input) < 2:
+            continue
+        target = one.get(node.input[1], inits.get(node.input[1]))
+        if target is None or np.ndim(target) != 1 or len(target) < 1 or int(target[0]) != 1:
+            continue
+        literal.append(f"node {node.name or node.output[0]!r}: Reshape to {tuple(int(d) for d in target)}")
+        if -1 in target:                 # (1, -1): a second -1 is not allowed; stays batch 1
+            continue
+        shape = np.array(target, dtype=np.int64)
+        shape[0] = -1
+        name = f"{node.input[1]}.batch_free"
+        graph.initializer.append(numpy_helper.from_array(shape, name))
+        node.input[1] = name
+    return proto2, literal
+
+
+def _batch_one(proto, dynamic, one: dict) -> tuple[dict[str, Act], list[str]]:
+    """Each activation at batch 1 only: its leading axis (which must be 1) is the batch."""
+    acts, problems = {}, []
+    owner = {o: n for n in proto.graph.node for o in n.output}
+    for name in dynamic:
+        if name not in one:
+            continue
+        shape = tuple(np.shape(one[name]))
+        if not shape or shape[0] != 1:
+            node = owner.get(name)
+            problems.append(f"node {node.name if node else name!r}: its output {name!r} has shape {shape} at "
+                            f"batch 1, which does not lead with the batch axis")
+            continue
+        acts[name] = Act(name, shape, 0)
+    return acts, problems
+
+
 def _oversized_values(inferred, max_value_bytes: int) -> list[str]:
     """Values whose inferred shape (known axes only) is larger than the limit, before anything runs."""
     graph = inferred.graph
@@ -255,8 +378,8 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
               passes: bool = True, max_value_bytes: int = MAX_VALUE_BYTES, **limits) -> Model:
     """A ``Model`` from an ONNX file (a path, or its bytes), ready for every engine.
 
-    ``randomize_weights``: a seed; every float initializer is replaced by seeded random
-    values of its shape before import (the model's ``source`` then holds the file so
+    ``randomize_weights``: a seed; every float initializer and ``ConstantOfShape`` weight is
+    replaced by seeded random values of its shape before import (the model's ``source`` then holds the file so
     changed), for graphs exported with untrained or absent weights.
     ``max_value_bytes``: the largest value shape inference may find (checked before the graph runs).
     ``limits``: ``allow_external_data``, ``max_nodes``, ``max_initializer_bytes`` (see ``read``).
@@ -281,34 +404,28 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
     rng = np.random.default_rng(0)
     x2 = rng.standard_normal((2, *sample_shape)).astype(np.float32)
     one = evaluate(proto, input_name, x2[:1])
-    if not symbolic:          # a fixed batch of 1: try it at 2 anyway, to find each value's batch axis
-        import onnx
-        proto2 = onnx.ModelProto()
-        proto2.CopyFrom(proto)
-        proto2.graph.input[[i.name for i in proto2.graph.input].index(input_name)] \
-            .type.tensor_type.shape.dim[0].dim_param = "batch"
+    fixed_batch = None
+    if symbolic:
+        two = evaluate(proto, input_name, x2)
+        acts, problems = _measure(proto, dynamic, one, two)
+        problems += _separable(proto, acts, one, two)
+    else:     # a fixed batch of 1: try it at 2 anyway, to find each value's batch axis
+        proto2, literal = _batch_free(proto, input_name, one)
         try:
             two = evaluate(proto2, input_name, x2)
+            acts, problems = _measure(proto2, dynamic, one, two)
+            problems += _separable(proto, acts, one, two)
         except OnnxImportError as exc:
-            raise OnnxImportError(f"the file fixes the batch at 1 and {exc.problems[0]}: a shape in it "
-                                  f"hardcodes the batch; export with a dynamic batch axis (torch: "
-                                  f"dynamic_axes={{'x': {{0: 'batch'}}}} or dynamic_shapes)") from None
-    else:
-        two = evaluate(proto, input_name, x2)
-    acts, problems = _measure(proto, dynamic, one, two)
-    output = proto.graph.output[0].name
-    if not problems:
-        out = acts.get(output)
-        if out is None:
-            problems.append(f"the output {output!r} does not depend on the input")
-        elif out.bpos != 0:
-            problems.append(f"the output {output!r} does not have the batch axis first (shape {out.shape} at batch 1)")
-        elif not np.allclose(two[output][:1], one[output], rtol=SEPARABLE_RTOL,
-                             atol=SEPARABLE_RTOL * max(1.0, float(np.max(np.abs(one[output]))))):
-            problems.append("the graph mixes samples: at batch 2 the first sample's output differs from its "
-                            "output at batch 1 (an op works across the batch axis)")
+            problems = [exc.problems[0]]
+        if problems:        # batch 1 only: every activation's leading axis is the batch
+            where = ", ".join(literal) if literal else "a shape computed in the graph"
+            fixed_batch = (f"the file fixes the batch at 1 ({where}), and at batch 2 {problems[0]}; "
+                           f"it runs at batch 1 only: export with a dynamic batch axis (torch: "
+                           f"dynamic_axes={{'x': {{0: 'batch'}}}} or dynamic_shapes)")
+            acts, problems = _batch_one(proto, dynamic, one)
     if problems:
         raise OnnxImportError(problems)
+    output = proto.graph.output[0].name
     L, problems = lower(proto, input_name, one, acts)
     if problems:
         raise OnnxImportError(problems)
@@ -322,7 +439,7 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
     used = {p for op in ops for p in op.params}
     L.params = {k: v for k, v in L.params.items() if k in used}
     model = Model(name or _stem(source, proto), tuple(L.ops), dict(L.shapes), dict(L.params),
-                  input=input_name, source=data, origin=dict(L.origin))
+                  input=input_name, source=data, origin=dict(L.origin), fixed_batch=fixed_batch)
     if passes:
         for p in PASSES:
             model = p(model)
@@ -336,15 +453,41 @@ def _stem(source, proto) -> str:
 
 
 def _randomized(proto, seed: int):
+    """A copy with every float weight (an initializer, or a ``ConstantOfShape`` of a constant
+    shape, as the onnx package's CNNs make theirs) replaced by seeded random values of its shape:
+    matrices and kernels scaled by 1/sqrt(fan-in) (so a residual net's logits stay near 1 to 100,
+    where a float32 rounding cannot swap the softmax's winner), vectors small, and
+    BatchNormalization's scale and variance in [0.5, 1.5)."""
     import onnx
-    from onnx import numpy_helper
+    from onnx import helper, numpy_helper
     rng = np.random.default_rng(seed)
     out = onnx.ModelProto()
     out.CopyFrom(proto)
-    for t in out.graph.initializer:
+    graph = out.graph
+    positive = {n.input[i] for n in graph.node if n.op_type == "BatchNormalization"
+                for i in (1, 4) if i < len(n.input)}
+    inits = {t.name: t for t in graph.initializer}
+
+    def draw(shape, name):
+        if name in positive:
+            return rng.uniform(0.5, 1.5, shape).astype(np.float32)
+        if len(shape) >= 3:
+            std = 1 / math.sqrt(max(1, math.prod(shape[1:])))
+        else:
+            std = 1 / math.sqrt(shape[0]) if len(shape) == 2 else 0.1
+        return rng.standard_normal(shape).astype(np.float32) * np.float32(std)
+
+    for t in graph.initializer:
         a = numpy_helper.to_array(t)
-        if a.dtype != np.float32 or a.size <= 1:
+        if a.dtype == np.float32 and a.size > 1:
+            t.CopyFrom(numpy_helper.from_array(draw(a.shape, t.name), t.name))
+    for i, node in enumerate(graph.node):
+        if node.op_type != "ConstantOfShape" or node.input[0] not in inits:
             continue
-        std = 1 / math.sqrt(a.shape[0]) if a.ndim >= 2 else 0.1
-        t.CopyFrom(numpy_helper.from_array(rng.standard_normal(a.shape).astype(np.float32) * np.float32(std), t.name))
+        value = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "value"), None)
+        shape = tuple(int(d) for d in numpy_helper.to_array(inits[node.input[0]]))
+        if value is None or value.data_type != onnx.TensorProto.FLOAT or math.prod(shape) <= 1:
+            continue
+        array = numpy_helper.from_array(draw(shape, node.output[0]))
+        graph.node[i].CopyFrom(helper.make_node("Constant", [], [node.output[0]], name=node.name, value=array))
     return out, out.SerializeToString()

@@ -55,6 +55,7 @@ class Lowering:
     acts: dict[str, Act] = field(default_factory=dict)            # measured: name -> Act
     node: object = None                                           # the node being lowered
     opset: int = 0
+    read: set = field(default_factory=set)                        # names some node or the graph output reads
 
     def emit(self, kind: str, inputs, out_shape, params=(), name=None, **attrs) -> str:
         name = name or self._fresh(self.node.output[0])
@@ -177,7 +178,7 @@ def lower_alias(L: Lowering):
         from onnx import TensorProto
         if L.attr("to") != TensorProto.FLOAT:
             raise Unsupported("a Cast of an activation to a type other than float32")
-    if L.node.op_type == "Dropout" and len(L.node.output) > 1 and L.node.output[1]:
+    if L.node.op_type == "Dropout" and len(L.node.output) > 1 and L.node.output[1] in L.read:
         raise Unsupported("its mask output is used")
     x = L.values[L.node.input[0]]
     L.result(x.name)
@@ -273,8 +274,11 @@ def lower_softmax(L: Lowering):
     x = L.values[L.node.input[0]]
     axis = x.axis(L.attr("axis", -1 if L.opset >= 13 else 1))
     last = len(x.per_sample) - 1
-    if L.opset < 13 and axis != last:
-        raise Unsupported("Softmax before opset 13 over more than the last axis")
+    if L.opset < 13 and axis != last:        # before opset 13: over every axis from `axis` on, as one row
+        rows = x.per_sample[:axis] + (math.prod(x.per_sample[axis:]),)
+        flat = L.emit("reshape", [x.name], rows, name=L._fresh(x.name + ".rows"), shape=rows)
+        soft = L.emit("softmax", [flat], rows, name=L._fresh(L.node.output[0] + ".rows"))
+        return L.result(soft)
     if axis == last:
         return L.result(L.emit("softmax", [x.name], x.per_sample))
     perm = [i for i in range(len(x.per_sample)) if i != axis] + [axis]
@@ -408,6 +412,126 @@ def lower_concat(L: Lowering):
     L.result(L.emit("concat", tensors, out.per_sample, params, axis=axis, order=order))
 
 
+# --- convolutional networks: onto engines.conv's kinds (docs/cnn.md has the mapping) ---------
+
+def _problems(found: list[str]) -> None:
+    """Every reason a node cannot be lowered, at once."""
+    if found:
+        raise Unsupported("; ".join(found))
+
+
+def _window_attrs(L: Lowering, x, kernel, problems: list[str]) -> dict:
+    """kernel_shape, strides, pads, dilations of a 2-D window, refusing what the kinds cannot run."""
+    auto_pad = L.attr("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", ""):
+        problems.append(f"auto_pad={auto_pad} (only explicit pads, auto_pad=NOTSET)")
+    if isinstance(x, Act) and len(x.per_sample) != 3:
+        problems.append(f"its input has rank {len(x.shape)} (only 2-D windows over (N, C, H, W))")
+    kernel = tuple(int(k) for k in kernel)
+    if len(kernel) != 2:
+        problems.append(f"a {len(kernel)}-D kernel (only 2-D)")
+    attrs = dict(kernel_shape=kernel, strides=tuple(L.attr("strides", [1, 1])),
+                 pads=tuple(L.attr("pads", [0, 0, 0, 0])), dilations=tuple(L.attr("dilations", [1, 1])))
+    if len(attrs["strides"]) != 2 or len(attrs["pads"]) != 4 or len(attrs["dilations"]) != 2:
+        problems.append("strides, pads or dilations not of a 2-D window")
+    return attrs
+
+
+def lower_conv(L: Lowering):
+    x = L.values[L.node.input[0]]
+    problems = []
+    w = L.const(1, "weights")
+    b = L.const(2, "bias")
+    attrs = _window_attrs(L, x, L.attr("kernel_shape") or np.shape(w)[2:], problems)
+    group = int(L.attr("group", 1))
+    channels = x.per_sample[0]
+    if np.ndim(w) == 4 and group == channels > 1 and w.shape[0] != channels:
+        problems.append(f"depthwise with a channel multiplier ({w.shape[0]} outputs from {channels} channels)")
+    _problems(problems)
+    b = np.zeros(w.shape[0]) if b is None else b
+    out = L.node.output[0]
+    L.result(L.emit("conv", [x.name], L.out().per_sample, [L.param(w, out + ".w"), L.param(b, out + ".b")],
+                    group=group, **attrs))
+
+
+def lower_pool(kind: str):
+    def rule(L: Lowering):
+        x = L.values[L.node.input[0]]
+        problems = []
+        attrs = _window_attrs(L, x, L.attr("kernel_shape"), problems)
+        attrs["ceil_mode"] = int(L.attr("ceil_mode", 0))
+        if kind == "maxpool":
+            if L.attr("storage_order", 0):
+                problems.append("storage_order=1")
+            if len(L.node.output) > 1 and L.node.output[1]:
+                problems.append("its Indices output is used")
+        else:
+            attrs["count_include_pad"] = int(L.attr("count_include_pad", 0))
+        _problems(problems)
+        L.result(L.emit(kind, [x.name], L.out().per_sample, **attrs))
+    return rule
+
+
+def lower_global_pool(L: Lowering):
+    x = L.values[L.node.input[0]]
+    if len(x.per_sample) != 3:
+        raise Unsupported(f"its input has rank {len(x.shape)} (only (N, C, H, W))")
+    L.result(L.emit("globalaveragepool", [x.name], L.out().per_sample))
+
+
+def lower_batchnorm(L: Lowering):
+    x = L.values[L.node.input[0]]
+    problems = []
+    if len(x.per_sample) != 3:
+        problems.append(f"its input has rank {len(x.shape)} (only (N, C, H, W))")
+    if L.attr("training_mode", 0) or any(o for o in L.node.output[1:]):
+        problems.append("training mode (its running statistics are outputs)")
+    _problems(problems)
+    consts = [L.const(i, what) for i, what in enumerate(("", "scale", "bias", "mean", "var")) if i]
+    out = L.node.output[0]
+    params = [L.param(c, f"{out}.{what}") for c, what in zip(consts, ("scale", "bias", "mean", "var"))]
+    L.result(L.emit("batchnorm", [x.name], x.per_sample, params, epsilon=float(L.attr("epsilon", 1e-5))))
+
+
+def lower_lrn(L: Lowering):
+    x = L.values[L.node.input[0]]
+    if len(x.per_sample) != 3:
+        raise Unsupported(f"its input has rank {len(x.shape)} (only (N, C, H, W))")
+    L.result(L.emit("lrn", [x.name], x.per_sample, size=int(L.attr("size")), alpha=float(L.attr("alpha", 1e-4)),
+                    beta=float(L.attr("beta", 0.75)), bias=float(L.attr("bias", 1.0))))
+
+
+def lower_sum(L: Lowering):
+    xs = [L.values[n] for n in L.node.input]
+    out = L.out()
+    if any(not isinstance(v, Act) or v.shape != out.shape for v in xs):
+        raise Unsupported("its inputs broadcast or include constants (only activations of one shape)")
+    if len(xs) == 1:
+        return L.result(xs[0].name)
+    L.result(L.emit("sum", [v.name for v in xs], out.per_sample))
+
+
+def lower_pad(L: Lowering):
+    x = L.values[L.node.input[0]]
+    mode = L.attr("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if L.opset < 11:
+        pads, value = L.attr("pads"), L.attr("value", 0.0)
+    else:
+        pads, value = _ints(L.const(1, "pads")), L.const(2, "constant_value")
+        value = 0.0 if value is None else float(np.asarray(value).reshape(()))
+        if len(L.node.input) > 3 and L.node.input[3]:
+            raise Unsupported("its axes input (opset 18): give pads for every axis")
+    pads, rank, problems = [int(p) for p in pads], len(x.shape), []
+    if mode != "constant":
+        problems.append(f"mode={mode} (only constant)")
+    if x.bpos != 0 or min(pads) < 0 or pads[0] or pads[rank]:
+        problems.append(f"pads {pads}: negative, or on the batch axis")
+    _problems(problems)
+    L.result(L.emit("pad", [x.name], L.out().per_sample, pads=tuple(pads), value=float(value), mode="constant"))
+
+
 BINARY_OPS = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}
 
 # ONNX op type -> rule(L) that lowers one node whose input depends on the model's input.
@@ -441,13 +565,22 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Split": lower_split,
     "Gather": lower_gather,
     "Concat": lower_concat,
+    "Conv": lower_conv,
+    "MaxPool": lower_pool("maxpool"),
+    "AveragePool": lower_pool("averagepool"),
+    "GlobalAveragePool": lower_global_pool,
+    "BatchNormalization": lower_batchnorm,
+    "LRN": lower_lrn,
+    "Sum": lower_sum,
+    "Pad": lower_pad,
 }
 
 
 def lower(proto, input_name: str, one: dict, acts: dict[str, Act]) -> tuple[Lowering, list[str]]:
     """IR ops for every node that depends on the input; the problems of those that could not."""
     opsets = {o.domain or "": o.version for o in proto.opset_import}
-    L = Lowering(acts=acts, opset=opsets.get("", 0))
+    L = Lowering(acts=acts, opset=opsets.get("", 0),
+                 read={i for n in proto.graph.node for i in n.input} | {o.name for o in proto.graph.output})
     x = acts[input_name]
     L.shapes[input_name] = x.per_sample
     L.values[input_name] = Act(input_name, x.shape, x.bpos)
@@ -468,7 +601,10 @@ def lower(proto, input_name: str, one: dict, acts: dict[str, Act]) -> tuple[Lowe
             LOWER[node.op_type](L)
         except Unsupported as exc:
             problems.append(f"node {node.name or node.output[0]!r}: {node.op_type} is supported, but not here: {exc}")
-            failed.update(node.output)
+            for o in node.output:          # a stand-in of the measured shape: the nodes after it are checked too
+                if o in acts:
+                    L.shapes[o + ".unlowered"] = acts[o].per_sample
+                    L.values[o] = Act(o + ".unlowered", acts[o].shape, acts[o].bpos)
         except KeyError as exc:
             problems.append(f"node {node.name or node.output[0]!r}: {node.op_type}: missing value {exc}")
             failed.update(node.output)

@@ -302,5 +302,121 @@ def fuse_attention(model: Model) -> Model:
     return _rebuild(model, ops)
 
 
+# --- convolutional networks -----------------------------------------------------------
+
+def _absorb(model: Model, merge) -> Model:
+    """Each op whose output only the next op of a chain reads, merged with that reader:
+    ``merge(op, reader, params)`` gives the one op that replaces both (it writes the reader's
+    output, and may add arrays to params) or None. Runs until nothing merges (BN, then Mul, then Add)."""
+    ops, params, origin = list(model.ops), dict(model.params), dict(model.origin)
+    changed = True
+    while changed:
+        changed, readers = False, _readers(ops)
+        for i, op in enumerate(ops):
+            if op is None or op.output == model.output or len(readers.get(op.output, ())) != 1:
+                continue
+            j = readers[op.output][0]
+            if ops[j] is None or ops[j].inputs.count(op.output) != 1:
+                continue
+            merged = merge(op, ops[j], params)
+            if merged is None:
+                continue
+            origin[ops[j].output] = origin.get(op.output, ()) + origin.get(ops[j].output, ())
+            ops[i], ops[j] = None, merged
+            changed = True
+        ops = [op for op in ops if op is not None]
+    return _rebuild(model, ops, params, origin)
+
+
+def _new_param(params: dict, hint: str, value) -> str:
+    name = hint
+    while name in params:
+        name += "+"
+    params[name] = np.asarray(value, dtype=np.float32)
+    return name
+
+
+def fold_batchnorm(model: Model) -> Model:
+    """``conv`` then ``batchnorm`` (read only there): one conv with the folded weights and bias
+    (``engines.conv.fold_batchnorm``, in float64)."""
+    from .conv import fold_batchnorm as fold
+
+    def merge(conv, bn, params):
+        if conv.kind != "conv" or bn.kind != "batchnorm" or conv.attrs.get("activation", "none") != "none":
+            return None
+        w, b = (params[p] for p in conv.params)
+        w, b = fold(w, b, *(params[p] for p in bn.params), bn.attrs.get("epsilon", 1e-5))
+        return Op("conv", conv.inputs, bn.output, (_new_param(params, conv.params[0] + ".bn", w),
+                                                   _new_param(params, conv.params[1] + ".bn", b)), conv.attrs)
+    return _absorb(model, merge)
+
+
+def _per_channel(model: Model, op: Op, params, channel_axis: int) -> np.ndarray | None:
+    """The constant operand of a ``binary`` mul/add as one value per channel of its output
+    (``channel_axis`` of the per-sample shape), or None if it varies otherwise."""
+    shape = model.shapes[op.output]
+    channels = shape[channel_axis]
+    if op.attrs.get("scalar") is not None:
+        return np.full(channels, op.attrs["scalar"], np.float64)
+    if len(op.params) != 1 or op.attrs.get("swap"):
+        return None
+    block = params[op.params[0]].astype(np.float64).reshape(-1)
+    full = np.tile(block, math.prod(shape) // block.size)
+    if full.size != math.prod(shape):
+        return None
+    full = np.moveaxis(full.reshape(shape), channel_axis, 0).reshape(channels, -1)
+    return full[:, 0] if np.all(full == full[:, :1]) else None
+
+
+def fold_affine(model: Model) -> Model:
+    """A mul or add by a per-channel constant (or a scalar) after a ``conv``, a standalone
+    ``batchnorm`` or a ``linear``, read only there, joins its weights and bias: mul scales both,
+    add shifts the bias (a BatchNormalization exported as BN, Mul, Add is one conv)."""
+    def merge(op, aff, params):
+        fn = aff.attrs.get("fn")
+        if aff.kind != "binary" or fn not in ("mul", "add") or aff.inputs != (op.output,):
+            return None
+        if op.kind == "conv" and op.attrs.get("activation", "none") == "none":
+            c = _per_channel(model, aff, params, 0)
+            scaled, shifted = (0, 1), (1,)             # params: w, b
+        elif op.kind == "batchnorm":
+            c = _per_channel(model, aff, params, 0)
+            scaled, shifted = (0, 1), (1,)             # params: scale, bias, mean, var
+        elif op.kind == "linear" and len(model.shapes[op.output]) >= 1:
+            c = _per_channel(model, aff, params, len(model.shapes[op.output]) - 1)
+            scaled, shifted = (0, 1), (1,)             # params: w (in, out), b
+        else:
+            return None
+        if c is None:
+            return None
+        new = list(op.params)
+        for k in (scaled if fn == "mul" else shifted):
+            p = params[op.params[k]].astype(np.float64)
+            if fn == "add":
+                p = p + c
+            elif op.kind == "conv" and k == 0:
+                p = p * c.reshape(-1, 1, 1, 1)
+            else:
+                p = p * c                               # a bias, a bn scale, or w's output columns
+            new[k] = _new_param(params, op.params[k] + "." + fn, p)
+        return Op(op.kind, op.inputs, aff.output, tuple(new), op.attrs)
+    return _absorb(model, merge)
+
+
+def fuse_conv_activation(model: Model) -> Model:
+    """``conv`` then ``relu`` or ``clip`` (read only there): the conv's ``activation`` attribute."""
+    def merge(conv, act, params):
+        if conv.kind != "conv" or conv.attrs.get("activation", "none") != "none" or act.kind not in ("relu", "clip"):
+            return None
+        if act.kind == "relu":
+            return Op("conv", conv.inputs, act.output, conv.params, {**conv.attrs, "activation": "relu"})
+        lo, hi = act.attrs.get("lo"), act.attrs.get("hi")
+        return Op("conv", conv.inputs, act.output, conv.params,
+                  {**conv.attrs, "activation": "clip", "clip_min": -math.inf if lo is None else lo,
+                   "clip_max": math.inf if hi is None else hi})
+    return _absorb(model, merge)
+
+
 # In order: fusions first, then what they left unread.
-PASSES = (fold_bias, fuse_gelu_erf, fuse_layernorm, fuse_attention, remove_dead)
+PASSES = (fold_bias, fuse_gelu_erf, fuse_layernorm, fuse_attention, fold_batchnorm, fold_affine,
+          fuse_conv_activation, remove_dead)

@@ -8,7 +8,9 @@
 3. placement: storages sorted by size, largest first, each put at the lowest
    offset gap that no storage with an overlapping lifetime occupies, the greedy
    by-size strategy of TFLite's arena planner; the same in order of first use
-   where that packs tighter (an imported attention graph: 1.19x the lower bound against 1.44x).
+   where that packs tighter (an imported attention graph: 1.19x the lower bound against 1.44x),
+   or longest lifetime first (DenseNet-121, whose concatenations keep many maps alive across
+   long spans: 1.020x against 1.074x by size).
 
 It also reports the two sizes the arena is judged against: the total with no
 reuse at all, and the lower bound that any placement needs, the most bytes
@@ -93,9 +95,11 @@ def plan_memory(sizes: Mapping[str, int], steps: Sequence[Step], keep: Sequence[
     for i in range(len(steps) + 1):
         lower = max(lower, sum(size[r] for r, (a, b) in span.items() if a <= i <= b))
 
-    # 3. greedy placement: biggest first (TFLite's order) or, where that packs tighter, earliest first
+    # 3. greedy placement: biggest first (TFLite's order) or, where that packs tighter, earliest
+    # first or longest-lived first
     orders = [sorted(size, key=lambda r: (-size[r], span[r][0], r)),
-              sorted(size, key=lambda r: (span[r][0], -size[r], r))]
+              sorted(size, key=lambda r: (span[r][0], -size[r], r)),
+              sorted(size, key=lambda r: (span[r][0] - span[r][1], -size[r], r))]
     placed = min((_place(order, size, span) for order in orders),
                  key=lambda p: (max((p[r] + align(size[r]) for r in p), default=0)))
     arena = max((placed[r] + align(size[r]) for r in placed), default=0)

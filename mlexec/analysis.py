@@ -347,6 +347,8 @@ def prepare_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int 
     names = _engine_names(engines)
     if model_file is not None:
         m = model_file
+        if m.fixed_batch and batch > 1:
+            raise AnalysisError(f"batch {batch} refused: {m.fixed_batch}")
         estimate = (3 + len(names)) * (m.weight_bytes + m.no_reuse_peak_bytes(batch))
         what = compute_what = f"{m.name!r} at batch={batch}"
         lower = "lower the batch"

@@ -64,6 +64,8 @@ def file_grid(path, batches: str) -> dict[str, list[Case]]:
     except (OnnxImportError, ValueError) as exc:
         raise ReportError(f"--model {path}: {exc}" if isinstance(exc, OnnxImportError)
                           else f"expected --batches like 1,8, got {batches!r}") from None
+    if model.fixed_batch and max(sizes, default=1) > 1:
+        raise ReportError(f"--model {path}: batch {max(sizes)} refused: {model.fixed_batch}; use --batches 1")
     shape = model.shapes[model.input]
     return {model.name: [Case(model.name, b, shape[-1], shape[0] if len(shape) > 1 else None, str(path))
                          for b in dict.fromkeys(sizes)]}

@@ -451,10 +451,36 @@ def test_signature_problems():
     assert "fixed first axis of 4" in _error(build([N("Relu", ["x"], ["y"])], in_shape=[4, 3]))
 
 
-def test_a_batch_fixed_at_1_and_hardcoded_is_refused():
-    hard = build([N("Reshape", ["x", "one_row"], ["y"])], {"one_row": I64(1, 24)}, in_shape=(1, 4, 6),
+def test_a_literal_leading_1_shown_to_be_the_batch_allows_any_batch():
+    # a file fixing batch 1 and flattening to a literal (1, 24), as the onnx package's CNNs do
+    literal = build([N("Reshape", ["x", "one_row"], ["y"], name="flat")], {"one_row": I64(1, 24)},
+                    in_shape=(1, 4, 6), out_shape=(1, 24))
+    model = load_onnx(literal)
+    assert model.fixed_batch is None and model.shapes[model.output] == (24,)
+    x = model.random_input(3, rng=0)
+    np.testing.assert_array_equal(ENGINES["arena"](model, 3).forward(x), x.reshape(3, 24))
+
+
+def test_a_batch_fixed_at_1_where_the_batch_axis_is_unknown_runs_at_batch_1_only(tmp_path, capsys):
+    hard = build([N("Reshape", ["x", "row"], ["y"], name="flat")], {"row": I64(1, -1)}, in_shape=(1, 4, 6),
                  out_shape=(1, 24))
-    assert "hardcodes the batch; export with a dynamic batch axis" in _error(hard)
+    model = load_onnx(hard)
+    assert "fixes the batch at 1 (node 'flat': Reshape to (1, -1))" in model.fixed_batch
+    with pytest.raises(ValueError, match="batch 2 refused: the file fixes the batch at 1"):
+        ENGINES["static"](model, 2)
+    with pytest.raises(ValueError, match="batch 4 refused"):
+        path = tmp_path / "hard.onnx"
+        path.write_bytes(hard)
+        file_workload(path, 4)
+    x = model.random_input(1, rng=0)
+    np.testing.assert_array_equal(ENGINES["static"](model, 1).forward(x), x.reshape(1, 24))
+    from mlexec.cli import main
+    assert main(["report", "--model", str(path), "--batches", "1,8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "batch 8 refused: the file fixes the batch at 1" in err
+    from mlexec.analysis import AnalysisError, prepare_analysis
+    with pytest.raises(AnalysisError, match="batch 2 refused"):          # the web page's 400
+        prepare_analysis(None, batch=2, engines="naive", model_file=model)
 
 
 def test_size_limits():
