@@ -2,6 +2,10 @@
 
 A new engine is one module with one ``Engine`` subclass and one line below.
 """
+from . import openblas_core
+
+openblas_core.choose()      # before anything below loads NumPy, and with it OpenBLAS
+
 from .arena import ArenaEngine
 from .base import Engine, EngineBusy, EngineUnavailable
 from .fused import FusedEngine

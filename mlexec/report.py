@@ -323,6 +323,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         used_threads = blas_threads()
     return {
         "cpu": cpu_model(), "kernel_tuning": "on" if tuning_enabled() else f"off ({TUNE_ENV}=0)",
+        "openblas": _openblas_kernels(),
         "engines": names, "models": list(grid), "cases": [asdict(s) for s in cases],
         "rounds": rounds, "recheck_rounds": recheck_rounds,
         "rechecked": [s.id for s in rechecked],
@@ -352,9 +353,19 @@ def _cells(row: dict) -> list[str]:
                    _ratio(row["vs_onnxruntime"], row["vs_onnxruntime_iqr"]), f"{100 * row['roofline_fraction']:.0f}%"]
 
 
+def _openblas_kernels() -> str:
+    """The kernel family NumPy's OpenBLAS runs (threadpoolctl's ``architecture``) and why."""
+    from threadpoolctl import threadpool_info
+
+    from engines import openblas_core
+    arch = [i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"]
+    return f"{arch[0] if arch else 'none loaded'} ({openblas_core.CHOICE})"
+
+
 def _preamble(report: dict) -> list[str]:
     r = report["roofs"]
-    return [f"CPU: {report.get('cpu', 'not recorded')}; kernel tuning {report.get('kernel_tuning', 'not recorded')}",
+    return [f"CPU: {report.get('cpu', 'not recorded')}; kernel tuning {report.get('kernel_tuning', 'not recorded')}; "
+            f"NumPy's OpenBLAS kernels: {report.get('openblas', 'not recorded')}",
             f"roofs: matmul {r['gflops']:.0f} GFLOP/s, copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
             f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape"
             f"{_rechecked(report)}; heap: {report.get('heap', 'not recorded')}",
