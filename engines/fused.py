@@ -11,7 +11,7 @@ linear+residual are one step each; layernorm's gamma/beta, attention's
 1/sqrt(head_dim) and gelu's 0.5 fold into the next linear's weights; softmax
 runs in place with its row sums on the engine's matvec. Which library runs
 each linear is measured at build time on the machine at hand and cached
-(``engines.kernels``; ``MLEXEC_TUNE=0`` keeps fixed choices). forward copies the
+(``engines.kernels``; off by default: ``MLEXEC_TUNE=1`` turns it on). forward copies the
 input into an engine buffer, runs ``for fn, args in steps: fn(*args)`` and
 returns a read-only view of the output buffer, valid until the next call.
 Needs SciPy's BLAS (extra ``fast``). Measurements behind each choice:

@@ -26,10 +26,11 @@ the fastest.
   versions, thread count) in ``$MLEXEC_CACHE_DIR`` or
   ``$XDG_CACHE_HOME/mlexec`` (``~/.cache/mlexec``), one JSON file per machine,
   written atomically; a second build on the same machine measures nothing.
-- **Switch**: ``MLEXEC_TUNE=0`` measures nothing and uses each engine's
-  fixed default (the choices made before tuning existed); ``MLEXEC_TUNE=again``
-  measures every GEMM afresh and overwrites the cached choices (after the
-  machine's load or libraries changed).
+- **Switch**: off by default, each engine's fixed default (the choices made
+  before tuning existed): on an idle AMD EPYC the build-time timing chose
+  one-thread kernels that lost in the real forward. ``MLEXEC_TUNE=1`` turns it
+  on; ``MLEXEC_TUNE=again`` measures every GEMM afresh and overwrites the
+  cached choices.
 """
 from __future__ import annotations
 
@@ -64,7 +65,10 @@ DROP_AFTER, DROP_RATIO = 2, 2.0  # after this many rounds, drop candidates this 
 
 
 def tuning_enabled() -> bool:
-    return os.environ.get(TUNE_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    """Off unless ``MLEXEC_TUNE`` asks for it (1, on, again). Measured on an idle AMD EPYC, the
+    build-time timing chose one-thread kernels that lost in the real forward: static at
+    mlp-b8-d4096 ran 0.54x naive tuned against 0.85x on the fixed choices (docs/kernels.md)."""
+    return os.environ.get(TUNE_ENV, "0").strip().lower() in ("1", "on", "true", "yes", "again")
 
 
 @dataclass(frozen=True)
@@ -446,7 +450,7 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
     (and cached); ``default`` when tuning is off, or when no candidate can run."""
     runnable = [c for c in candidates if c not in unavailable()]
     if not tuning_enabled() or not runnable:
-        return Choice(default, f"default ({TUNE_ENV}=0)" if not tuning_enabled() else "default")
+        return Choice(default, f"default ({TUNE_ENV} off)" if not tuning_enabled() else "default")
     entry = f"{gemm.key}|{','.join(runnable)}"
     memo_key = (str(cache_path()), entry)
     if memo_key in _MEMO:

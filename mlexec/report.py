@@ -322,7 +322,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         from engines.threads import blas_threads
         used_threads = blas_threads()
     return {
-        "cpu": cpu_model(), "kernel_tuning": "on" if tuning_enabled() else f"off ({TUNE_ENV}=0)",
+        "cpu": cpu_model(), "kernel_tuning": "on" if tuning_enabled() else f"off (the default; {TUNE_ENV}=1 turns it on)",
         "openblas": _openblas_kernels(),
         "engines": names, "models": list(grid), "cases": [asdict(s) for s in cases],
         "rounds": rounds, "recheck_rounds": recheck_rounds,
