@@ -77,19 +77,27 @@ def test_gate_command_leaves_summary_run_and_memray_report(tmp_path):
     assert len(reports) == 1 and "planted-mlp-b32-d256" in reports[0].name
 
 
-def test_push_history_commits_new_runs_to_the_history_branch(tmp_path):
-    git = lambda *args, cwd: subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,  # noqa: E731
-                                            text=True).stdout
+def git(*args, cwd) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def _repo_with_push_history(tmp_path, first_file: str, text: str):
+    """A bare origin and a clone whose main holds scripts/push-history and one file: (origin, clone)."""
     origin, work = tmp_path / "origin.git", tmp_path / "work"
     git("init", "-q", "--bare", str(origin), cwd=tmp_path)
     git("clone", "-q", str(origin), str(work), cwd=tmp_path)
     (work / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "push-history", work / "scripts" / "push-history")
     (work / "baselines" / "m").mkdir(parents=True)
-    (work / "baselines" / "m" / "0001_old.json").write_text("{}")
+    (work / first_file).write_text(text)
     git("add", ".", cwd=work)
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init", cwd=work)
     git("push", "-q", "origin", "HEAD:main", cwd=work)
+    return origin, work
+
+
+def test_push_history_commits_new_runs_to_the_history_branch(tmp_path):
+    origin, work = _repo_with_push_history(tmp_path, "baselines/m/0001_old.json", "{}")
     for new in ("0002_abc.json", "0003_def.json"):          # two pushes to main, one run each
         (work / "baselines" / "m" / new).write_text('{"run": "%s"}' % new)
         subprocess.run(["bash", "scripts/push-history", "bench-history"], cwd=work, check=True)
@@ -101,18 +109,7 @@ def test_push_history_commits_new_runs_to_the_history_branch(tmp_path):
 
 
 def test_push_history_renumbers_a_taken_name_and_retries_a_rejected_push(tmp_path):
-    git = lambda *args, cwd: subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,  # noqa: E731
-                                            text=True).stdout
-    origin, work = tmp_path / "origin.git", tmp_path / "work"
-    git("init", "-q", "--bare", str(origin), cwd=tmp_path)
-    git("clone", "-q", str(origin), str(work), cwd=tmp_path)
-    (work / "scripts").mkdir()
-    shutil.copy(ROOT / "scripts" / "push-history", work / "scripts" / "push-history")
-    (work / "baselines" / "m").mkdir(parents=True)
-    (work / "README").write_text("x")
-    git("add", ".", cwd=work)
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init", cwd=work)
-    git("push", "-q", "origin", "HEAD:main", cwd=work)
+    origin, work = _repo_with_push_history(tmp_path, "README", "x")
     (work / "baselines" / "m" / "0001_other.json").write_text('{"run": "other"}')
     subprocess.run(["bash", "scripts/push-history"], cwd=work, check=True, capture_output=True)
     (work / "baselines" / "m" / "0001_other.json").unlink()

@@ -5,7 +5,6 @@ modules; nothing is downloaded or stored.
 """
 import io
 import math
-import tracemalloc
 import warnings
 
 import numpy as np
@@ -17,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from engines import ENGINES, EngineUnavailable, OnnxImportError, load_onnx  # noqa: E402
 from engines import onnx_passes  # noqa: E402
 from engines.onnx_import import file_workload, workload_version  # noqa: E402
+from tests.test_zero_alloc import memray_peak, tracemalloc_peak  # noqa: E402  (one way to measure)
 
 OWN = ["naive", "static", "arena", "fused", "packed"]
 PLANNED = ["static", "arena", "fused", "packed"]
@@ -289,48 +289,13 @@ def test_arena_near_lower_bound_and_views_cost_nothing(exported):
         assert not set(views) & set(plan.offsets), name
 
 
-def _traced_peak(engine, x, calls=3):
-    for _ in range(5):
-        engine.forward(x)
-    peaks = []
-    for _ in range(3):
-        tracemalloc.start()
-        try:
-            tracemalloc.reset_peak()
-            base = tracemalloc.get_traced_memory()[0]
-            for _ in range(calls):
-                engine.forward(x)
-            peaks.append(tracemalloc.get_traced_memory()[1] - base)
-        finally:
-            tracemalloc.stop()
-    return min(peaks)
-
-
 @pytest.mark.parametrize("name", PLANNED)
 def test_planned_engines_allocate_nothing_per_forward(name, exported):
     for graph, data in _graphs_and_exports(exported).items():
         model = load_onnx(data)
         engine = ENGINES[name](model, 64)
-        peak = _traced_peak(engine, model.random_input(64, rng=0))
+        peak = tracemalloc_peak(engine, model.random_input(64, rng=0))
         assert peak <= 4096, f"{name} on {graph}: {peak} B per warm forward"
-
-
-def _memray_peak(engine, x, calls=3):
-    memray = pytest.importorskip("memray", reason="memray is part of the bench extra")
-    from threadpoolctl import threadpool_limits
-    import os
-    import tempfile
-    with threadpool_limits(1), tempfile.TemporaryDirectory() as tmp:
-        for _ in range(2):
-            engine.forward(x)
-        peaks = []
-        for session in range(3):
-            path = os.path.join(tmp, f"{session}.bin")
-            with memray.Tracker(path):
-                for _ in range(calls):
-                    engine.forward(x)
-            peaks.append(memray.FileReader(path).metadata.peak_memory)
-        return min(peaks)
 
 
 @pytest.mark.parametrize("name", PLANNED)
@@ -342,7 +307,7 @@ def test_planned_engines_allocate_nothing_under_memray(name, exported):
             continue
         model = load_onnx(data)
         engine = ENGINES[name](model, 64)
-        peak = _memray_peak(engine, model.random_input(64, rng=0))
+        peak = memray_peak(engine, model.random_input(64, rng=0))
         assert peak <= 4096, f"{name} on {graph}: {peak} B per warm forward"
 
 
