@@ -219,16 +219,19 @@ def _grouped(verdict: Verdict) -> list[tuple[list[str], str, list[str]]]:
     return [(kinds, reason, list(names)) for (reason, names), kinds in groups.items()]
 
 
+def _counts(verdict: Verdict) -> list[tuple[str, int, int]]:
+    """(kind's name, benchmarks compared, benchmarks in all) for each kind that had any."""
+    counts = [(_WHAT[kind], len(verdict.compared[kind]),
+               len(verdict.compared[kind]) + sum(len(n) for n in verdict.skipped[kind].values())) for kind in KINDS]
+    return [c for c in counts if c[2]]
+
+
 def format_verdict(verdict: Verdict) -> str:
     """A short block: against what, how many compared per kind, what was not and why, the result."""
     lines = [f"against: {verdict.reference}"]
     if verdict.saved:
         lines.append(f"and saved run: {verdict.saved}")
-    for kind in KINDS:
-        done = len(verdict.compared[kind])
-        missed = sum(len(n) for n in verdict.skipped[kind].values())
-        if done or missed:
-            lines.append(f"  {_WHAT[kind] + ':':20} {done} of {done + missed} benchmarks compared")
+    lines += [f"  {what + ':':20} {done} of {total} benchmarks compared" for what, done, total in _counts(verdict)]
     lines += [f"  note: {n}" for n in verdict.notes]
     missed = _grouped(verdict)
     if missed:
@@ -262,11 +265,7 @@ def format_markdown(verdict: Verdict) -> str:
     if verdict.saved:
         lines.append(f"And saved run {verdict.saved}.")
     lines.append("")
-    for kind in KINDS:
-        done = len(verdict.compared[kind])
-        missed = sum(len(n) for n in verdict.skipped[kind].values())
-        if done or missed:
-            lines.append(f"- {_WHAT[kind]}: {done} of {done + missed} benchmarks compared")
+    lines += [f"- {what}: {done} of {total} benchmarks compared" for what, done, total in _counts(verdict)]
     lines += [f"- note: {n}" for n in verdict.notes]
     for kinds, reason, names in _grouped(verdict):
         lines.append(f"- not compared, {', '.join(_WHAT[k] for k in kinds)} ({len(names)}): {reason}: {_names(names)}")
