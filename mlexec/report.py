@@ -354,8 +354,12 @@ def _cells(row: dict) -> list[str]:
 
 
 def _openblas_kernels() -> str:
-    """The kernel family NumPy's OpenBLAS runs (threadpoolctl's ``architecture``) and why."""
-    from threadpoolctl import threadpool_info
+    """The kernel family NumPy's OpenBLAS runs (threadpoolctl's ``architecture``) and why; asked at
+    the end of a report, so it must not fail it."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "not known (threadpoolctl is not installed)"
 
     from engines import openblas_core
     arch = [i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"]

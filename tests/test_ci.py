@@ -168,6 +168,17 @@ def test_merge_makes_one_verdict_run_and_summary(tmp_path):
     assert path.parent.name == "Linux-CPython-3.11-64bit-CPU-1-2cpu" and path.name == "0001_abc.json"
 
 
+def test_merge_joins_the_shards_costs(tmp_path):
+    folders = [shard_folder(tmp_path, k, 2) for k in (1, 2)]
+    for k, folder in enumerate(folders, 1):
+        (folder / "costs.json").write_text(json.dumps({"cpu": "CPU", "matrix": "full",
+                                                       "seconds": {f"e{k} mlp-b1-d256": float(k)}}))
+    out = tmp_path / "out"
+    ci.main(["merge", "--shards", "2", "--out", str(out), *map(str, folders)])
+    assert json.loads((out / "costs.json").read_text()) == {
+        "cpu": "CPU", "matrix": "full", "seconds": {"e1 mlp-b1-d256": 1.0, "e2 mlp-b1-d256": 2.0}}
+
+
 def test_merge_fails_when_a_shard_did_not_report(tmp_path):
     folders = [shard_folder(tmp_path, 1, 3), shard_folder(tmp_path, 3, 3), tmp_path / "empty"]
     out = tmp_path / "out"

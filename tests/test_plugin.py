@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 from engines import ENGINES
 from mlexec.suite import plugin
-from mlexec.suite.grid import FULL, assign_shards, parse_shard
+from mlexec.suite.grid import FULL, assign_shards, pair_costs, parse_shard
 
 pytest_plugins = ["pytester"]
 
@@ -180,6 +180,27 @@ def test_shards_cover_the_matrix_exactly_once_and_balance_cost():
         assert max(loads) - min(loads) <= max(costs.values())          # greedy: within one unit
         assert assign_shards(dict(reversed(costs.items())), n) == shard   # order-independent
     assert parse_shard("2/4") == (2, 4)
+
+
+def test_measured_costs_stand_and_the_rest_are_estimated_on_their_scale():
+    estimates = {("a", "x"): 1.0, ("b", "x"): 2.0, ("c", "x"): 4.0, ("new", "x"): 3.0}
+    measured = {("a", "x"): 10.0, ("b", "x"): 30.0, ("c", "x"): 40.0, ("gone", "x"): 99.0}
+    # measured/estimated: 10, 15, 10 -> median 10; a pair no longer in the matrix is ignored
+    assert pair_costs(estimates, measured) == {("a", "x"): 10.0, ("b", "x"): 30.0, ("c", "x"): 40.0,
+                                               ("new", "x"): 30.0}
+    assert pair_costs(estimates, {}) == estimates
+
+
+def test_costs_file_has_every_pair_the_run_measured(suite):
+    """--mlexec-costs: seconds per engine x case, tests and gate together (what shards balance on)."""
+    costs = suite.path / "costs.json"
+    result = suite.runpytest_subprocess(*ONE_CASE, "--mlexec-engines=fake,static", "--mlexec-pass=memory",
+                                        "--mlexec-base=reference", f"--mlexec-costs={costs}")
+    assert result.ret == 0, result.stdout.str()
+    data = json.loads(costs.read_text())
+    assert data["matrix"] == "quick" and data["cpu"]
+    assert set(data["seconds"]) == {"fake mlp-b1-d256", "static mlp-b1-d256"}
+    assert all(s > 0 for s in data["seconds"].values())
 
 
 def test_sharded_collection_is_a_partition(suite):

@@ -268,3 +268,10 @@ def test_shapes_alone_pick_their_models():
     assert list(report.parse_shapes("1x256x64,1x256", None)) == ["transformer", "mlp"]
     with pytest.raises(ReportError, match="expected at least one shape"):
         report.parse_shapes(" , ", None)
+
+
+def test_openblas_line_without_threadpoolctl(monkeypatch):
+    """The last thing a report asks is which OpenBLAS kernels ran: with only NumPy installed
+    (threadpoolctl comes with the bench extra) it says so instead of failing minutes of timing."""
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)     # import raises ImportError
+    assert report._openblas_kernels() == "not known (threadpoolctl is not installed)"

@@ -5,8 +5,8 @@
   JSON, the verdict, a Markdown summary for the job page and, when a memory
   test failed, memray flame graphs of the failing tests. Nothing compared fails.
 - ``record``: the suite (or one shard) measured for the history, ungated.
-- ``merge``: the shards' verdicts and runs as one verdict, one run and one
-  summary; a missing shard fails it. ``--save DIR`` adds the merged run to
+- ``merge``: the shards' verdicts, runs and costs as one verdict, one run, one
+  costs.json and one summary; a missing shard fails it. ``--save DIR`` adds the merged run to
   saved runs, named by commit.
 - ``fetch-history``: the history branch's saved runs into a folder (empty if
   the branch does not exist yet), for ``--mlexec-compare auto``.
@@ -76,7 +76,7 @@ def cmd_gate(args) -> int:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     status = _pytest([f"--mlexec-base={args.base}", "--mlexec-require-gate", *_shard_args(args.shard),
-                      f"--mlexec-verdict={out / 'verdict.json'}",
+                      f"--mlexec-verdict={out / 'verdict.json'}", f"--mlexec-costs={out / 'costs.json'}",
                       f"--benchmark-json={out / 'run.json'}", f"--junitxml={out / 'junit.xml'}",
                       f"--memray-bin-path={out / 'memray'}", "--memray-bin-prefix=gate", *args.pytest_args])
     verdict = out / "verdict.json"
@@ -92,7 +92,8 @@ def cmd_gate(args) -> int:
 def cmd_record(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     return _pytest(["--mlexec-base=off", "--mlexec-compare=off", *_shard_args(args.shard),
-                    f"--mlexec-verdict={args.out / 'verdict.json'}", f"--benchmark-json={args.out / 'run.json'}",
+                    f"--mlexec-verdict={args.out / 'verdict.json'}", f"--mlexec-costs={args.out / 'costs.json'}",
+                    f"--benchmark-json={args.out / 'run.json'}",
                     *args.pytest_args])
 
 
@@ -132,6 +133,15 @@ def merge_shards(folders: list[Path], shards: int) -> tuple[gate.Verdict, dict |
     return verdict, run
 
 
+def merge_costs(folders: list[Path]) -> dict | None:
+    """The shards' costs.json as one (every pair is in one shard), or None when none wrote one."""
+    found = [json.loads(p.read_text()) for p in (f / "costs.json" for f in folders) if p.is_file()]
+    if not found:
+        return None
+    return {"cpu": found[0]["cpu"], "matrix": found[0]["matrix"],
+            "seconds": dict(sorted(kv for c in found for kv in c["seconds"].items()))}
+
+
 def cmd_merge(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -144,6 +154,9 @@ def cmd_merge(args) -> int:
     write_json(args.out / "verdict.json", verdict.as_dict())
     if run is not None:
         write_json(args.out / "run.json", run)
+    costs = merge_costs(args.folders)
+    if costs is not None:
+        write_json(args.out / "costs.json", costs)
     (args.out / "summary.md").write_text(gate.format_markdown(verdict))
     print(gate.format_verdict(verdict))
     if args.save:

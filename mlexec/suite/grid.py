@@ -2,6 +2,8 @@
 grid is split into shards that CI runners measure side by side."""
 from __future__ import annotations
 
+import json
+import statistics
 from pathlib import Path
 
 from ..case import Case
@@ -65,6 +67,28 @@ def estimated_seconds(flops: int, slow_build: bool = False) -> float:
     return FIXED_SECONDS + FORWARDS_PER_PAIR * flops / FLOPS_PER_SECOND + (SLOW_BUILD_SECONDS if slow_build else 0.0)
 
 
+# Seconds per (engine, case) measured by a whole run of the full matrix (``--mlexec-costs``, or
+# ``ci merge``'s costs.json of a sharded one), committed; pairs it lacks are estimated.
+COSTS_FILE = Path(__file__).with_name("costs.json")
+
+
+def measured_costs(path: Path = COSTS_FILE) -> dict[tuple[str, str], float]:
+    """(engine, case id) -> seconds from a costs file; {} when there is none."""
+    if not path.is_file():
+        return {}
+    seconds = json.loads(path.read_text())["seconds"]
+    return {tuple(pair.split(" ", 1)): s for pair, s in seconds.items()}
+
+
+def pair_costs(estimates: dict[tuple[str, str], float], measured: dict[tuple[str, str], float]) \
+        -> dict[tuple[str, str], float]:
+    """Each pair's measured seconds where known, else its estimate scaled by the median ratio of
+    measured to estimated over the pairs that have both (so the two kinds add up alike)."""
+    both = [measured[p] / estimates[p] for p in estimates if p in measured and estimates[p] > 0]
+    scale = statistics.median(both) if both else 1.0
+    return {p: measured.get(p, scale * e) for p, e in estimates.items()}
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """'K/N' -> (K, N) with 1 <= K <= N; ValueError otherwise."""
     k, sep, n = text.partition("/")
@@ -76,7 +100,7 @@ def parse_shard(text: str) -> tuple[int, int]:
     return k, n
 
 
-def assign_shards(costs: dict[str, float], n: int) -> dict[str, int]:
+def assign_shards(costs: dict, n: int) -> dict:
     """Each unit -> a shard in 1..n, greedily balancing the summed cost (longest first onto the
     least loaded shard; ties by name). Depends only on ``costs`` and ``n``: every runner computes
     the same split, and every unit lands in exactly one shard."""

@@ -20,7 +20,7 @@ from engines import ENGINES, EngineUnavailable
 from mlexec import heap
 from ..case import Case
 from . import session as suite_session
-from .grid import MATRICES, assign_shards, estimated_seconds, file_cases, parse_shard
+from .grid import MATRICES, assign_shards, estimated_seconds, file_cases, measured_costs, pair_costs, parse_shard
 
 NAME = "mlexec.suite.plugin"   # the entry point's name, the module's own: `-p` finds it registered either way
 
@@ -66,7 +66,8 @@ def pytest_addoption(parser):
                     help="time (pytest-benchmark), memory (memray limits) or both. Default: %(default)r")
     group.addoption("--mlexec-shard", type=_shard, default=None, metavar="K/N",
                     help="run only shard K of N: every engine x case lands in exactly one shard, shards "
-                         "balanced by estimated cost. Default: all")
+                         "balanced by measured cost (mlexec/suite/costs.json), estimated where not measured. "
+                         "Default: all")
     group.addoption("--mlexec-rounds", type=_positive_int, default=15, metavar="N",
                     help="fewest interleaved current/reference call pairs per latency A/B measurement "
                          "(more are run while they fit in 0.25 s). Default: %(default)r")
@@ -85,6 +86,9 @@ def pytest_addoption(parser):
                     help="fail (exit 4) when the gate compared nothing at all")
     group.addoption("--mlexec-verdict", default=None, metavar="FILE",
                     help="write the gate's verdict as JSON to FILE")
+    group.addoption("--mlexec-costs", default=None, metavar="FILE",
+                    help="write the seconds each engine x case pair took (tests and gate) as JSON to FILE: "
+                         "what --mlexec-shard balances on, once saved as mlexec/suite/costs.json")
     group.addoption("--mlexec-save", action="store_true",
                     help="save this run into --mlexec-baselines, named by commit")
 
@@ -132,7 +136,8 @@ def pytest_generate_tests(metafunc):
 
 
 def shard_of(config) -> dict[tuple[str, str], int] | None:
-    """(engine, case id) -> shard, over the whole chosen matrix (not what -k leaves), by estimated cost."""
+    """(engine, case id) -> shard, over the whole chosen matrix (not what -k leaves), by each pair's
+    measured cost (``grid.COSTS_FILE``), estimated where none was measured."""
     option = config.getoption("mlexec_shard")
     if option is None:
         return None
@@ -142,10 +147,9 @@ def shard_of(config) -> dict[tuple[str, str], int] | None:
         key = (case.model, case.dim, case.seq, case.path)
         per_row = flops.get(key) or case.build().flops(1)
         flops[key] = per_row
-    costs = {f"{e}\0{c.id}": estimated_seconds(flops[(c.model, c.dim, c.seq, c.path)] * c.batch,
-                                               ENGINES[e].slow_build)
-             for c in _matrix(config) for e in _engines(config)}
-    return {tuple(unit.split("\0")): k for unit, k in assign_shards(costs, n).items()}
+    estimates = {(e, c.id): estimated_seconds(flops[(c.model, c.dim, c.seq, c.path)] * c.batch, ENGINES[e].slow_build)
+                 for c in _matrix(config) for e in _engines(config)}
+    return assign_shards(pair_costs(estimates, measured_costs()), n)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -254,6 +258,8 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if getattr(item, "originalname", "") in suite_session.PASSES and hasattr(item, "callspec") \
             and "case_id" in item.callspec.params:
+        params = item.callspec.params
+        suite_session.record_cost(item.config, params["engine_name"], params["case_id"], report.duration)
         if report.when == "call" and item.originalname == "test_peak_memory":
             suite_session.record_peak(item)
         if report.skipped or report.failed:

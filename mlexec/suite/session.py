@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -26,12 +27,27 @@ VERDICT = pytest.StashKey[object]()    # gate.Verdict, or an error message
 SAVED = pytest.StashKey[Path]()
 # Engine name -> reference engine name, for throw-away engines that exist only in this run.
 BASE_ALIASES = pytest.StashKey[dict]()
+COSTS = pytest.StashKey[dict]()        # (engine, case id) -> seconds this run spent on the pair
 PASSES = {"test_forward": "time", "test_peak_memory": "memory"}
 ALLOCATION_KEY = "mlexec_allocation"   # machine_info key of a run's allocation environment
 
 
 def record(config, case_id: str, engine: str, **fields) -> None:
     config.stash.setdefault(RESULTS, {}).setdefault((case_id, engine), {}).update(fields)
+
+
+def record_cost(config, engine: str, case_id: str, seconds: float) -> None:
+    """Add ``seconds`` to what one engine x case pair cost this run: its tests' set-up, call and
+    teardown, and its A/B measurements in the gate (what ``grid.measured_costs`` balances)."""
+    costs = config.stash.setdefault(COSTS, {})
+    costs[engine, case_id] = costs.get((engine, case_id), 0.0) + seconds
+
+
+def write_costs(config, path: Path) -> None:
+    """This run's cost per pair as JSON: {"cpu", "matrix", "seconds": {"ENGINE CASE": s}}."""
+    costs = config.stash.get(COSTS, {})
+    write_json(path, {"cpu": this_cpu(), "matrix": config.getoption("mlexec_matrix"),
+                      "seconds": {f"{e} {c}": round(s, 3) for (e, c), s in sorted(costs.items())}})
 
 
 def record_outcome(item, report) -> None:
@@ -202,6 +218,7 @@ def _compare_code(config, base, verdict: gate.Verdict) -> None:
         engines = list(dict.fromkeys(e for _, c, e in planned if c == case_id))
         model = base_model = None
         for engine in engines:
+            started = time.perf_counter()
             name, r = f"{engine}-{case_id}", results.get((case_id, engine), {})
             for kind, which, figure in (("latency", "time", "median"), ("memory", "memory", "peak")):
                 if (which, case_id, engine) not in planned:
@@ -231,6 +248,7 @@ def _compare_code(config, base, verdict: gate.Verdict) -> None:
                     now = measure_peak(ENGINES[engine](model, case.batch), x)
                     before = measure_peak(base_cls(base_model, case.batch), x)
                     verdict.done(kind, name, gate.memory_finding(name, before, now))
+            record_cost(config, engine, case_id, time.perf_counter() - started)
 
 
 def finish(session) -> None:
@@ -266,6 +284,8 @@ def finish(session) -> None:
     path = config.getoption("mlexec_verdict")
     if path:
         write_json(Path(path), verdict.as_dict())
+    if config.getoption("mlexec_costs"):
+        write_costs(config, Path(config.getoption("mlexec_costs")))
     if verdict.failed:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     elif verdict.nothing_compared and config.getoption("mlexec_require_gate"):
