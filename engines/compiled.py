@@ -2,7 +2,7 @@
 
 A subclass decides only where each tensor lives (``_storage``). This class
 prepares parameters once (weights copied onto cache lines, the largest
-stored transposed: ``ops.weight_layout``), and, once per batch size, binds
+left where NumPy put them: ``ops.weight_layout``), and, once per batch size, binds
 every op's calls (``OpKind.calls``) to views of those buffers. The caller's
 input is copied into an engine buffer first, so that every call can be bound
 in advance; a forward is then ``for fn, args in calls: fn(*args)``, with no
@@ -17,6 +17,8 @@ import copy
 import math
 import os
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -106,6 +108,18 @@ class BoundEngine(Engine):
 _get_ident = threading.get_ident
 
 
+@dataclass(frozen=True)
+class BoundOp:
+    """One op as static and arena run it: ``calls`` (its ``OpKind.calls``) writes tensor ``out``
+    from tensors ``inputs``, with ``operands`` prepared once and ``scratch`` tensors of its own."""
+    calls: Callable
+    out: str
+    inputs: tuple[str, ...]
+    operands: tuple
+    scratch: tuple[str, ...]
+    attrs: dict
+
+
 class CompiledEngine(BoundEngine):
     peak_slack_bytes = 1024       # measured: 72-96 B (MLPs), 824 B (softmax's reduction state)
     # What a linear may run on, measured at build time (engines.kernels); the same output buffer
@@ -117,7 +131,7 @@ class CompiledEngine(BoundEngine):
         max_rows = max_batch * math.prod(model.shapes[model.input][:-1])
         self.shapes = dict(model.shapes)          # every tensor, scratch included
         self.steps: list[Step] = [Step(reads=(), writes=(model.input,))]   # the copy of the input
-        self._ops = []                            # (calls, out, inputs, prepared, scratch, attrs)
+        self._ops: list[BoundOp] = []
         self._root: dict[str, str] = {}           # view tensor -> the tensor whose storage it shares
         prepared_bytes = 0
         for op in model.ops:
@@ -136,7 +150,7 @@ class CompiledEngine(BoundEngine):
                 scratch.append(name)
             self.steps.append(Step(reads=reads + tuple(scratch), writes=(op.output, *scratch),
                                    inplace=tuple((op.output, reads[i]) for i in kind.inplace if i < len(reads))))
-            self._ops.append((kind.calls, op.output, op.inputs, prepared, tuple(scratch), dict(op.attrs)))
+            self._ops.append(BoundOp(kind.calls, op.output, tuple(op.inputs), prepared, tuple(scratch), dict(op.attrs)))
         self.weight_bytes = prepared_bytes
         self.sizes = {t: 4 * max_batch * math.prod(shape) for t, shape in self.shapes.items()
                       if t not in self._root}
@@ -165,13 +179,13 @@ class CompiledEngine(BoundEngine):
 
     def _bind(self, batch: int):
         calls = []
-        for op_calls, out, inputs, prepared, scratch, attrs in self._ops:
-            views = [self._view(t, batch) for t in (out, *inputs)]
-            if op_calls is linear_calls:          # y = x @ w + b on the kernel measured fastest
-                (y, x), (w, b_tiled) = views, prepared
+        for op in self._ops:
+            views = [self._view(t, batch) for t in (op.out, *op.inputs)]
+            if op.calls is linear_calls:          # y = x @ w + b on the kernel measured fastest
+                (y, x), (w, b_tiled) = views, op.operands
                 calls += self._linears.calls(rows2d(x), rows2d(y), w, b_tiled[0], b_tiled, None)
                 continue
-            calls += op_calls(*views, *prepared, *(self._view(s, batch) for s in scratch), **attrs)
+            calls += op.calls(*views, *op.operands, *(self._view(s, batch) for s in op.scratch), **op.attrs)
         result = self._view(self.model.output, batch)
         result.flags.writeable = False
         self._bound[batch] = (self._view(self.model.input, batch), tuple(calls), result)

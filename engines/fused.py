@@ -12,7 +12,7 @@ linear+residual are one step each; layernorm's gamma/beta, attention's
 runs in place with its row sums on the engine's matvec. Which library runs
 each linear is measured at build time on the machine at hand and cached
 (``engines.kernels``; off by default: ``MLEXEC_TUNE=1`` turns it on). forward copies the
-input into an engine buffer, runs ``for fn, args in steps: fn(*args)`` and
+input into an engine buffer, runs ``for fn, args in calls: fn(*args)`` and
 returns a read-only view of the output buffer, valid until the next call.
 Needs SciPy's BLAS (extra ``fast``). Measurements behind each choice:
 docs/engines.md.
@@ -20,6 +20,8 @@ docs/engines.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -42,6 +44,236 @@ def _import_blas():
     return sgemm, sgemv
 
 
+@dataclass(frozen=True)
+class FusedStep:
+    """One step of the fused forward. ``kind`` names its entry in ``BIND``; it writes the engine
+    buffer ``out``, reads the buffers ``reads`` and uses ``scratch`` buffers of its own, all per
+    sample shapes in ``FusedEngine.shapes``; ``operands`` are arrays prepared once (folded weights,
+    tiled biases) or, for ``calls``, the ``engines.ops`` calls function of the op."""
+    kind: str
+    out: str
+    reads: tuple[str, ...]
+    scratch: tuple[str, ...] = ()
+    operands: tuple = ()
+    attrs: Mapping = field(default_factory=dict)
+
+
+class _Lowering:
+    """What lowering one model keeps between ops: where each model tensor lives, what was folded
+    where, and the steps so far. Each ``LOWER`` entry reads and extends it."""
+
+    def __init__(self, engine: "FusedEngine", model: Model):
+        self.engine, self.model, self.ops = engine, model, model.ops
+        self.readers: dict[str, list[int]] = {}
+        for i, op in enumerate(self.ops):
+            for t in op.inputs:
+                self.readers.setdefault(t, []).append(i)
+        self.only_reader = {t: self.ops[r[0]] if len(r) == 1 else None for t, r in self.readers.items()}
+        self.where = {model.input: engine._buffer("input", engine._sample_shape)}  # tensor -> buffer
+        self.folded_ln: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ln output -> (gamma, beta)
+        self.qk_scale: dict[str, tuple[int, float]] = {}               # qkv tensor -> (q width, scale)
+        for op in self.ops:
+            if op.kind == "attn_scores":
+                width = model.shapes[op.inputs[0]][-1] // 3
+                self.qk_scale[op.inputs[0]] = (width, 1.0 / math.sqrt(width // op.attrs["heads"]))
+        self.doubled: set[str] = set()      # tensors stored as 2x their value (gelu's 0.5 deferred)
+        self.scaled: set[str] = set()       # qkv tensors with q pre-scaled
+        self.skip: set[int] = set()         # ops already lowered into an earlier step
+        self.steps: list[FusedStep] = []
+
+    def next_reader(self, op):
+        """The op that alone reads ``op``'s output, or None."""
+        return self.only_reader.get(op.output)
+
+    def output(self, tensor: str, shape) -> str:
+        """A new engine buffer for model tensor ``tensor``."""
+        self.where[tensor] = self.engine._buffer(tensor, shape)
+        return self.where[tensor]
+
+    def in_place(self, op) -> bool:
+        """Whether ``op`` may overwrite its input: it reads it alone, and it isn't the caller's input copy."""
+        return self.only_reader.get(op.inputs[0]) is op and self.where[op.inputs[0]] != "input"
+
+
+# --- lowering: one entry per op kind fused's own way; False falls back to the op's calls ----------
+
+def _lower_layernorm(lw: _Lowering, i: int, op) -> bool:
+    """Standardize only: gamma and beta fold into the one linear that reads it."""
+    nxt = lw.next_reader(op)
+    if nxt is None or nxt.kind != "linear":
+        return False
+    shape = lw.model.shapes[op.output]
+    lw.folded_ln[op.output] = tuple(lw.model.params[p] for p in op.params)
+    out = lw.output(op.output, shape)
+    scratch = (lw.engine._buffer(op.output + ".tmp", shape), lw.engine._buffer(op.output + ".stat", shape[:-1] + (1,)))
+    lw.steps.append(FusedStep("standardize", out, (lw.where[op.inputs[0]],), scratch,
+                              (mean_column(shape[-1]),), {"eps": op.attrs["eps"]}))
+    return True
+
+
+def _lower_linear(lw: _Lowering, i: int, op) -> bool:
+    """Folds what earlier steps deferred into the weights; a relu or a residual add right after
+    it that alone reads it joins the step."""
+    model, ops = lw.model, lw.ops
+    w = model.params[op.params[0]].astype(np.float64)
+    b = model.params[op.params[1]].astype(np.float64)
+    if op.inputs[0] in lw.folded_ln:                              # layernorm's affine, folded in
+        gamma, beta = (v.astype(np.float64) for v in lw.folded_ln[op.inputs[0]])
+        b = beta @ w + b
+        w = gamma[:, None] * w
+    if op.inputs[0] in lw.doubled:                                # gelu stored 2·gelu(x)
+        w *= 0.5
+    if op.output in lw.qk_scale and all(ops[r].kind in ("attn_scores", "attn_context")
+                                        for r in lw.readers[op.output]):   # 1/sqrt(d), into q columns
+        lw.scaled.add(op.output)
+        width, scale = lw.qk_scale[op.output]
+        w[:, :width] *= scale
+        b[:width] *= scale
+    shape = model.shapes[op.output]
+    w32, b32 = weight_layout(w), b.astype(np.float32)
+    operands = (w32, b32, tile(b32, lw.engine.max_batch * math.prod(shape[:-1])))
+    src = lw.where[op.inputs[0]]
+    nxt = lw.next_reader(op)
+    joins = nxt is not None and i + 1 < len(ops) and ops[i + 1] is nxt
+    if joins and nxt.kind == "relu":
+        lw.skip.add(i + 1)
+        lw.where[op.output] = lw.output(nxt.output, shape)
+        lw.steps.append(FusedStep("linear_relu", lw.where[op.output], (src,), operands=operands))
+    elif joins and nxt.kind == "add" and nxt.inputs.count(op.output) == 1:
+        lw.skip.add(i + 1)
+        residual = lw.where[nxt.inputs[1] if nxt.inputs[0] == op.output else nxt.inputs[0]]
+        lw.steps.append(FusedStep("linear_add", lw.output(nxt.output, shape), (src, residual), operands=operands))
+    else:
+        lw.steps.append(FusedStep("linear", lw.output(op.output, shape), (src,), operands=operands))
+    return True
+
+
+def _lower_attn_scores(lw: _Lowering, i: int, op) -> bool:
+    """Scores on keys gathered once per forward; the 1/sqrt(d) is already in q's weights."""
+    if op.inputs[0] not in lw.scaled:
+        return False
+    (keys_shape,) = keys_scratch([lw.model.shapes[op.inputs[0]]])
+    out = lw.output(op.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("attn_scores", out, (lw.where[op.inputs[0]],),
+                              (lw.engine._buffer(op.output + ".keys", keys_shape),), attrs=dict(op.attrs)))
+    return True
+
+
+def _lower_attn_context(lw: _Lowering, i: int, op) -> bool:
+    out = lw.output(op.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("attn_context", out, tuple(lw.where[t] for t in op.inputs), attrs=dict(op.attrs)))
+    return True
+
+
+def _lower_gelu(lw: _Lowering, i: int, op) -> bool:
+    """In place; when a linear reads it, stored as 2·gelu and the 0.5 goes into its weights."""
+    if not lw.in_place(op):
+        return False
+    buffer = lw.where[op.output] = lw.where[op.inputs[0]]
+    nxt = lw.next_reader(op)
+    halve = nxt is None or nxt.kind != "linear"
+    if not halve:
+        lw.doubled.add(op.output)
+    lw.steps.append(FusedStep("gelu", buffer, (buffer,), (lw.engine._buffer(op.output + ".tmp", lw.model.shapes[op.output]),),
+                              attrs={"halve": halve}))
+    return True
+
+
+def _lower_softmax(lw: _Lowering, i: int, op) -> bool:
+    """In place, its row sums on the engine's matvec."""
+    if not lw.in_place(op):
+        return False
+    shape = lw.model.shapes[op.output]
+    buffer = lw.where[op.output] = lw.where[op.inputs[0]]
+    scratch = (lw.engine._buffer(op.output + ".tmp", shape), lw.engine._buffer(op.output + ".stat", shape[:-1] + (1,)))
+    lw.steps.append(FusedStep("softmax", buffer, (buffer,), scratch))
+    return True
+
+
+def _lower_calls(lw: _Lowering, i: int, op) -> bool:
+    """Any other op: its own ``engines.ops`` calls, its operands prepared once."""
+    kind, model = OPS[op.kind], lw.model
+    max_rows = lw.engine.max_batch * math.prod(model.shapes[model.input][:-1])
+    scratch = tuple(lw.engine._buffer(f"{op.output}.scratch{j}", s) for j, s in
+                    enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs], op.attrs)))
+    out = lw.output(op.output, model.shapes[op.output])
+    lw.steps.append(FusedStep("calls", out, tuple(lw.where[t] for t in op.inputs), scratch,
+                              (kind.calls, *kind.operands([model.params[p] for p in op.params], max_rows)),
+                              dict(op.attrs)))
+    return True
+
+
+LOWER: dict[str, Callable[[_Lowering, int, object], bool]] = {
+    "layernorm": _lower_layernorm, "linear": _lower_linear, "attn_scores": _lower_attn_scores,
+    "attn_context": _lower_attn_context, "gelu": _lower_gelu, "softmax": _lower_softmax,
+}
+
+
+# --- binding: one entry per step kind, its calls on views of one batch size -------------------
+
+def _bind_linear(eng, step, y, ins, scratch) -> list:
+    residual = rows2d(ins[1]) if step.kind == "linear_add" else None
+    calls = eng._linear_calls(rows2d(ins[0]), rows2d(y), *step.operands, residual)
+    if step.kind == "linear_relu":                                 # NaN-propagating, against zero rows
+        calls += tiled_calls(maximum, rows2d(y), zero_rows(y.shape[-1]))
+    return calls
+
+
+def _bind_standardize(eng, step, y, ins, scratch) -> list:
+    (mean_col,) = step.operands
+    tmp, stat = (rows2d(a) for a in scratch)
+    return standardize_calls(rows2d(y), rows2d(ins[0]), tmp, stat, step.attrs["eps"],
+                             lambda a, out: [eng._matvec_call(a, mean_col, out)])
+
+
+def _bind_softmax(eng, step, y, ins, scratch) -> list:
+    """ops' softmax, its row sums on the engine's matvec."""
+    x, (tmp, stat), y2 = rows2d(ins[0]), (rows2d(a) for a in scratch), rows2d(y)
+    fn, args = eng._matvec_call(y2, ones_column(x.shape[1]), stat)
+    return [(softmax_rows, (y2, x, tmp, stat, partial(fn, *args)))]
+
+
+def _bind_attn_scores(eng, step, y, ins, scratch) -> list:
+    """The scale is already in q."""
+    (qkv,), (keys,), heads = ins, scratch, step.attrs["heads"]
+    q, k, _ = split_heads(qkv, heads)
+    return [(gather_keys, (keys, k)), *eng._batched_matmul_calls(q, keys_per_head(keys, heads), y)]
+
+
+def _bind_attn_context(eng, step, y, ins, scratch) -> list:
+    """Each head into its column block."""
+    (probs, qkv), heads = ins, step.attrs["heads"]
+    _, _, v = split_heads(qkv, heads)
+    return eng._batched_matmul_calls(probs, v, head_columns(y, heads))
+
+
+def _bind_gelu(eng, step, y, ins, scratch) -> list:
+    """2·gelu = x·(1 + tanh(u)), u = Cx(1 + 0.044715x²); halved unless the next linear takes the 0.5."""
+    (x,), (t,) = ins, scratch
+    calls = [(np.multiply, (x, x, t)),
+             (np.multiply, (t, GELU_C * 0.044715, t)),
+             (np.add, (t, GELU_C, t)),
+             (np.multiply, (t, x, t)),                            # t = u
+             (np.tanh, (t, t)),
+             (np.add, (t, 1.0, t)),
+             (np.multiply, (x, t, y))]
+    if step.attrs["halve"]:
+        calls.append((np.multiply, (y, 0.5, y)))
+    return calls
+
+
+def _bind_calls(eng, step, y, ins, scratch) -> list:
+    op_calls, *prepared = step.operands
+    return op_calls(y, *ins, *prepared, *scratch, **step.attrs)
+
+
+BIND: dict[str, Callable] = {
+    "linear": _bind_linear, "linear_relu": _bind_linear, "linear_add": _bind_linear,
+    "standardize": _bind_standardize, "softmax": _bind_softmax, "attn_scores": _bind_attn_scores,
+    "attn_context": _bind_attn_context, "gelu": _bind_gelu, "calls": _bind_calls,
+}
+
+
 class FusedEngine(BoundEngine):
     name = "fused"
     peak_slack_bytes = 1024       # measured: 0-96 B under memray
@@ -59,9 +291,8 @@ class FusedEngine(BoundEngine):
         super().__init__(model, max_batch)
         _import_blas()                    # SciPy's BLAS runs the default kernels: refuse early without it
         self.shapes: dict[str, tuple[int, ...]] = {}   # per-sample shape of every engine buffer
-        self.steps = self._lower(model)                 # [(kind, output, inputs, operands, attrs)]
-        self.weight_bytes = sum(a.nbytes for _, _, inputs, operands, _ in self.steps
-                                for a in (*inputs, *operands) if isinstance(a, np.ndarray))
+        self.steps = self._lower(model)
+        self.weight_bytes = sum(a.nbytes for step in self.steps for a in step.operands if isinstance(a, np.ndarray))
         self._own_memory()
         # Kernel choices and their per-weight state (MKL's packs) are shared with workers.
         self._linears = Linears(self.kernel_candidates, self._default_kernel)
@@ -80,117 +311,23 @@ class FusedEngine(BoundEngine):
 
     def _schedule(self) -> list[Step]:
         """The steps as the planner sees them: the input copy first, then each step reading its
-        buffers and writing its output and its scratch, the buffers it reads that no step outputs.
-        An in-place step reads and writes one buffer."""
-        outputs = {"input", *(out for _, out, *_ in self.steps)}
-        schedule = [Step(reads=(), writes=("input",))]
-        for _, out, inputs, _, _ in self.steps:
-            names = tuple(t for t in inputs if isinstance(t, str))
-            schedule.append(Step(reads=names, writes=(out, *(t for t in names if t not in outputs))))
-        return schedule
+        buffers and its scratch, writing its output and its scratch. An in-place step reads and
+        writes one buffer."""
+        return [Step(reads=(), writes=("input",))] + [
+            Step(reads=step.reads + step.scratch, writes=(step.out, *step.scratch)) for step in self.steps]
 
-    def _lower(self, model: Model):
-        ops = model.ops
-        readers: dict[str, list[int]] = {}
-        for i, op in enumerate(ops):
-            for t in op.inputs:
-                readers.setdefault(t, []).append(i)
-        only_reader = {t: ops[r[0]] if len(r) == 1 else None for t, r in readers.items()}
-
-        where = {model.input: "input"}         # model tensor -> engine buffer holding it
-        self._buffer("input", self._sample_shape)
-        folded_ln: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ln output -> (gamma, beta)
-        qk_scale: dict[str, tuple[int, float]] = {}               # qkv tensor -> (q width, scale)
-        for op in ops:
-            if op.kind == "attn_scores":
-                width = model.shapes[op.inputs[0]][-1] // 3
-                qk_scale[op.inputs[0]] = (width, 1.0 / math.sqrt(width // op.attrs["heads"]))
-
-        steps, skip = [], set()
-        doubled: set[str] = set()                                 # tensors stored as 2x their value
-        scaled: set[str] = set()                                  # qkv tensors with q pre-scaled
-        for i, op in enumerate(ops):
-            if i in skip:
-                continue
-            out_shape = model.shapes[op.output]
-            nxt = only_reader.get(op.output)
-            if op.kind == "layernorm" and nxt is not None and nxt.kind == "linear":
-                gamma, beta = (model.params[p] for p in op.params)
-                folded_ln[op.output] = (gamma, beta)
-                where[op.output] = self._buffer(op.output, out_shape)
-                scratch = (self._buffer(op.output + ".tmp", out_shape),
-                           self._buffer(op.output + ".stat", out_shape[:-1] + (1,)))
-                steps.append(("standardize", op.output, (where[op.inputs[0]], *scratch),
-                              (mean_column(out_shape[-1]),), {"eps": op.attrs["eps"]}))
-            elif op.kind == "linear":
-                w = model.params[op.params[0]].astype(np.float64)
-                b = model.params[op.params[1]].astype(np.float64)
-                if op.inputs[0] in folded_ln:                      # layernorm's affine, folded in
-                    gamma, beta = (v.astype(np.float64) for v in folded_ln[op.inputs[0]])
-                    b = beta @ w + b
-                    w = gamma[:, None] * w
-                if op.inputs[0] in doubled:                        # gelu stored 2·gelu(x)
-                    w *= 0.5
-                if op.output in qk_scale and all(ops[r].kind in ("attn_scores", "attn_context")
-                                                 for r in readers[op.output]):   # 1/sqrt(d), into q columns
-                    scaled.add(op.output)
-                    width, scale = qk_scale[op.output]
-                    w[:, :width] *= scale
-                    b[:width] *= scale
-                w32, b32 = weight_layout(w), b.astype(np.float32)
-                operands = (w32, b32, tile(b32, self.max_batch * math.prod(out_shape[:-1])))
-                src = where[op.inputs[0]]
-                if nxt is not None and nxt.kind == "relu" and ops[i + 1] is nxt:
-                    skip.add(i + 1)
-                    where[op.output] = where[nxt.output] = self._buffer(nxt.output, out_shape)
-                    steps.append(("linear_relu", nxt.output, (src,), operands, {}))
-                elif (nxt is not None and nxt.kind == "add" and ops[i + 1] is nxt
-                      and nxt.inputs.count(op.output) == 1):
-                    skip.add(i + 1)
-                    residual = where[nxt.inputs[1] if nxt.inputs[0] == op.output else nxt.inputs[0]]
-                    where[nxt.output] = self._buffer(nxt.output, out_shape)
-                    steps.append(("linear_add", nxt.output, (src, residual), operands, {}))
-                else:
-                    where[op.output] = self._buffer(op.output, out_shape)
-                    steps.append(("linear", op.output, (src,), operands, {}))
-            elif op.kind == "attn_scores" and op.inputs[0] in scaled:
-                where[op.output] = self._buffer(op.output, out_shape)
-                (keys_shape,) = keys_scratch([model.shapes[op.inputs[0]]])
-                keys = self._buffer(op.output + ".keys", keys_shape)
-                steps.append(("attn_scores", op.output, (where[op.inputs[0]], keys), (), dict(op.attrs)))
-            elif op.kind == "attn_context":
-                where[op.output] = self._buffer(op.output, out_shape)
-                steps.append(("attn_context", op.output, tuple(where[t] for t in op.inputs), (), dict(op.attrs)))
-            elif op.kind == "gelu" and only_reader.get(op.inputs[0]) is op and where[op.inputs[0]] != "input":
-                where[op.output] = where[op.inputs[0]]             # in place
-                halve = nxt is None or nxt.kind != "linear"
-                if not halve:
-                    doubled.add(op.output)                         # the reader's weights take the 0.5
-                steps.append(("gelu", where[op.output], (where[op.inputs[0]],
-                              self._buffer(op.output + ".tmp", out_shape)), (), {"halve": halve}))
-            elif op.kind == "softmax" and only_reader.get(op.inputs[0]) is op and where[op.inputs[0]] != "input":
-                where[op.output] = where[op.inputs[0]]             # in place
-                scratch = (self._buffer(op.output + ".tmp", out_shape),
-                           self._buffer(op.output + ".stat", out_shape[:-1] + (1,)))
-                steps.append(("softmax", where[op.output], (where[op.inputs[0]], *scratch), (), {}))
-            else:                                                  # the op's own calls
-                kind = OPS[op.kind]
-                max_rows = self.max_batch * math.prod(model.shapes[model.input][:-1])
-                params = [model.params[p] for p in op.params]
-                prepared = kind.operands(params, max_rows)
-                scratch = tuple(self._buffer(f"{op.output}.scratch{j}", s) for j, s in
-                                enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs], op.attrs)))
-                where[op.output] = self._buffer(op.output, out_shape)
-                steps.append(("calls", op.output, tuple(where[t] for t in op.inputs) + prepared + scratch,
-                              (kind.calls,), dict(op.attrs)))
-        self._output = where[model.output]
-        return steps
+    def _lower(self, model: Model) -> list[FusedStep]:
+        """Ops -> fused steps (``LOWER``, else the op's own calls), weights folded once."""
+        lw = _Lowering(self, model)
+        for i, op in enumerate(model.ops):
+            if i not in lw.skip and not LOWER.get(op.kind, _lower_calls)(lw, i, op):
+                _lower_calls(lw, i, op)
+        self._output = lw.where[model.output]
+        return lw.steps
 
     # --- binding: every call of one batch size, made once -----------------------
 
-    def _view(self, name, batch: int) -> np.ndarray:
-        if not isinstance(name, str):
-            return name                                            # a prepared operand
+    def _view(self, name: str, batch: int) -> np.ndarray:
         shape = (batch, *self.shapes[name])
         return self._buffers[name][:math.prod(shape)].reshape(shape)
 
@@ -221,49 +358,11 @@ class FusedEngine(BoundEngine):
 
     def _bind(self, batch: int):
         calls = []
-        for kind, out, inputs, operands, attrs in self.steps:
-            y = self._view(out, batch)
-            ins = [self._view(t, batch) for t in inputs]
-            if kind in ("linear", "linear_relu", "linear_add"):
-                residual = rows2d(ins[1]) if kind == "linear_add" else None
-                calls += self._linear_calls(rows2d(ins[0]), rows2d(y), *operands, residual)
-                if kind == "linear_relu":                          # NaN-propagating, against zero rows
-                    calls += tiled_calls(maximum, rows2d(y), zero_rows(y.shape[-1]))
-            elif kind == "standardize":
-                x, tmp, stat = (rows2d(a) for a in ins)
-                (mean_col,) = operands
-                calls += standardize_calls(rows2d(y), x, tmp, stat, attrs["eps"],
-                                           lambda a, out: [self._matvec_call(a, mean_col, out)])
-            elif kind == "softmax":                                # ops' softmax, its sums on _matvec_call
-                x, tmp, stat = (rows2d(a) for a in ins)
-                y2 = rows2d(y)
-                fn, args = self._matvec_call(y2, ones_column(x.shape[1]), stat)
-                calls.append((softmax_rows, (y2, x, tmp, stat, partial(fn, *args))))
-            elif kind == "attn_scores":                            # scale already in q
-                (qkv, keys), heads = ins, attrs["heads"]
-                q, k, _ = split_heads(qkv, heads)
-                calls += [(gather_keys, (keys, k)),
-                          *self._batched_matmul_calls(q, keys_per_head(keys, heads), y)]
-            elif kind == "attn_context":                           # each head into its column block
-                (probs, qkv), heads = ins, attrs["heads"]
-                _, _, v = split_heads(qkv, heads)
-                calls += self._batched_matmul_calls(probs, v, head_columns(y, heads))
-            elif kind == "gelu":                                   # 2·gelu = x·(1 + tanh(u)), u = Cx(1 + 0.044715x²)
-                x, t = ins
-                calls += [(np.multiply, (x, x, t)),
-                          (np.multiply, (t, GELU_C * 0.044715, t)),
-                          (np.add, (t, GELU_C, t)),
-                          (np.multiply, (t, x, t)),               # t = u
-                          (np.tanh, (t, t)),
-                          (np.add, (t, 1.0, t)),
-                          (np.multiply, (x, t, y))]
-                if attrs["halve"]:
-                    calls.append((np.multiply, (y, 0.5, y)))
-            else:                                                  # an engines.ops op's calls
-                (op_calls,) = operands
-                calls += op_calls(y, *ins, **attrs)
+        for step in self.steps:
+            calls += BIND[step.kind](self, step, self._view(step.out, batch),
+                                     [self._view(t, batch) for t in step.reads],
+                                     [self._view(t, batch) for t in step.scratch])
         result = self._view(self._output, batch)
         result.flags.writeable = False
         self._bound[batch] = (self._view("input", batch), tuple(calls), result)
         return self._bound[batch]
-

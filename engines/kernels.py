@@ -77,7 +77,7 @@ class Gemm:
     rows: int
     k: int
     n: int
-    transposed: bool = False     # w stored (n, k) and used through its transposed view (ops.weight_layout)
+    transposed: bool = False     # w stored (n, k) and used through its transposed view
     residual: bool = False
 
     @property

@@ -65,18 +65,22 @@ def aligned(a) -> np.ndarray:
     return out
 
 
-# Weight matrices from this size up are stored transposed, (out, in), and used through their
-# transposed view, which NumPy's matmul hands to sgemm as "B transposed" without a copy. Measured
-# with OpenBLAS, interleaved: at 4096 x 4096 (64 MiB) 1.10-1.32x faster for 8-128 rows and as fast
-# for 1; at 2048 x 2048 mixed (0.80-1.28x); at 1024 x 1024 0.70-0.91x slower for 8-128 rows.
-TRANSPOSED_MIN_BYTES = 32 << 20
+# Weight matrices from this size up keep the placement NumPy's allocator gives them (the model's
+# own array when it is float32 and C-contiguous: no second copy), the placement naive's x @ w runs
+# on. Measured on an Intel Xeon (OpenBLAS's SkylakeX kernels), interleaved, docs/kernels.md: a
+# 64-byte aligned copy ran 3-11 % slower than NumPy's placement (16 bytes past a page) at 8-128
+# rows for 2048^2 and 4096^2 weights, 3-5 % faster at one row; below, as fast or faster (0.75-0.82x
+# the time at 1-8 x 256 x 256). Storing large weights transposed, (out, in), measured 1.10-1.32x
+# faster at 4096^2 on the first host, ran 1.05-1.18x slower at 1-32 rows there (0.89x at 128) and
+# slower on an AMD EPYC (planned engines 0.78-0.83x naive at mlp b8 d4096): no longer done.
+NUMPY_PLACEMENT_MIN_BYTES = 16 << 20
 
 
 def weight_layout(w) -> np.ndarray:
-    """w (in, out) as an engine holds it: float32 on a cache line, and from TRANSPOSED_MIN_BYTES
-    up stored (out, in) and returned as its (in, out) transposed view (Fortran order)."""
-    if 4 * np.size(w) >= TRANSPOSED_MIN_BYTES:
-        return aligned(np.transpose(w)).T
+    """w (in, out) as an engine holds it: float32 C-contiguous, on a cache line below
+    NUMPY_PLACEMENT_MIN_BYTES, where NumPy put it from there up."""
+    if 4 * np.size(w) >= NUMPY_PLACEMENT_MIN_BYTES:
+        return np.ascontiguousarray(w, dtype=np.float32)
     return aligned(w)
 
 

@@ -21,7 +21,7 @@ class StaticEngine(CompiledEngine):
 
     def _storage(self, sizes):
         # Every op's scratch laid end to end from the start of one shared workspace.
-        layouts = [end_to_end({s: sizes[s] for s in names}) for *_, names, _ in self._ops if names]
+        layouts = [end_to_end({s: sizes[s] for s in op.scratch}) for op in self._ops if op.scratch]
         scratch = {s for offsets, _ in layouts for s in offsets}
         store = {t: aligned_empty(n // 4) for t, n in sizes.items() if t not in scratch}
         workspace = aligned_empty(max((total for _, total in layouts), default=0) // 4)

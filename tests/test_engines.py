@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engines import ENGINES, MODELS, ops
+from engines import ENGINES, MODELS, fused, ops
 from conftest import SMALL_MODELS, make_engine
 from engines.ops import aligned, aligned_empty
 from engines.models import ABS_TOL, REL_TOL
@@ -85,7 +85,7 @@ def test_engines_report_what_they_hold(small_models):
 
 def test_static_gives_each_tensor_its_own_buffer_and_scratch_one_workspace(small_models):
     static = ENGINES["static"](small_models["transformer"], 4)
-    per_op = [scratch for *_, scratch, _ in static._ops if scratch]
+    per_op = [op.scratch for op in static._ops if op.scratch]
     scratch = {s for names in per_op for s in names}
     tensors = [t for t in static.sizes if t not in scratch]
     assert len(per_op) >= 3 and tensors
@@ -168,10 +168,7 @@ def test_aligned_arrays_start_on_a_cache_line(shape, dtype):
 def test_planned_engines_hold_weights_on_cache_lines(engine_name, small_models):
     # NumPy places arrays only 16-byte aligned; OpenBLAS's small sgemm ran 1.3x slower there.
     engine = make_engine(engine_name, small_models["transformer"], 4)
-    if hasattr(engine, "_ops"):
-        held = [a for _, _, _, prepared, _, _ in engine._ops for a in prepared]
-    else:
-        held = [a for *_, operands, _ in engine.steps for a in operands if isinstance(a, np.ndarray)]
+    held = [a for op in getattr(engine, "_ops", None) or engine.steps for a in op.operands if isinstance(a, np.ndarray)]
     matrices = [a for a in held if a.ndim == 2]
     assert len(matrices) >= 4
     assert all(a.ctypes.data % ALIGNMENT == 0 for a in matrices)
@@ -179,14 +176,18 @@ def test_planned_engines_hold_weights_on_cache_lines(engine_name, small_models):
 
 @pytest.mark.parametrize("engine_name", ["static", "arena", "fused", "packed"])
 def test_weights_stored_transposed_give_the_same_result(engine_name, small_models, monkeypatch, rng):
-    # Large weights are held (out, in) and used through a transposed view; force that layout on a
-    # small model and check every path that reads them (gemm, one-row gemv, MKL's pack).
-    monkeypatch.setattr(ops, "TRANSPOSED_MIN_BYTES", 0)
+    # Every kernel takes weights held (out, in) and used through a transposed view (an earlier
+    # layout rule, and docs/kernels.md's candidates); force that layout on a small model and check
+    # every path that reads them (gemm, one-row gemv, MKL's pack).
+    def transposed(w):
+        return ops.aligned(np.transpose(w)).T
+    monkeypatch.setattr(ops, "weight_layout", transposed)
+    monkeypatch.setattr(fused, "weight_layout", transposed)
     for name in ("mlp", "transformer"):
         model = small_models[name]
         engine = make_engine(engine_name, model, 4)
-        weights = [p[0] for calls, _, _, p, _, _ in engine._ops if calls is ops.linear_calls] \
-            if hasattr(engine, "_ops") else [op[3][0] for op in engine.steps if op[0].startswith("linear")]
+        weights = [op.operands[0] for op in engine._ops if op.calls is ops.linear_calls] \
+            if hasattr(engine, "_ops") else [step.operands[0] for step in engine.steps if step.kind.startswith("linear")]
         assert weights and all(w.flags.f_contiguous and not w.flags.c_contiguous for w in weights)
         for batch in (1, 3, 4):
             x = model.random_input(batch, rng)

@@ -204,7 +204,7 @@ def test_packed_weights_match_reference():
         eng = ENGINES["packed"](model, max_batch=MAX_BATCH)
     except EngineUnavailable as exc:
         pytest.skip(f"packed unavailable: {exc}")
-    linears = [s for s in eng.steps if s[0].startswith("linear")]
+    linears = [s for s in eng.steps if s.kind.startswith("linear")]
     packs = [key for key in eng._linears.states if key[0] == "mkl"]        # tests run untuned: MKL's packs
     assert len(packs) == len(linears) == sum(op.kind == "linear" for op in model.ops)
     calls = eng._bind(MAX_BATCH)[1]
@@ -214,8 +214,8 @@ def test_packed_weights_match_reference():
     heads = next(op.attrs["heads"] for op in model.ops if op.kind == "attn_context")
     assert fns.count(eng._mkl.sgemm_batch_strided) == MAX_BATCH          # scores: a batch over heads per sample
     assert fns.count(eng._mkl.sgemm) == MAX_BATCH * heads                # context: a gemm per head
-    standardized = sum(step[0] == "standardize" for step in eng.steps)
-    softmaxes = sum(step[0] == "softmax" for step in eng.steps)
+    standardized = sum(step.kind == "standardize" for step in eng.steps)
+    softmaxes = sum(step.kind == "softmax" for step in eng.steps)
     assert standardized and softmaxes
     # layernorm's row means and variances, softmax's row sums: none on NumPy's BLAS
     assert fns.count(eng._mkl.sgemv) == 2 * standardized
