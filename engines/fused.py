@@ -115,22 +115,28 @@ def _lower_linear(lw: _Lowering, i: int, op) -> bool:
     """Folds what earlier steps deferred into the weights; a relu or a residual add right after
     it that alone reads it joins the step."""
     model, ops = lw.model, lw.ops
-    w = model.params[op.params[0]].astype(np.float64)
+    given = model.params[op.params[0]]
+    w = given.astype(np.float64)
     b = model.params[op.params[1]].astype(np.float64)
+    folded = False
     if op.inputs[0] in lw.folded_ln:                              # layernorm's affine, folded in
         gamma, beta = (v.astype(np.float64) for v in lw.folded_ln[op.inputs[0]])
         b = beta @ w + b
         w = gamma[:, None] * w
+        folded = True
     if op.inputs[0] in lw.doubled:                                # gelu stored 2·gelu(x)
         w *= 0.5
+        folded = True
     if op.output in lw.qk_scale and all(ops[r].kind in ("attn_scores", "attn_context")
                                         for r in lw.readers[op.output]):   # 1/sqrt(d), into q columns
         lw.scaled.add(op.output)
         width, scale = lw.qk_scale[op.output]
         w[:, :width] *= scale
         b[:width] *= scale
+        folded = True
     shape = model.shapes[op.output]
-    w32, b32 = weight_layout(w), b.astype(np.float32)
+    # an unchanged weight is laid out from the model's own array: a large one is then shared, not copied
+    w32, b32 = weight_layout(w if folded else given), b.astype(np.float32)
     operands = (w32, b32, tile(b32, lw.engine.max_batch * math.prod(shape[:-1])))
     src = lw.where[op.inputs[0]]
     nxt = lw.next_reader(op)
