@@ -64,6 +64,20 @@ def test_torch_compile_small_mlp():
     check(eng, model, batches=(1, 3, MAX_BATCH, 2))
 
 
+def test_torch_compile_stays_compiled_past_dynamos_recompile_limit(monkeypatch, caplog):
+    """Every engine compiles the same ``run``; Dynamo runs eagerly past ``recompile_limit`` graphs
+    of one code object. With the limit at 1, this engine's two graphs (dynamic, batch 1) would
+    pass it: construction must raise it, not fall back to eager."""
+    torch = pytest.importorskip("torch", reason="torch-compile needs torch (peers extra)")
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    model = MODELS["transformer"](dim=32, seq=8, seed=3)
+    with caplog.at_level("WARNING", logger="torch._dynamo"):
+        eng = build("torch-compile", model)
+        check(eng, model, batches=(1, MAX_BATCH))
+    assert torch._dynamo.config.recompile_limit >= 1024
+    assert not [r for r in caplog.records if "recompile_limit" in r.getMessage()]
+
+
 def test_missing_package_raises_engine_unavailable(monkeypatch):
     import builtins
     real_import = builtins.__import__
