@@ -65,12 +65,17 @@ def test_every_kernel_allocates_no_arrays(name):
         calls = bound(name, x, w, b, b_tiled, res, y)
         for _ in range(3):
             kernels._run(calls)
+        # the least of 3 warm calls: a temporary shows in every call, a one-off of Python's own
+        # bookkeeping (seen once in CI: 2,060 B at 256 rows) in one
         tracemalloc.start()
         try:
-            base = tracemalloc.get_traced_memory()[0]
-            tracemalloc.reset_peak()
-            kernels._run(calls)
-            peaks.append(tracemalloc.get_traced_memory()[1] - base)
+            each = []
+            for _ in range(3):
+                base = tracemalloc.get_traced_memory()[0]
+                tracemalloc.reset_peak()
+                kernels._run(calls)
+                each.append(tracemalloc.get_traced_memory()[1] - base)
+            peaks.append(min(each))
         finally:
             tracemalloc.stop()
     assert max(peaks) < 2048, peaks
