@@ -186,9 +186,11 @@ def test_measured_costs_stand_and_the_rest_are_estimated_on_their_scale():
     estimates = {("a", "x"): 1.0, ("b", "x"): 2.0, ("c", "x"): 4.0, ("new", "x"): 3.0}
     measured = {("a", "x"): 10.0, ("b", "x"): 30.0, ("c", "x"): 40.0, ("gone", "x"): 99.0}
     # measured/estimated: 10, 15, 10 -> median 10; a pair no longer in the matrix is ignored
-    assert pair_costs(estimates, measured) == {("a", "x"): 10.0, ("b", "x"): 30.0, ("c", "x"): 40.0,
-                                               ("new", "x"): 30.0}
-    assert pair_costs(estimates, {}) == estimates
+    assert pair_costs(list(estimates), measured, estimates.get) == {("a", "x"): 10.0, ("b", "x"): 30.0,
+                                                                   ("c", "x"): 40.0, ("new", "x"): 30.0}
+    assert pair_costs(list(estimates), {}, estimates.get) == estimates
+    # every pair measured: nothing is estimated (an estimate builds the model)
+    assert pair_costs([("a", "x")], measured, lambda p: pytest.fail("estimated")) == {("a", "x"): 10.0}
 
 
 def test_costs_file_has_every_pair_the_run_measured(suite):

@@ -80,11 +80,14 @@ def measured_costs(path: Path = COSTS_FILE) -> dict[tuple[str, str], float]:
     return {tuple(pair.split(" ", 1)): s for pair, s in seconds.items()}
 
 
-def pair_costs(estimates: dict[tuple[str, str], float], measured: dict[tuple[str, str], float]) \
-        -> dict[tuple[str, str], float]:
-    """Each pair's measured seconds where known, else its estimate scaled by the median ratio of
-    measured to estimated over the pairs that have both (so the two kinds add up alike)."""
-    both = [measured[p] / estimates[p] for p in estimates if p in measured and estimates[p] > 0]
+def pair_costs(pairs, measured: dict[tuple[str, str], float], estimate) -> dict[tuple[str, str], float]:
+    """Each pair's measured seconds where known, else ``estimate(pair)`` scaled by the median ratio
+    of measured to estimated over the pairs that have both (so the two kinds add up alike).
+    ``estimate`` (which may build models) is called only when some pair was not measured."""
+    if all(p in measured for p in pairs):
+        return {p: measured[p] for p in pairs}
+    estimates = {p: estimate(p) for p in pairs}
+    both = [measured[p] / estimates[p] for p in pairs if p in measured and estimates[p] > 0]
     scale = statistics.median(both) if both else 1.0
     return {p: measured.get(p, scale * e) for p, e in estimates.items()}
 

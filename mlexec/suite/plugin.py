@@ -142,14 +142,18 @@ def shard_of(config) -> dict[tuple[str, str], int] | None:
     if option is None:
         return None
     _, n = parse_shard(option)
-    flops = {}
-    for case in _matrix(config):
+    cases = {c.id: c for c in _matrix(config)}
+    per_row = {}      # (model, dim, seq, path) -> flops of one row: builds each model once
+
+    def estimate(pair):
+        engine, case = pair[0], cases[pair[1]]
         key = (case.model, case.dim, case.seq, case.path)
-        per_row = flops.get(key) or case.build().flops(1)
-        flops[key] = per_row
-    estimates = {(e, c.id): estimated_seconds(flops[(c.model, c.dim, c.seq, c.path)] * c.batch, ENGINES[e].slow_build)
-                 for c in _matrix(config) for e in _engines(config)}
-    return assign_shards(pair_costs(estimates, measured_costs()), n)
+        if key not in per_row:
+            per_row[key] = case.build().flops(1)
+        return estimated_seconds(per_row[key] * case.batch, ENGINES[engine].slow_build)
+
+    pairs = [(e, c) for c in cases for e in _engines(config)]
+    return assign_shards(pair_costs(pairs, measured_costs(), estimate), n)
 
 
 def pytest_collection_modifyitems(config, items):
