@@ -24,7 +24,7 @@ import numpy as np
 
 from .base import Engine, EngineBusy
 from .models import Model
-from .kernels import KERNELS, Linears
+from .kernels import Linears, candidates
 from .ops import OPS, aligned_empty, linear_calls, rows2d
 from .planner import Plan, Step, end_to_end, plan_memory
 
@@ -124,7 +124,7 @@ class CompiledEngine(BoundEngine):
     peak_slack_bytes = 1024       # measured: 72-96 B (MLPs), 824 B (softmax's reduction state)
     # What a linear may run on, measured at build time (engines.kernels); the same output buffer
     # whichever runs, so the memory plan does not change. Untuned: NumPy's matmul + tiled bias.
-    kernel_candidates = tuple(k for k, v in KERNELS.items() if not k.startswith("mkl") and not v.allocates)
+    kernel_candidates = candidates("numpy", exclude=("mkl",))
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)

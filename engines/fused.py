@@ -11,7 +11,7 @@ linear+residual are one step each; layernorm's gamma/beta, attention's
 1/sqrt(head_dim) and gelu's 0.5 fold into the next linear's weights; softmax
 runs in place with its row sums on the engine's matvec. Which library runs
 each linear is measured at build time on the machine at hand and cached
-(``engines.kernels``; off by default: ``MLEXEC_TUNE=1`` turns it on). forward copies the
+(``engines.kernels``; ``MLEXEC_TUNE=0`` turns it off). forward copies the
 input into an engine buffer, runs ``for fn, args in calls: fn(*args)`` and
 returns a read-only view of the output buffer, valid until the next call.
 Needs SciPy's BLAS (extra ``fast``). Measurements behind each choice:
@@ -28,7 +28,7 @@ import numpy as np
 
 from .base import EngineUnavailable
 from .compiled import BoundEngine, arena_storage
-from .kernels import KERNELS, Gemm, Linears, cpu_model
+from .kernels import Gemm, Linears, candidates, cpu_model
 from .models import Model
 from .ops import (GELU_C, OPS, gather_keys, head_columns, keys_per_head, keys_scratch, maximum,
                   mean_column, ones_column, rows2d, softmax_rows, split_heads, standardize_calls, tile, tiled_calls,
@@ -289,9 +289,9 @@ class FusedEngine(BoundEngine):
     # SciPy's on large skinny products here, and staying on one BLAS keeps one thread pool busy
     # instead of two competing for the cores.
     blas_max_work = 1 << 19          # 8 rows at dim 256; at 32 rows x 256 NumPy already won
-    # What each linear may run on, measured at build time (engines.kernels): all but MKL's, whose
-    # spinning pool is packed's to bring in, and those that allocate per call (oneDNN's sgemm)
-    kernel_candidates = tuple(k for k, v in KERNELS.items() if not k.startswith("mkl") and not v.allocates)
+    # What each linear may run on, measured at build time (engines.kernels): NumPy's pool, or one
+    # thread; not MKL, whose spinning pool is packed's to bring in
+    kernel_candidates = candidates("numpy", exclude=("mkl",))
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)

@@ -16,21 +16,26 @@ the fastest.
   set-threads call around it, ~0.1 us): at small products the pool's wake-up
   costs more than the second core gives. A candidate whose library is missing
   is left out, with the reason in ``unavailable()``.
-- **Timing** (``measure``): the candidates run on scratch arrays of the
-  step's shape, in blocks of calls, interleaved in rotating order round after
-  round as ``mlexec report`` interleaves engines, so a slow spell of the host
-  falls on all of them; the median per candidate decides. A candidate 2x
-  slower than the best after two rounds is dropped; past 0.6 s of timing the
-  rounds stop at three (large products, where rounds are long and steadier).
+- **Timing** (``measure``): after PARK_S idle (another engine's pool parks
+  its workers) and a few untimed calls each, the candidates run on scratch
+  arrays of the step's shape, in blocks of calls, interleaved in rotating
+  order round after round as ``mlexec report`` interleaves engines, so a slow
+  spell of the host falls on all of them; the median per candidate decides.
+  A candidate whose fastest block is 2x slower than the best median after two
+  rounds is dropped; past 0.6 s of timing the rounds stop at three.
+- **One pool per engine** (``candidates``): an engine is offered the kernels
+  of one multi-thread pool (NumPy's OpenBLAS, or MKL's for ``packed``) and
+  any kernel on one thread, plus its own default, which it keeps unless
+  another is KEEP_DEFAULT faster. Two pools alternating on two cores wait for
+  each other's spinning workers: timed that way, two-thread kernels lost 2-10x
+  and one-thread ones were chosen that lost in the forward (docs/kernels.md).
 - **Cache**: the choices are kept per machine (CPU model and flags, library
   versions, thread count) in ``$MLEXEC_CACHE_DIR`` or
   ``$XDG_CACHE_HOME/mlexec`` (``~/.cache/mlexec``), one JSON file per machine,
   written atomically; a second build on the same machine measures nothing.
-- **Switch**: off by default, each engine's fixed default (the choices made
-  before tuning existed): on an idle AMD EPYC the build-time timing chose
-  one-thread kernels that lost in the real forward. ``MLEXEC_TUNE=1`` turns it
-  on; ``MLEXEC_TUNE=again`` measures every GEMM afresh and overwrites the
-  cached choices.
+- **Switch**: on by default. ``MLEXEC_TUNE=0`` measures nothing and uses each
+  engine's fixed default (the choices made before tuning existed);
+  ``MLEXEC_TUNE=again`` measures every GEMM afresh and overwrites the cache.
 """
 from __future__ import annotations
 
@@ -55,20 +60,21 @@ from .threads import blas_threads
 
 TUNE_ENV = "MLEXEC_TUNE"
 CACHE_ENV = "MLEXEC_CACHE_DIR"
-CACHE_VERSION = 1           # bump when a kernel's calls change: older choices are then ignored
+CACHE_VERSION = 2           # bump when a kernel's calls change: older choices are then ignored
 BLOCK_SECONDS = 2e-4        # one timed block: long enough that perf_counter's cost is noise
 ROUND_BUDGET_S = 0.12       # total timing per GEMM, spread over the rounds
 MIN_ROUNDS, MAX_ROUNDS = 5, 41
 CAP_S = 0.6                 # past this much timing per GEMM, stop after CAP_ROUNDS (large products)
 CAP_ROUNDS = 3
+PARK_S = 0.25               # idle before timing: longer than MKL's (200 ms) and OpenBLAS's (~0.1 s) spin
+SETTLE_CALLS, SETTLE_S = 2, 0.005   # untimed calls of each candidate after that (``_settle``)
 DROP_AFTER, DROP_RATIO = 2, 2.0  # after this many rounds, drop candidates this much slower than the best
+KEEP_DEFAULT = 0.05         # the engine's default stays unless another kernel is this much faster
 
 
 def tuning_enabled() -> bool:
-    """Off unless ``MLEXEC_TUNE`` asks for it (1, on, again). Measured on an idle AMD EPYC, the
-    build-time timing chose one-thread kernels that lost in the real forward: static at
-    mlp-b8-d4096 ran 0.54x naive tuned against 0.85x on the fixed choices (docs/kernels.md)."""
-    return os.environ.get(TUNE_ENV, "0").strip().lower() in ("1", "on", "true", "yes", "again")
+    """On unless ``MLEXEC_TUNE`` is 0 (off, false, no): each engine's fixed defaults then."""
+    return os.environ.get(TUNE_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 @dataclass(frozen=True)
@@ -295,6 +301,16 @@ KERNELS: dict[str, Kernel] = {
 }
 
 
+def candidates(pool: str, exclude: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """What an engine whose forward runs on thread pool ``pool`` may choose: that pool's kernels,
+    any library's on one thread, none that allocates per call. One multi-thread pool per
+    engine: two pools called alternately on two cores wait for each other's spinning workers
+    (NumPy's and SciPy's OpenBLAS ran 32 x 1024 x 1024 in 3.9 and 4.1 ms alternately against
+    0.44 ms alone, Intel Xeon), in the forward as in the timing that chooses."""
+    return tuple(n for n, k in KERNELS.items() if not k.allocates and k.library not in exclude
+                 and (k.one_thread is not None or k.library == pool))
+
+
 def unavailable() -> dict[str, str]:
     """Kernel name -> why it cannot run here (its library is missing)."""
     out = {}
@@ -327,9 +343,19 @@ def _run(calls) -> None:
         fn(*args)
 
 
+def _settle(calls) -> None:
+    """Untimed calls: SETTLE_CALLS, and for SETTLE_S at least."""
+    end = time.perf_counter() + SETTLE_S
+    for _ in range(SETTLE_CALLS):
+        _run(calls)
+    while time.perf_counter() < end:
+        _run(calls)
+
+
 def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> dict[str, float]:
-    """Median seconds per call of each candidate on scratch arrays shaped like ``gemm``,
-    timed in blocks interleaved in rotating order; a candidate far behind is dropped early (inf)."""
+    """Median seconds per call of each candidate on scratch arrays shaped like ``gemm``, timed
+    in blocks interleaved in rotating order after PARK_S idle and each candidate's settling
+    calls; a candidate far behind is dropped early (inf)."""
     rng = np.random.default_rng(0)
     def normal(*shape):
         return aligned(rng.standard_normal(shape, dtype=np.float32))
@@ -354,15 +380,14 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
     rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, budget_s / (reps * sum(one.values())))))
     times: dict[str, list[float]] = {name: [] for name in bound}
     alive = list(bound)
+    time.sleep(PARK_S)                              # what ran before (another engine) parks its pool
+    for calls, _ in bound.values():
+        _settle(calls)                              # then every candidate warm, the pool spinning again
     start = time.perf_counter()
     for r in range(rounds):
         if r >= CAP_ROUNDS and time.perf_counter() - start > CAP_S:
             break
-        # grouped by thread pool, the groups rotated: a pool still spinning after its block slows
-        # the next pool's block, so fewer pool changes per round, falling on every group in turn
-        groups = list(dict.fromkeys(KERNELS[n].library for n in alive))
-        groups = groups[r % len(groups):] + groups[:r % len(groups)]
-        order = [n for g in groups for n in alive if KERNELS[n].library == g]
+        order = alive[r % len(alive):] + alive[:r % len(alive)]
         for name in (order if r % 2 == 0 else order[::-1]):
             calls = bound[name][0]
             t0 = time.perf_counter()
@@ -370,8 +395,10 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
                 _run(calls)
             times[name].append((time.perf_counter() - t0) / reps)
         if r + 1 == DROP_AFTER and len(alive) > 2:
+            # by its fastest block: one block that waited for a core (another process, say)
+            # must not drop the candidate that wins everywhere else
             best = min(np.median(times[n]) for n in alive)
-            alive = [n for n in alive if np.median(times[n]) <= DROP_RATIO * best]
+            alive = [n for n in alive if min(times[n]) <= DROP_RATIO * best]
     return {name: float(np.median(t)) if name in alive else float("inf") for name, t in times.items()}
 
 
@@ -437,7 +464,8 @@ def _write_cache(path: Path, choices: dict) -> None:
 @dataclass
 class Choice:
     kernel: str
-    how: str                                        # "measured", "cached", or "default (MLEXEC_TUNE=0)"
+    how: str                                        # "measured", "cached", or "default (MLEXEC_TUNE off)"
+    default: str                                    # what the engine runs untuned
     times_s: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0                            # spent measuring
 
@@ -446,11 +474,12 @@ _MEMO: dict[tuple, Choice] = {}                     # this process's choices: (g
 
 
 def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
-    """The fastest of ``candidates`` for ``gemm`` on this machine: from the cache, else measured
-    (and cached); ``default`` when tuning is off, or when no candidate can run."""
-    runnable = [c for c in candidates if c not in unavailable()]
+    """The fastest of ``candidates`` and ``default`` for ``gemm`` on this machine: from the cache,
+    else measured (and cached). ``default`` unless another is KEEP_DEFAULT faster, and when
+    tuning is off or nothing can run."""
+    runnable = [c for c in dict.fromkeys((*candidates, default)) if c not in unavailable()]
     if not tuning_enabled() or not runnable:
-        return Choice(default, f"default ({TUNE_ENV} off)" if not tuning_enabled() else "default")
+        return Choice(default, f"default ({TUNE_ENV} off)" if not tuning_enabled() else "default", default)
     entry = f"{gemm.key}|{','.join(runnable)}"
     memo_key = (str(cache_path()), entry)
     if memo_key in _MEMO:
@@ -459,12 +488,14 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
     cached = None if os.environ.get(TUNE_ENV, "").strip().lower() == "again" else _read_cache(path).get(entry)
     if isinstance(cached, dict) and cached.get("kernel") in runnable:
         times = {n: float("inf") if t is None else float(t) for n, t in dict(cached.get("times_s", {})).items()}
-        choice = Choice(cached["kernel"], "cached", times)
+        choice = Choice(cached["kernel"], "cached", default, times)
     else:
         t0 = time.perf_counter()
         times = measure(gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")}
         best = min(times, key=lambda n: (times[n], n != default))
-        choice = Choice(best, "measured", times, time.perf_counter() - t0)
+        if default in times and times[default] <= (1 + KEEP_DEFAULT) * times[best]:
+            best = default
+        choice = Choice(best, "measured", default, times, time.perf_counter() - t0)
         _write_cache(path, {entry: {"kernel": best, "times_s": {n: (t if np.isfinite(t) else None)
                                                                 for n, t in times.items()}}})
     _MEMO[memo_key] = choice
@@ -502,7 +533,7 @@ class Linears:
 
     def report(self) -> list[dict]:
         """Per GEMM: the kernel chosen, how, and what every candidate measured (microseconds)."""
-        return [{"gemm": key, "kernel": c.kernel, "how": c.how, "tuning_s": round(c.seconds, 4),
+        return [{"gemm": key, "kernel": c.kernel, "how": c.how, "default": c.default, "tuning_s": round(c.seconds, 4),
                  "candidates_us": {n: (None if not np.isfinite(t) else round(1e6 * t, 2))
                                    for n, t in c.times_s.items()}}
                 for key, c in self.choices.items()]

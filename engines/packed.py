@@ -7,7 +7,7 @@ with Intel MKL's packed GEMM (``cblas_sgemm_pack`` once for
 ``kernels.PACK_ROWS`` = 128 rows, ``cblas_sgemm_compute`` per call, through
 ctypes on the engine's NumPy buffers), for the linears where it measured
 fastest on this machine (``engines.kernels``: the packed GEMM and MKL's plain
-``sgemm``, each also on one thread, against fused's candidates; with
+``sgemm``, each also on one thread, against NumPy's and SciPy's on one thread; with
 ``MLEXEC_TUNE=0`` the fixed rule: packed for more than one row above
 ``fused.blas_max_work`` multiply-adds). Attention's per-head products, layernorm's and
 softmax's row reductions run on MKL too, so that one thread pool (sized like
@@ -83,7 +83,7 @@ def _load_mkl() -> ctypes.CDLL:
 class PackedEngine(FusedEngine):
     name = "packed"
     pack_rows = kernels.PACK_ROWS
-    kernel_candidates = tuple(k for k, v in kernels.KERNELS.items() if not v.allocates)   # MKL's among them
+    kernel_candidates = kernels.candidates("mkl")        # MKL's pool, and any kernel on one thread
 
     def __init__(self, model, max_batch: int):
         self._mkl = _load_mkl()

@@ -191,9 +191,15 @@ def measure(case: Case, names: list[str], rounds: int, block_seconds: float,
 
 
 def _kernels_of(engine) -> list[str]:
-    """"ROWSxINxOUT: kernel" for each GEMM of an engine that chooses its kernels (engines.kernels)."""
+    """"ROWSxINxOUT: kernel (how; each candidate's µs)" for each GEMM of an engine that chooses its
+    kernels (engines.kernels); a candidate dropped early shows as "-"."""
     report = engine.report() if hasattr(engine, "report") else {}
-    return [f"{k['gemm']}: {k['kernel']}" for k in report.get("kernels", [])]
+    out = []
+    for k in report.get("kernels", []):
+        ranked = sorted(k["candidates_us"].items(), key=lambda item: item[1] or float("inf"))
+        times = ", ".join(f"{n} {'-' if t is None else f'{t:.4g}'}" for n, t in ranked)
+        out.append(f"{k['gemm']}: {k['kernel']} ({k['how']}" + (f"; {times} µs)" if times else ")"))
+    return out
 
 
 def summarize(case: Case, times: dict[str, np.ndarray], flops: int, weight_bytes: int, roofs: Roofs) -> list[dict]:
@@ -322,7 +328,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         from engines.threads import blas_threads
         used_threads = blas_threads()
     return {
-        "cpu": cpu_model(), "kernel_tuning": "on" if tuning_enabled() else f"off (the default; {TUNE_ENV}=1 turns it on)",
+        "cpu": cpu_model(), "kernel_tuning": "on (the default)" if tuning_enabled() else f"off ({TUNE_ENV}=0)",
         "openblas": _openblas_kernels(),
         "engines": names, "models": list(grid), "cases": [asdict(s) for s in cases],
         "rounds": rounds, "recheck_rounds": recheck_rounds,

@@ -23,6 +23,7 @@ def tuned(monkeypatch, tmp_path):
     monkeypatch.setattr(kernels, "_MEMO", {})
     monkeypatch.setattr(kernels, "ROUND_BUDGET_S", 0.005)
     monkeypatch.setattr(kernels, "MIN_ROUNDS", 3)
+    monkeypatch.setattr(kernels, "PARK_S", 0.001)
     return tmp_path
 
 
@@ -109,6 +110,35 @@ def test_zero_allocation_engines_never_offer_an_allocating_kernel():
         assert not any(kernels.KERNELS[k].allocates for k in ENGINES[engine].kernel_candidates), engine
 
 
+@pytest.mark.parametrize("engine, pool", [("static", "numpy"), ("arena", "numpy"), ("fused", "numpy"),
+                                          ("packed", "mkl")])
+def test_an_engine_is_offered_one_multi_thread_pool(engine, pool):
+    """Two pools timed (or run) alternately wait for each other's spinning workers."""
+    offered = ENGINES[engine].kernel_candidates
+    assert {kernels.KERNELS[k].library for k in offered if kernels.KERNELS[k].one_thread is None} == {pool}
+    assert any(kernels.KERNELS[k].one_thread for k in offered)
+
+
+def test_tuning_is_on_unless_switched_off(monkeypatch):
+    monkeypatch.delenv(kernels.TUNE_ENV, raising=False)
+    assert kernels.tuning_enabled()
+    for off in ("0", "off", "false", "no"):
+        monkeypatch.setenv(kernels.TUNE_ENV, off)
+        assert not kernels.tuning_enabled()
+
+
+@pytest.mark.parametrize("numpy_us, chosen", [(1.00, "scipy"), (0.96, "scipy"), (0.94, "numpy")])
+def test_the_default_is_measured_and_kept_unless_another_is_clearly_faster(tuned, monkeypatch, numpy_us, chosen):
+    """The engine's default joins the candidates, and stays within KEEP_DEFAULT (5 %) of the best."""
+    seen = []
+    def measure(gemm, names, *a, **k):
+        seen.extend(names)
+        return {"numpy": numpy_us * 1e-6, "scipy": 1e-6}
+    monkeypatch.setattr(kernels, "measure", measure)
+    choice = kernels.choose(kernels.Gemm(4, 32, 32), ("numpy",), "scipy")
+    assert seen == ["numpy", "scipy"] and (choice.kernel, choice.default) == (chosen, "scipy")
+
+
 def test_choice_is_measured_once_then_read_from_the_cache(tuned, monkeypatch):
     gemm = kernels.Gemm(4, 32, 32)
     first = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
@@ -170,9 +200,10 @@ def test_tuned_engine_is_right_and_reports_every_linear(engine, tuned):
     report = eng.report()["kernels"]
     linears = sum(op.kind == "linear" for op in model.ops)
     assert 1 <= len(report) <= linears               # one entry per distinct GEMM shape
-    assert all(r["kernel"] in eng.kernel_candidates for r in report)
     assert {r["how"] for r in report} <= {"measured", "cached"}
-    assert all(set(r["candidates_us"]) <= set(eng.kernel_candidates) for r in report)
+    for r in report:                                 # the engine's own default is measured too
+        offered = {*eng.kernel_candidates, r["default"]}
+        assert r["kernel"] in offered and set(r["candidates_us"]) == offered - set(kernels.unavailable())
 
 
 def test_again_measures_afresh_and_overwrites(tuned, monkeypatch):
