@@ -104,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "with --shapes, the models those shapes belong to)")
     r.add_argument("--engines", default=",".join(REPORT_ENGINES),
                    help=f"comma list from {', '.join(ENGINES)} (default {','.join(REPORT_ENGINES)})")
-    r.add_argument("--model", type=Path, metavar="FILE.onnx",
-                   help="an ONNX file to report on instead of --models (see docs/importing.md)")
+    r.add_argument("--model", type=Path, metavar="FILE.onnx", action="append",
+                   help="an ONNX file to report on instead of --models, repeatable (see docs/importing.md)")
     r.add_argument("--batches", default="1,8", help="batch sizes for --model (default 1,8)")
     r.add_argument("--shapes", help="instead of the built-in grid: BATCHxDIM (mlp) and BATCHxDIMxSEQ "
                                     "(transformer) entries, e.g. 1x256,8x256,1x256x64")

@@ -496,7 +496,12 @@ def main(args) -> int:
 
     names = parse_names(args.engines, ENGINES, "engine")
     if getattr(args, "model", None):
-        grid = file_grid(args.model, args.batches)
+        grid = {}
+        for path in args.model:
+            for name, cases in file_grid(path, args.batches).items():
+                if name in grid:
+                    raise ReportError(f"--model {path}: another --model file is also named {name!r}; rename one")
+                grid[name] = cases
         models = list(grid)
     else:
         models = parse_names(args.models, GRIDS, "model") if args.models else None

@@ -519,3 +519,30 @@ def test_cli_analyze_and_report_a_model_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("mlexec: error: cannot use this model file")
     assert main(["report", "--model", str(bad)]) == 2
+
+
+def test_report_takes_several_model_files_and_refuses_two_of_one_name(tmp_path, monkeypatch, capsys):
+    """``mlexec report --model A --model B`` times both files; two files named alike would give
+    one model name two meanings in the report: refused, one line, exit 2."""
+    from mlexec import report
+    from mlexec.cli import main
+    relu = build([N("Relu", ["x"], ["y"])], out_shape=("N", 4, 6))
+    paths = [tmp_path / "a.onnx", tmp_path / "b.onnx", tmp_path / "sub" / "a.onnx"]
+    paths[2].parent.mkdir()
+    for p in paths:
+        p.write_bytes(relu)
+    seen = {}
+
+    class Measured(Exception):
+        """Raised where the report would start timing: the grid is what this test checks."""
+
+    def run_report(models, names, **kw):
+        seen.update(kw["grid"])
+        raise Measured
+    monkeypatch.setattr(report, "run_report", run_report)
+    with pytest.raises(Measured):
+        main(["report", "--model", str(paths[0]), "--model", str(paths[1]), "--batches", "1,2", "--out", str(tmp_path)])
+    assert {name: [c.batch for c in cases] for name, cases in seen.items()} == {"a": [1, 2], "b": [1, 2]}
+    assert main(["report", "--model", str(paths[0]), "--model", str(paths[2])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "another --model file is also named 'a'" in err
