@@ -86,7 +86,9 @@ def test_every_kernel_allocates_no_arrays(name):
 @pytest.mark.parametrize("name", AVAILABLE)
 def test_native_allocations_are_what_the_kernel_declares(name):
     """memray, BLAS pinned to one thread, after a warm-up: nothing for a kernel the zero-allocation
-    engines may choose; a kernel flagged ``allocates`` shows its per-call scratch."""
+    engines may choose; a kernel flagged ``allocates`` shows its per-call scratch. The least peak
+    of 3 sessions: a one-off 1,362 B of ctypes' bookkeeping failed a CI run (mkl-packed-1t), while
+    a real per-call buffer shows in every session."""
     memray = pytest.importorskip("memray", reason="memray is part of the bench extra")
     from threadpoolctl import threadpool_limits
     x, w, b, b_tiled, res, _ = operands(64, 256, 256, False, False)
@@ -94,11 +96,14 @@ def test_native_allocations_are_what_the_kernel_declares(name):
     with threadpool_limits(1), tempfile.TemporaryDirectory() as tmp:
         for _ in range(3):
             kernels._run(calls)
-        path = os.path.join(tmp, "calls.bin")
-        with memray.Tracker(path):
-            for _ in range(3):
-                kernels._run(calls)
-        peak = memray.FileReader(path).metadata.peak_memory
+        peaks = []
+        for session in range(3):
+            path = os.path.join(tmp, f"calls{session}.bin")
+            with memray.Tracker(path):
+                for _ in range(3):
+                    kernels._run(calls)
+            peaks.append(memray.FileReader(path).metadata.peak_memory)
+        peak = min(peaks)
     if kernels.KERNELS[name].allocates:
         assert peak > 16 * 1024, peak
     else:
