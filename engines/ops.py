@@ -427,10 +427,11 @@ def erf_calls(out, x, scratch) -> Calls:
 
 
 def gelu_erf_calls(out, x, scratch) -> Calls:
-    """x Phi(x), Phi(x) = 0.5 + sign(x) (0.5 - erfc(|x| / sqrt 2) / 2). out must not alias x."""
+    """x Phi(x) = (x + |x| (1 - erfc(|x| / sqrt 2))) / 2, with no copysign (4x dearer a pass than a
+    multiply here). out must not alias x."""
     return _erf_blocks(out, x, scratch, SQRT1_2, lambda y, x, s: [
-        (np.multiply, (s, -0.5, y)), (np.add, (y, 0.5, y)), (np.copysign, (y, x, y)), (np.add, (y, 0.5, y)),
-        (np.multiply, (y, x, y))])
+        (np.absolute, (x, y)), (np.subtract, (1.0, s, s)), (np.multiply, (y, s, y)), (np.add, (y, x, y)),
+        (np.multiply, (y, 0.5, y))])
 
 
 def clip_eager(x, *, lo=None, hi=None):
