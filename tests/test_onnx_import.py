@@ -565,8 +565,14 @@ def test_erf_and_gelu_run_as_a_polynomial_in_row_blocks_without_allocating():
                 fn(*args)
             ref = exact(x.astype(np.float64))
         np.testing.assert_allclose(out, ref, atol=1e-6, rtol=0, equal_nan=True, err_msg=kind)
-    graph = build([N("Erf", ["x"], ["e"]), N("Mul", ["x", "e"], ["y"])], in_shape=("N", rows, width))
+    graph = build([                                 # GELU(x) * erf(x): one gelu_erf, one erf
+        N("Div", ["x", "sqrt2"], ["d"]), N("Erf", ["d"], ["e"]), N("Add", ["e", "one"], ["a"]),
+        N("Mul", ["x", "a"], ["m"]), N("Mul", ["m", "half"], ["g"]), N("Erf", ["x"], ["ex"]),
+        N("Mul", ["g", "ex"], ["y"])], {"sqrt2": np.array(math.sqrt(2), np.float32),
+                                         "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)},
+        in_shape=("N", rows, width))
     model = load_onnx(graph)
+    assert sorted(op.kind for op in model.ops if "erf" in op.kind) == ["erf", "gelu_erf"]
     for name in ("static", "arena", "fused", "packed"):
         engine = ENGINES[name](model, 2)
         x = model.random_input(2, rng=0)
