@@ -31,8 +31,8 @@ from .compiled import BoundEngine, arena_storage
 from .kernels import Gemm, Linears, candidates, cpu_model
 from .models import Model
 from .ops import (GELU_C, OPS, gather_keys, head_columns, keys_per_head, keys_scratch, maximum,
-                  mean_column, ones_column, rows2d, softmax_rows, split_heads, standardize_calls, tile, tiled_calls,
-                  weight_layout, zero_rows)
+                  mean_column, ones_column, rows2d, rowwise_scratch, softmax_rows, split_heads, standardize_calls,
+                  tile, tiled_calls, weight_layout, zero_rows)
 from .planner import Step
 
 
@@ -90,6 +90,11 @@ class _Lowering:
         self.where[tensor] = self.engine._buffer(tensor, shape)
         return self.where[tensor]
 
+    def row_scratch(self, op) -> tuple[str, str]:
+        """Buffers for a row-wise op's temporary and per-row statistic (``ops.rowwise_scratch``)."""
+        tmp, stat = rowwise_scratch([self.model.shapes[op.output]])
+        return self.engine._buffer(op.output + ".tmp", tmp), self.engine._buffer(op.output + ".stat", stat)
+
     def in_place(self, op) -> bool:
         """Whether ``op`` may overwrite its input: it reads it alone, and it isn't the caller's input copy."""
         return self.only_reader.get(op.inputs[0]) is op and self.where[op.inputs[0]] != "input"
@@ -105,8 +110,7 @@ def _lower_layernorm(lw: _Lowering, i: int, op) -> bool:
     shape = lw.model.shapes[op.output]
     lw.folded_ln[op.output] = tuple(lw.model.params[p] for p in op.params)
     out = lw.output(op.output, shape)
-    scratch = (lw.engine._buffer(op.output + ".tmp", shape), lw.engine._buffer(op.output + ".stat", shape[:-1] + (1,)))
-    lw.steps.append(FusedStep("standardize", out, (lw.where[op.inputs[0]],), scratch,
+    lw.steps.append(FusedStep("standardize", out, (lw.where[op.inputs[0]],), lw.row_scratch(op),
                               (mean_column(shape[-1]),), {"eps": op.attrs["eps"]}))
     return True
 
@@ -189,10 +193,8 @@ def _lower_softmax(lw: _Lowering, i: int, op) -> bool:
     """In place, its row sums on the engine's matvec."""
     if not lw.in_place(op):
         return False
-    shape = lw.model.shapes[op.output]
     buffer = lw.where[op.output] = lw.where[op.inputs[0]]
-    scratch = (lw.engine._buffer(op.output + ".tmp", shape), lw.engine._buffer(op.output + ".stat", shape[:-1] + (1,)))
-    lw.steps.append(FusedStep("softmax", buffer, (buffer,), scratch))
+    lw.steps.append(FusedStep("softmax", buffer, (buffer,), lw.row_scratch(op)))
     return True
 
 

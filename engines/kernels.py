@@ -364,13 +364,12 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
     b_tiled = tile(b, gemm.rows)
     residual = normal(gemm.rows, gemm.n) if gemm.residual else None
     y = aligned(np.zeros((gemm.rows, gemm.n)))
-    bound = {}
+    bound = {}                                      # name -> calls (their pointers hold prepared state)
     for name in names:
         kernel = KERNELS[name]
-        state = kernel.prepare(w) if kernel.prepare else None
-        bound[name] = (bind(name, x, y, w, b, b_tiled, residual, state), state)
+        bound[name] = bind(name, x, y, w, b, b_tiled, residual, kernel.prepare(w) if kernel.prepare else None)
     one = {}
-    for name, (calls, _) in bound.items():          # warm up, and size the blocks
+    for name, calls in bound.items():               # warm up, and size the blocks
         _run(calls)
         t0 = time.perf_counter()
         _run(calls)
@@ -381,7 +380,7 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
     times: dict[str, list[float]] = {name: [] for name in bound}
     alive = list(bound)
     time.sleep(PARK_S)                              # what ran before (another engine) parks its pool
-    for calls, _ in bound.values():
+    for calls in bound.values():
         _settle(calls)                              # then every candidate warm, the pool spinning again
     start = time.perf_counter()
     for r in range(rounds):
@@ -389,7 +388,7 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
             break
         order = alive[r % len(alive):] + alive[:r % len(alive)]
         for name in (order if r % 2 == 0 else order[::-1]):
-            calls = bound[name][0]
+            calls = bound[name]
             t0 = time.perf_counter()
             for _ in range(reps):
                 _run(calls)
@@ -492,8 +491,8 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
     else:
         t0 = time.perf_counter()
         times = measure(gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")}
-        best = min(times, key=lambda n: (times[n], n != default))
-        if default in times and times[default] <= (1 + KEEP_DEFAULT) * times[best]:
+        best = min(times, key=times.get)
+        if default in times and times[default] <= (1 + KEEP_DEFAULT) * times[best]:    # ties included
             best = default
         choice = Choice(best, "measured", default, times, time.perf_counter() - t0)
         _write_cache(path, {entry: {"kernel": best, "times_s": {n: (t if np.isfinite(t) else None)
