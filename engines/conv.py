@@ -306,18 +306,30 @@ def conv_calls(out, x, wb, *scratch, **attrs) -> Calls:
         # Output rows in blocks of col_rows: each block's taps into the workspace, then one GEMM
         # for every sample and group into the block's columns of the output.
         (col,) = scratch
-        rows = col.shape[-1] // ow
-        xg = split_view(x, (batch, group, cg, h, w_))
-        w3 = split_view(wb, (group, out_ch // group, cg * kk + 1))
-        y4 = split_view(out, (batch, group, out_ch // group, oh * ow))
         calls = [(np.copyto, (col[:, :, -1], 1.0))]                      # the bias's row of ones
-        for r0 in range(0, oh, rows):
-            n = min(rows, oh - r0)
-            block = col[..., :n * ow]
-            col7 = split_view(block[:, :, :-1], (batch, group, cg, *win.kernel, n, ow))
-            calls += [c for ij in win.taps() for c in tap_calls(col7[:, :, :, ij[0], ij[1]], xg, win, ij, 0.0, r0)]
-            calls.append((np.matmul, (w3, block, y4[..., r0 * ow:(r0 + n) * ow])))
+        calls += _im2col_calls(out, x, wb, col, win, group)
     return calls + activation_calls(out, **act)
+
+
+def _im2col_calls(dst, x, wb, col, win: Window, group: int, lo: int = 0) -> Calls:
+    """Conv output rows lo .. lo + rows of dst (batch, O, rows, OW), a block of the workspace col's
+    rows at a time: each block's taps into col, then one GEMM for every sample and group into the
+    block's columns of dst. col's last row holds the bias's ones (set by the caller, once)."""
+    batch, channels, h, w_ = x.shape
+    out_ch, rows_out, ow = dst.shape[1:]
+    cg, kk = channels // group, win.kernel[0] * win.kernel[1]
+    xg = split_view(x, (batch, group, cg, h, w_))
+    w3 = split_view(wb, (group, out_ch // group, cg * kk + 1))
+    y4 = split_view(dst, (batch, group, out_ch // group, rows_out * ow))
+    rows = col.shape[-1] // ow
+    calls = []
+    for r0 in range(0, rows_out, rows):
+        n = min(rows, rows_out - r0)
+        block = col[..., :n * ow]
+        col7 = split_view(block[:, :, :-1], (batch, group, cg, *win.kernel, n, ow))
+        calls += [c for ij in win.taps() for c in tap_calls(col7[:, :, :, ij[0], ij[1]], xg, win, ij, 0.0, lo + r0)]
+        calls.append((np.matmul, (w3, block, y4[..., r0 * ow:(r0 + n) * ow])))
+    return calls
 
 
 def conv_flops(in_shapes, out_shape, **attrs):
@@ -432,6 +444,88 @@ def globalavgpool_calls(out, x) -> Calls:
     batch, channels, h, w = x.shape
     return [(np.matmul, (split_view(x, (batch, channels, h * w)), _mean_column(h * w),
                          split_view(out, (batch, channels, 1))))]
+
+
+# --- a conv and the max pool after it, one op --------------------------------------------
+
+# The pool's attributes ride on the conv's with this prefix; ``out_channels`` sizes the band.
+POOL_PREFIX = "pool_"
+# The band of conv rows, per sample: with the im2col block and two blocks of pooled rows it is
+# the op's scratch, at the step where it replaced the conv's whole output (docs/cnn.md).
+BAND_BYTES = 512 * 1024
+
+
+def _split_pool(attrs) -> tuple[dict, dict]:
+    """A conv_maxpool's attributes as (the conv's, the pool's)."""
+    conv = {k: v for k, v in attrs.items() if not k.startswith(POOL_PREFIX) and k != "out_channels"}
+    return conv, {k[len(POOL_PREFIX):]: v for k, v in attrs.items() if k.startswith(POOL_PREFIX)}
+
+
+def _conv_pool_attrs(attrs):
+    """(conv window, group, activation attrs, output channels, pool window) of a conv_maxpool."""
+    conv, pool = _split_pool(attrs)
+    return (*_conv_attrs(conv), int(attrs["out_channels"]), _pool_window(pool))
+
+
+def _pool_band(out_ch: int, conv_hw: tuple[int, int], pool: Window) -> tuple[int, int]:
+    """(pool output rows per block, conv rows a block reads at most): enough pool rows that their
+    conv rows make COL_COLUMNS GEMM columns, as the plain conv's blocks do, within BAND_BYTES."""
+    (oh, ow), ph = conv_hw, pool.out_size(*conv_hw)[0]
+    s, span = pool.strides[0], pool.dilations[0] * (pool.kernel[0] - 1) + 1
+    rows = min(-(-COL_COLUMNS // ow), BAND_BYTES // (4 * out_ch * ow))
+    per = max(1, min(ph, (rows - span) // s + 1))
+    return per, min(oh, (per - 1) * s + span)
+
+
+def conv_maxpool_eager(x, w, b, **attrs):
+    conv, pool = _split_pool(attrs)
+    return maxpool_eager(conv_eager(x, w, b, **conv), **pool)
+
+
+def conv_maxpool_scratch(in_shapes, **attrs):
+    (channels, h, w_), (win, group, _, out_ch, pool) = in_shapes[0], _conv_pool_attrs(attrs)
+    if conv_path(channels, win, group) != "im2col":
+        raise ValueError("conv_maxpool: only a conv on the im2col lowering (not 1x1, not depthwise)")
+    oh, ow = win.out_size(h, w_)
+    per, band_rows = _pool_band(out_ch, (oh, ow), pool)
+    pw = pool.out_size(oh, ow)[1]
+    k = channels // group * win.kernel[0] * win.kernel[1] + 1
+    return ((group, k, min(band_rows, col_rows(channels, win, band_rows, ow)) * ow),   # im2col block
+            (out_ch, band_rows, ow), (out_ch, per, pw), (out_ch, per, pw))          # band, max, one tap
+
+
+def conv_maxpool_calls(out, x, wb, col, band, acc, tap, **attrs) -> Calls:
+    # Per block of pool output rows: the conv rows its windows read, into the band (im2col GEMMs,
+    # then the activation), pooled tap by tap into acc (contiguous: no ufunc buffer), and acc
+    # copied into the block's rows of the output. A 3x3/2 pool's blocks share one conv row, which
+    # each computes: 1/(2 x rows per block) more conv work, against the conv's whole output held.
+    win, group, act, out_ch, pool = _conv_pool_attrs(attrs)
+    batch, _, ph, pw = out.shape
+    oh, ow = win.out_size(*x.shape[-2:])
+    per = acc.shape[-2]
+    s, span = pool.strides[0], pool.dilations[0] * (pool.kernel[0] - 1) + 1
+    top, left, _, right = pool.pads
+
+    def block(a, shape):                     # the scratch's first floats as one contiguous array
+        return split_view(a.reshape(-1)[:batch * math.prod(shape)], (batch, *shape))
+
+    calls = [(np.copyto, (col[:, :, -1], 1.0))]                        # the bias's row of ones
+    for i0 in range(0, ph, per):
+        i1 = min(ph, i0 + per)
+        lo, hi = max(0, i0 * s - top), min(oh, (i1 - 1) * s - top + span)
+        rows = block(band, (out_ch, max(0, hi - lo), ow))
+        calls += _im2col_calls(rows, x, wb, col, win, group, lo) + activation_calls(rows, **act)
+        local = Window(pool.kernel, pool.strides, (top + lo - i0 * s, left, 0, right), pool.dilations)
+        pooled = block(acc, (out_ch, i1 - i0, pw))
+        calls += _pool_calls(maximum, -np.inf, pooled, rows, block(tap, (out_ch, i1 - i0, pw)), local)
+        calls.append((np.copyto, (out[:, :, i0:i1], pooled)))
+    return calls
+
+
+def conv_maxpool_flops(in_shapes, out_shape, **attrs):
+    win, group, _, out_ch, pool = _conv_pool_attrs(attrs)
+    oh, ow = win.out_size(*in_shapes[0][1:])
+    return conv_flops(in_shapes, (out_ch, oh, ow), **_split_pool(attrs)[0]) + math.prod(out_shape) * pool.kernel[0] * pool.kernel[1]
 
 
 # --- LRN, batchnorm ---------------------------------------------------------------
@@ -550,6 +644,10 @@ CONV_OPS: dict[str, OpKind] = {
     "conv": OpKind(conv_eager, conv_calls, prepare=conv_prepare, scratch=conv_scratch, flops=conv_flops,
                    eager_temps=2),
     "maxpool": OpKind(maxpool_eager, maxpool_calls, scratch=pool_scratch, flops=pool_flops),
+    # eager: the conv's output and its two temporaries, each 4 pool outputs behind a stride-2
+    # pool (every pool after a conv in the nine light models)
+    "conv_maxpool": OpKind(conv_maxpool_eager, conv_maxpool_calls, prepare=conv_prepare,
+                           scratch=conv_maxpool_scratch, flops=conv_maxpool_flops, eager_temps=12),
     "averagepool": OpKind(avgpool_eager, avgpool_calls, scratch=pool_scratch, flops=pool_flops),
     "globalaveragepool": OpKind(globalavgpool_eager, globalavgpool_calls, flops=lambda i, o, **_: 2 * math.prod(i[0])),
     "lrn": OpKind(lrn_eager, lrn_calls, scratch=lrn_scratch, flops=lrn_flops, eager_temps=3),

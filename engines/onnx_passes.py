@@ -15,6 +15,7 @@ import numpy as np
 
 from .models import Model, Op
 from .ops import OPS, split_heads
+from .conv import POOL_PREFIX, Window, conv_path, fold_batchnorm as fold_conv_batchnorm
 
 
 def live_ops(ops, output: str) -> list[Op]:
@@ -339,13 +340,11 @@ def _new_param(params: dict, hint: str, value) -> str:
 def fold_batchnorm(model: Model) -> Model:
     """``conv`` then ``batchnorm`` (read only there): one conv with the folded weights and bias
     (``engines.conv.fold_batchnorm``, in float64)."""
-    from .conv import fold_batchnorm as fold
-
     def merge(conv, bn, params):
         if conv.kind != "conv" or bn.kind != "batchnorm" or conv.attrs.get("activation", "none") != "none":
             return None
         w, b = (params[p] for p in conv.params)
-        w, b = fold(w, b, *(params[p] for p in bn.params), bn.attrs.get("epsilon", 1e-5))
+        w, b = fold_conv_batchnorm(w, b, *(params[p] for p in bn.params), bn.attrs.get("epsilon", 1e-5))
         return Op("conv", conv.inputs, bn.output, (_new_param(params, conv.params[0] + ".bn", w),
                                                    _new_param(params, conv.params[1] + ".bn", b)), conv.attrs)
     return _absorb(model, merge)
@@ -417,6 +416,23 @@ def fuse_conv_activation(model: Model) -> Model:
     return _absorb(model, merge)
 
 
+def fuse_conv_maxpool(model: Model) -> Model:
+    """``conv`` on the im2col lowering then ``maxpool`` (read only there): one ``conv_maxpool``,
+    which never holds the conv's whole output (a band of its rows per block of pooled rows).
+    At the model's busiest step that output is the largest tensor: SqueezeNet's and Inception
+    v2's first conv (3.2 MB, pooled to 0.8), VGG-19's second (12.8 MB, pooled to 3.2)."""
+    def merge(conv, pool, params):
+        if conv.kind != "conv" or pool.kind != "maxpool":
+            return None
+        win, group = Window.of(**conv.attrs), int(conv.attrs.get("group", 1))
+        if conv_path(model.shapes[conv.inputs[0]][0], win, group) != "im2col":
+            return None
+        return Op("conv_maxpool", conv.inputs, pool.output, conv.params,
+                  {**conv.attrs, "out_channels": model.shapes[conv.output][0],
+                   **{POOL_PREFIX + k: v for k, v in pool.attrs.items()}})
+    return _absorb(model, merge)
+
+
 # In order: fusions first, then what they left unread.
 PASSES = (fold_bias, fuse_gelu_erf, fuse_layernorm, fuse_attention, fold_batchnorm, fold_affine,
-          fuse_conv_activation, remove_dead)
+          fuse_conv_activation, fuse_conv_maxpool, remove_dead)

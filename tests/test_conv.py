@@ -11,12 +11,12 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 from threadpoolctl import threadpool_limits
 
 from conftest import make_engine
 from engines import conv
-from engines.conv import CONV_OPS, Window, fold_batchnorm
+from engines.conv import CONV_OPS, POOL_PREFIX, Window, fold_batchnorm
 from engines.models import Model, Op
 from engines.ops import OPS
 
@@ -54,6 +54,11 @@ def run_calls(calls) -> None:
 def onnx_nodes(kind: str, inputs: list[str], params: list[str], attrs: dict, out: str):
     """The ONNX node(s) computing kind, and extra initializers they need."""
     a = dict(attrs)
+    if kind == "conv_maxpool":                # the conv's nodes, then a MaxPool
+        pool = {k[len(POOL_PREFIX):]: a.pop(k) for k in list(a) if k.startswith(POOL_PREFIX)}
+        a.pop("out_channels")
+        nodes, extra = onnx_nodes("conv", inputs, params, a, "conv_out")
+        return nodes + [helper.make_node("MaxPool", ["conv_out"], [out], **pool)], extra
     if kind == "conv":
         act, lo, hi = a.pop("activation", "none"), a.pop("clip_min", None), a.pop("clip_max", None)
         if act == "none":
@@ -152,6 +157,36 @@ def test_conv_matches_reference_and_onnxruntime(case, batch, seed):
     check_kind("conv", [x], params, **attrs)
     with mock.patch.object(conv, "COL_BYTES", 1):          # im2col one output row at a time
         check_kind("conv", [x], params, with_onnxruntime=False, **attrs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=conv_cases(), data=st.data(), batch=st.sampled_from(BATCHES), seed=st.integers(0, 2**16))
+def test_conv_then_maxpool_matches_reference_and_onnxruntime(case, data, batch, seed):
+    (channels, h, w), out_ch, attrs = case
+    win = Window.of(**attrs)
+    assume(conv.conv_path(channels, win, attrs["group"]) == "im2col")
+    oh, ow = win.out_size(h, w)
+    _, pool = data.draw(pool_cases("maxpool"))
+    span = [d * (k - 1) + 1 for d, k in zip(pool["dilations"], pool["kernel_shape"])]
+    assume(oh >= span[0] and ow >= span[1])
+    attrs = {**attrs, "out_channels": out_ch, **{POOL_PREFIX + k: v for k, v in pool.items()}}
+    rng = np.random.default_rng(seed)
+    params = conv_params(rng, out_ch, channels // attrs["group"], *attrs["kernel_shape"])
+    x = normal(rng, (batch, channels, h, w))
+    check_kind("conv_maxpool", [x], params, **attrs)
+    # one pooled row per block, and one conv row per im2col block
+    with mock.patch.object(conv, "BAND_BYTES", 1), mock.patch.object(conv, "COL_BYTES", 1):
+        check_kind("conv_maxpool", [x], params, with_onnxruntime=False, **attrs)
+
+
+def test_conv_then_maxpool_holds_a_band_not_the_conv_output():
+    # SqueezeNet's first conv and pool: 64 x 111 x 111 conv rows (3.2 MB) pooled to 55 x 55
+    attrs = dict(kernel_shape=(3, 3), strides=(2, 2), activation="relu", out_channels=64,
+                 pool_kernel_shape=(3, 3), pool_strides=(2, 2))
+    shapes = OPS["conv_maxpool"].scratch_shapes([(3, 224, 224)], attrs)
+    band = shapes[1]
+    assert band[0] == 64 and band[2] == 111 and 1 < band[1] < 111
+    assert 4 * sum(math.prod(s) for s in shapes) < 4 * 64 * 111 * 111 / 2
 
 
 @pytest.mark.parametrize("attrs, path", [
@@ -316,6 +351,9 @@ ALLOC_CASES = {
     "conv-1x1": ("conv", (16, 24, 24), dict(kernel_shape=(1, 1)), 32),
     "conv-1x1-grouped": ("conv", (16, 24, 24), dict(kernel_shape=(1, 1), group=4), 32),
     "conv-depthwise": ("conv", (16, 24, 24), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), group=16), 16),
+    "conv-maxpool": ("conv_maxpool", (16, 49, 49),                        # 2 blocks of pooled rows
+                     dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), activation="relu", out_channels=16,
+                          pool_kernel_shape=(3, 3), pool_strides=(2, 2), pool_pads=(1, 1, 1, 1)), 16),
     "maxpool": ("maxpool", (16, 49, 49), dict(kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)), None),
     "maxpool-ceil": ("maxpool", (16, 48, 48), dict(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1), None),
     "averagepool-exclude-pad": ("averagepool", (16, 24, 24), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1)), None),
@@ -335,7 +373,7 @@ def alloc_case(name, batch, rng):
     kind, shape, attrs, out_ch = ALLOC_CASES[name]
     x = normal(rng, (batch, *shape))
     inputs, params = [x], []
-    if kind == "conv":
+    if kind in ("conv", "conv_maxpool"):
         params = conv_params(rng, out_ch, shape[0] // attrs.get("group", 1), *attrs["kernel_shape"])
     elif kind == "batchnorm":
         params = [normal(rng, (shape[0],)) for _ in range(3)] + [rng.random(shape[0]).astype(np.float32) + 0.1]
