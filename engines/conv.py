@@ -446,6 +446,56 @@ def globalavgpool_calls(out, x) -> Calls:
                          split_view(out, (batch, channels, 1))))]
 
 
+# --- a 1x1 conv and the residual added to it, one op ----------------------------------------
+
+def conv_add_eager(x, r, w, b, **attrs):
+    _, _, act = _conv_attrs(attrs)
+    plain = {k: v for k, v in attrs.items() if k not in ("activation", "clip_min", "clip_max")}
+    return activation_eager(conv_eager(x, w, b, **plain) + r, **act)
+
+
+def _residual_rows(out_ch: int, plane: int) -> int:
+    """Output channels per block: the fewest blocks of at most COL_BYTES, split evenly."""
+    blocks = -(-out_ch // max(1, COL_BYTES // (4 * plane)))
+    return -(-out_ch // blocks)
+
+
+def conv_add_scratch(in_shapes, **attrs):
+    (channels, h, w_), (win, group, _) = in_shapes[0], _conv_attrs(attrs)
+    if conv_path(channels, win, group) != "gemm" or group != 1:
+        raise ValueError("conv_add: only a 1x1, stride 1, unpadded conv with one group")
+    rows = _residual_rows(in_shapes[1][0], h * w_)
+    return ((rows, h * w_), (rows, h * w_))              # the GEMM's block; the bias broadcast
+
+
+def conv_add_calls(out, x, r, wb, gemm, bias_block, **attrs) -> Calls:
+    # Per block of output channels and sample: the GEMM into a contiguous block, the bias added
+    # there, then out = residual + block (out may be the residual's own storage: in place, the
+    # element read before it is written). NumPy's matmul cannot accumulate onto the residual.
+    _, _, act = _conv_attrs(attrs)
+    batch, channels, h, w_ = x.shape
+    out_ch, plane = out.shape[1], h * w_
+    x3, r3, y3 = (split_view(a, (a.shape[0], a.shape[1], plane)) for a in (x, r, out))
+    w, bias, step = wb[:, :channels], wb[:, -1], gemm.shape[1]
+    calls = []
+    for o in range(0, out_ch, step):
+        rows = slice(o, min(out_ch, o + step))
+        block, biases = gemm[0, :rows.stop - o], bias_block[0, :rows.stop - o]
+        if np.any(bias[rows]):
+            calls.append((np.copyto, (biases, bias[rows, None])))
+        for n in range(batch):
+            calls.append((np.matmul, (w[rows], x3[n], block)))
+            if np.any(bias[rows]):
+                calls.append((np.add, (block, biases, block)))
+            calls.append((np.add, (r3[n, rows], block, y3[n, rows])))
+            calls += activation_calls(y3[n, rows], **act)
+    return calls
+
+
+def conv_add_flops(in_shapes, out_shape, **attrs):
+    return conv_flops(in_shapes, out_shape, **attrs) + math.prod(out_shape)
+
+
 # --- a conv and the max pool after it, one op --------------------------------------------
 
 # The pool's attributes ride on the conv's with this prefix; ``out_channels`` sizes the band.
@@ -644,6 +694,9 @@ CONV_OPS: dict[str, OpKind] = {
     "conv": OpKind(conv_eager, conv_calls, prepare=conv_prepare, scratch=conv_scratch, flops=conv_flops,
                    eager_temps=2),
     "maxpool": OpKind(maxpool_eager, maxpool_calls, scratch=pool_scratch, flops=pool_flops),
+    # eager: the conv's output and its temporaries, then the sum
+    "conv_add": OpKind(conv_add_eager, conv_add_calls, prepare=conv_prepare, scratch=conv_add_scratch,
+                       flops=conv_add_flops, inplace=(1,), eager_temps=3),
     # eager: the conv's output and its two temporaries, each 4 pool outputs behind a stride-2
     # pool (every pool after a conv in the nine light models)
     "conv_maxpool": OpKind(conv_maxpool_eager, conv_maxpool_calls, prepare=conv_prepare,

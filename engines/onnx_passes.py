@@ -402,15 +402,34 @@ def fold_affine(model: Model) -> Model:
     return _absorb(model, merge)
 
 
+def fuse_conv_add(model: Model) -> Model:
+    """A 1x1 ``conv`` (no activation) then a two-input ``sum`` or tensor ``add`` (read only there):
+    one ``conv_add`` whose output may take the other input's storage. ResNet's residual adds:
+    the block's last conv then needs no buffer of its own beside the residual."""
+    def merge(conv, add, params):
+        if conv.kind != "conv" or conv.attrs.get("activation", "none") != "none" or len(add.inputs) != 2:
+            return None
+        if not (add.kind == "sum" or (add.kind == "binary" and add.attrs == {"fn": "add"} and not add.params)):
+            return None
+        win, group = Window.of(**conv.attrs), int(conv.attrs.get("group", 1))
+        residual = add.inputs[1 - add.inputs.index(conv.output)]
+        if (conv_path(model.shapes[conv.inputs[0]][0], win, group) != "gemm" or group != 1
+                or model.shapes[residual] != model.shapes[conv.output]):
+            return None
+        return Op("conv_add", (conv.inputs[0], residual), add.output, conv.params, conv.attrs)
+    return _absorb(model, merge)
+
+
 def fuse_conv_activation(model: Model) -> Model:
-    """``conv`` then ``relu`` or ``clip`` (read only there): the conv's ``activation`` attribute."""
+    """``conv`` or ``conv_add`` then ``relu`` or ``clip`` (read only there): its ``activation``."""
     def merge(conv, act, params):
-        if conv.kind != "conv" or conv.attrs.get("activation", "none") != "none" or act.kind not in ("relu", "clip"):
+        if (conv.kind not in ("conv", "conv_add") or conv.attrs.get("activation", "none") != "none"
+                or act.kind not in ("relu", "clip")):
             return None
         if act.kind == "relu":
-            return Op("conv", conv.inputs, act.output, conv.params, {**conv.attrs, "activation": "relu"})
+            return Op(conv.kind, conv.inputs, act.output, conv.params, {**conv.attrs, "activation": "relu"})
         lo, hi = act.attrs.get("lo"), act.attrs.get("hi")
-        return Op("conv", conv.inputs, act.output, conv.params,
+        return Op(conv.kind, conv.inputs, act.output, conv.params,
                   {**conv.attrs, "activation": "clip", "clip_min": -math.inf if lo is None else lo,
                    "clip_max": math.inf if hi is None else hi})
     return _absorb(model, merge)
@@ -435,4 +454,4 @@ def fuse_conv_maxpool(model: Model) -> Model:
 
 # In order: fusions first, then what they left unread.
 PASSES = (fold_bias, fuse_gelu_erf, fuse_layernorm, fuse_attention, fold_batchnorm, fold_affine,
-          fuse_conv_activation, fuse_conv_maxpool, remove_dead)
+          fuse_conv_add, fuse_conv_activation, fuse_conv_maxpool, remove_dead)

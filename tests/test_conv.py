@@ -59,14 +59,18 @@ def onnx_nodes(kind: str, inputs: list[str], params: list[str], attrs: dict, out
         a.pop("out_channels")
         nodes, extra = onnx_nodes("conv", inputs, params, a, "conv_out")
         return nodes + [helper.make_node("MaxPool", ["conv_out"], [out], **pool)], extra
-    if kind == "conv":
+    if kind in ("conv", "conv_add"):          # Conv (then Add of the residual), then the activation
         act, lo, hi = a.pop("activation", "none"), a.pop("clip_min", None), a.pop("clip_max", None)
+        pre = out if act == "none" else "pre"
+        conv_out = "conv_out" if kind == "conv_add" else pre
+        nodes = [helper.make_node("Conv", inputs[:1] + params, [conv_out], **a)]
+        if kind == "conv_add":
+            nodes.append(helper.make_node("Add", [conv_out, inputs[1]], [pre]))
         if act == "none":
-            return [helper.make_node("Conv", inputs + params, [out], **a)], {}
-        conv = helper.make_node("Conv", inputs + params, ["pre"], **a)
+            return nodes, {}
         if act == "relu":
-            return [conv, helper.make_node("Relu", ["pre"], [out])], {}
-        return ([conv, helper.make_node("Clip", ["pre", "lo", "hi"], [out])],
+            return nodes + [helper.make_node("Relu", ["pre"], [out])], {}
+        return (nodes + [helper.make_node("Clip", ["pre", "lo", "hi"], [out])],
                 {"lo": np.float32(lo), "hi": np.float32(hi)})
     if kind == "clip":                       # the importer's kind: lo, hi
         return ([helper.make_node("Clip", inputs + ["lo", "hi"], [out])],
@@ -177,6 +181,25 @@ def test_conv_then_maxpool_matches_reference_and_onnxruntime(case, data, batch, 
     # one pooled row per block, and one conv row per im2col block
     with mock.patch.object(conv, "BAND_BYTES", 1), mock.patch.object(conv, "COL_BYTES", 1):
         check_kind("conv_maxpool", [x], params, with_onnxruntime=False, **attrs)
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("act", [{}, dict(activation="relu"), dict(activation="clip", clip_min=-0.5, clip_max=0.8)])
+def test_conv_add_matches_reference_and_onnxruntime(act, batch, rng):
+    # 24 x 24 planes, 32 outputs, 1 MiB blocks patched to 5 rows: 7 blocks, the last short
+    x, r = normal(rng, (batch, 12, 24, 24)), normal(rng, (batch, 32, 24, 24))
+    w, b = conv_params(rng, 32, 12, 1, 1)
+    check_kind("conv_add", [x, r], (w, b), kernel_shape=(1, 1), **act)
+    with mock.patch.object(conv, "COL_BYTES", 5 * 4 * 24 * 24):
+        check_kind("conv_add", [x, r], (w, np.zeros_like(b)), with_onnxruntime=False, kernel_shape=(1, 1), **act)
+        # in place: the output is the residual's own storage, as the planner gives it
+        expected = OPS["conv_add"].eager(x, r, w, b, kernel_shape=(1, 1), **act)
+        op = OPS["conv_add"]
+        scratch = [np.full((batch, *s), np.nan, np.float32)
+                   for s in op.scratch_shapes([x.shape[1:], r.shape[1:]], dict(kernel_shape=(1, 1)))]
+        assert scratch[0].shape[1] == 5
+        run_calls(op.calls(r, x, r, *op.operands((w, b), 64), *scratch, kernel_shape=(1, 1), **act))
+        np.testing.assert_allclose(r, expected, rtol=0, atol=tolerance(expected))
 
 
 def test_conv_then_maxpool_holds_a_band_not_the_conv_output():
@@ -351,6 +374,7 @@ ALLOC_CASES = {
     "conv-1x1": ("conv", (16, 24, 24), dict(kernel_shape=(1, 1)), 32),
     "conv-1x1-grouped": ("conv", (16, 24, 24), dict(kernel_shape=(1, 1), group=4), 32),
     "conv-depthwise": ("conv", (16, 24, 24), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), group=16), 16),
+    "conv-add": ("conv_add", (16, 96, 96), dict(kernel_shape=(1, 1), activation="relu"), 32),  # 2 blocks
     "conv-maxpool": ("conv_maxpool", (16, 49, 49),                        # 2 blocks of pooled rows
                      dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), activation="relu", out_channels=16,
                           pool_kernel_shape=(3, 3), pool_strides=(2, 2), pool_pads=(1, 1, 1, 1)), 16),
@@ -373,12 +397,14 @@ def alloc_case(name, batch, rng):
     kind, shape, attrs, out_ch = ALLOC_CASES[name]
     x = normal(rng, (batch, *shape))
     inputs, params = [x], []
-    if kind in ("conv", "conv_maxpool"):
+    if kind in ("conv", "conv_add", "conv_maxpool"):
         params = conv_params(rng, out_ch, shape[0] // attrs.get("group", 1), *attrs["kernel_shape"])
     elif kind == "batchnorm":
         params = [normal(rng, (shape[0],)) for _ in range(3)] + [rng.random(shape[0]).astype(np.float32) + 0.1]
     elif kind == "sum":
         inputs = [x, normal(rng, x.shape), normal(rng, x.shape)]
+    if kind == "conv_add":
+        inputs.append(normal(rng, (batch, out_ch, *shape[1:])))
     _, calls = bind(kind, inputs, params, attrs)
     return calls
 
