@@ -271,8 +271,10 @@ def _bind_gelu(eng, step, y, ins, scratch) -> list:
 
 
 def _bind_calls(eng, step, y, ins, scratch) -> list:
+    # the op's own calls, its matrix products on the engine's GEMM (a convolution's, a pool's)
     op_calls, *prepared = step.operands
-    return op_calls(y, *ins, *prepared, *scratch, **step.attrs)
+    calls = op_calls(y, *ins, *prepared, *scratch, **step.attrs)
+    return [c for fn, args in calls for c in (eng._matmul_calls(*args) if fn is np.matmul else [(fn, args)])]
 
 
 BIND: dict[str, Callable] = {
@@ -362,6 +364,10 @@ class FusedEngine(BoundEngine):
 
     def _batched_matmul_calls(self, a, b, out) -> list:
         """The calls for out[i, h] = a[i, h] @ b[i, h] over (batch, heads) views."""
+        return [(np.matmul, (a, b, out))]
+
+    def _matmul_calls(self, a, b, out) -> list:
+        """The calls for ``np.matmul(a, b, out=out)`` in an op's own calls."""
         return [(np.matmul, (a, b, out))]
 
     def _bind(self, batch: int):

@@ -92,9 +92,12 @@ class PackedEngine(FusedEngine):
 
     def _default_kernel(self, gemm: kernels.Gemm) -> str:
         """Without tuning: MKL's packed GEMM for every linear of more than one row above
-        blas_max_work, fused's choice below."""
+        blas_max_work, MKL's plain sgemm below: MKL's pool, the one the convolutions and
+        attention products run on. (fused's choice, SciPy's or NumPy's OpenBLAS, put a second
+        pool in the forward: ResNet-50's one 2-thread NumPy matmul, its last linear, slowed the
+        next forward's MKL convolutions 2x while OpenBLAS's workers spun.)"""
         if gemm.rows == 1 or gemm.rows * gemm.k * gemm.n <= self.blas_max_work:
-            return super()._default_kernel(gemm)
+            return "mkl-gemm"
         return "mkl-packed"
 
     def _matvec_call(self, x, col, out):
@@ -128,6 +131,43 @@ class PackedEngine(FusedEngine):
                  (_ROW_MAJOR, ta, tb, m, n, k, one, ptr(a[i, h].ctypes.data), lda, ptr(b[i, h].ctypes.data), ldb,
                   zero, ptr(out[i, h].ctypes.data), ldc))
                 for i in range(a.shape[0]) for h in range(heads)]
+
+    def _matmul_calls(self, a, b, out) -> list:
+        # An op's own products (a convolution's GEMMs, a pool's or LRN's matrix products) on MKL
+        # too, one sgemm per matrix of the stacks: one thread pool (see the module docstring).
+        lead = out.shape[:-2]
+        try:
+            stacks = [np.broadcast_to(x, lead + x.shape[-2:]) for x in (a, b)]
+        except ValueError:
+            return super()._matmul_calls(a, b, out)
+        calls = [_sgemm_call(self._mkl, stacks[0][i], stacks[1][i], out[i]) for i in np.ndindex(lead)]
+        return super()._matmul_calls(a, b, out) if None in calls else calls
+
+
+def _sgemm_call(lib, a: np.ndarray, b: np.ndarray, out: np.ndarray):
+    """MKL's sgemm for out = a @ b on 2-D float32 views, or None where a view's layout is not a
+    BLAS matrix (neither axis contiguous, or a leading dimension shorter than a row)."""
+    (m, k), n = a.shape, b.shape[1]
+    layouts = [_blas_layout(x) for x in (a, b, out)]
+    if None in layouts or layouts[2][0] != _NO_TRANS:
+        return None
+    (ta, lda), (tb, ldb), (_, ldc) = layouts
+    ptr = ctypes.c_void_p
+    return (lib.sgemm, (_ROW_MAJOR, ta, tb, m, n, k, ctypes.c_float(1.0), ptr(a.ctypes.data), lda,
+                        ptr(b.ctypes.data), ldb, ctypes.c_float(0.0), ptr(out.ctypes.data), ldc))
+
+
+def _blas_layout(x: np.ndarray):
+    """(transpose flag, leading dimension) of a 2-D view, or None. The stride of an axis of
+    length 1 is arbitrary (NumPy reports 0 for a column it allocated aligned): not read."""
+    (rows, cols), (row_stride, col_stride) = x.shape, (st // x.itemsize for st in x.strides)
+    if cols == 1 or col_stride == 1:
+        ld = row_stride if rows > 1 else cols
+        return (_NO_TRANS, ld) if ld >= max(1, cols) else None
+    if rows == 1 or row_stride == 1:
+        ld = col_stride
+        return (_TRANS, ld) if ld >= max(1, rows) else None
+    return None
 
 
 def _matrix_layout(stack: np.ndarray):

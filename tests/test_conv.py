@@ -11,7 +11,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from threadpoolctl import threadpool_limits
 
 from conftest import make_engine
@@ -128,8 +128,8 @@ def conv_params(rng, out_ch, cg, kh, kw):
 # --- conv: every lowering, many attribute combinations ---------------------------------
 
 @st.composite
-def conv_cases(draw):
-    path = draw(st.sampled_from(["dense", "grouped", "depthwise", "1x1", "1x1-grouped"]))
+def conv_cases(draw, paths=("dense", "grouped", "depthwise", "1x1", "1x1-grouped")):
+    path = draw(st.sampled_from(paths))
     group = {"dense": 1, "1x1": 1}.get(path) or draw(st.integers(2, 4))
     # one channel per group is depthwise: its own path, without a channel multiplier
     cg = {"depthwise": 1, "grouped": draw(st.integers(2, 4))}.get(path) or draw(st.integers(1, 4))
@@ -163,8 +163,11 @@ def test_conv_matches_reference_and_onnxruntime(case, batch, seed):
         check_kind("conv", [x], params, with_onnxruntime=False, **attrs)
 
 
-@settings(max_examples=40, deadline=None)
-@given(case=conv_cases(), data=st.data(), batch=st.sampled_from(BATCHES), seed=st.integers(0, 2**16))
+# About 45 % of the draws are discarded (a conv on another lowering, or an output smaller than
+# the pool's window): more than the filtering health check expects, and cheap.
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(case=conv_cases(paths=("dense", "grouped")), data=st.data(), batch=st.sampled_from(BATCHES),
+       seed=st.integers(0, 2**16))
 def test_conv_then_maxpool_matches_reference_and_onnxruntime(case, data, batch, seed):
     (channels, h, w), out_ch, attrs = case
     win = Window.of(**attrs)
