@@ -24,6 +24,9 @@ the buffer. So every kernel here is "gather with copyto, then compute on contigu
   block once per tap), added.
 - **pools**: tap by tap, gathered then ``np.maximum``/``np.add`` into the output; global
   average pool and LRN's channel window sum as matrix products.
+- **conv_add** (a 1x1 conv and the residual Sum after it) and **conv_maxpool** (an im2col conv
+  and the max pool after it): the import passes' fusions, so that neither the conv's output
+  beside the residual nor the conv's whole output before the pool is ever held.
 
 Concat, Transpose, Sigmoid and Clip are the ONNX importer's generic kinds in ``engines.ops``
 (a copy per part, a strided copy, elementwise), not repeated here.
@@ -481,11 +484,12 @@ def conv_add_calls(out, x, r, wb, gemm, bias_block, **attrs) -> Calls:
     for o in range(0, out_ch, step):
         rows = slice(o, min(out_ch, o + step))
         block, biases = gemm[0, :rows.stop - o], bias_block[0, :rows.stop - o]
-        if np.any(bias[rows]):
+        has_bias = bool(np.any(bias[rows]))
+        if has_bias:
             calls.append((np.copyto, (biases, bias[rows, None])))
         for n in range(batch):
             calls.append((np.matmul, (w[rows], x3[n], block)))
-            if np.any(bias[rows]):
+            if has_bias:
                 calls.append((np.add, (block, biases, block)))
             calls.append((np.add, (r3[n, rows], block, y3[n, rows])))
             calls += activation_calls(y3[n, rows], **act)
@@ -573,9 +577,9 @@ def conv_maxpool_calls(out, x, wb, col, band, acc, tap, **attrs) -> Calls:
 
 
 def conv_maxpool_flops(in_shapes, out_shape, **attrs):
-    win, group, _, out_ch, pool = _conv_pool_attrs(attrs)
-    oh, ow = win.out_size(*in_shapes[0][1:])
-    return conv_flops(in_shapes, (out_ch, oh, ow), **_split_pool(attrs)[0]) + math.prod(out_shape) * pool.kernel[0] * pool.kernel[1]
+    win, _, _, out_ch, pool = _conv_pool_attrs(attrs)
+    conv = conv_flops(in_shapes, (out_ch, *win.out_size(*in_shapes[0][1:])), **_split_pool(attrs)[0])
+    return conv + math.prod(out_shape) * pool.kernel[0] * pool.kernel[1]
 
 
 # --- LRN, batchnorm ---------------------------------------------------------------
