@@ -258,7 +258,13 @@ def conv_scratch(in_shapes, **attrs):
         return ((block_rows(h * w_), h * w_),)                         # a bias block
     if path == "depthwise":
         return ((channels, oh, ow), (channels, oh * ow))               # a tap; its weights' block
-    return ((group, channels // group * win.kernel[0] * win.kernel[1] + 1, col_rows(channels, win, oh, ow) * ow),)
+    return (col_shape(channels, win, group, oh, ow),)
+
+
+def col_shape(channels: int, win: Window, group: int, oh: int, ow: int) -> tuple[int, int, int]:
+    """The im2col workspace per sample for output rows of width ow, oh of them at most:
+    (group, Cg·kh·kw + 1, col_rows · ow)."""
+    return group, channels // group * win.kernel[0] * win.kernel[1] + 1, col_rows(channels, win, oh, ow) * ow
 
 
 def col_rows(channels: int, win: Window, oh: int, ow: int) -> int:
@@ -543,9 +549,8 @@ def conv_maxpool_scratch(in_shapes, **attrs):
     oh, ow = win.out_size(h, w_)
     per, band_rows = _pool_band(out_ch, (oh, ow), pool)
     pw = pool.out_size(oh, ow)[1]
-    k = channels // group * win.kernel[0] * win.kernel[1] + 1
-    return ((group, k, min(band_rows, col_rows(channels, win, band_rows, ow)) * ow),   # im2col block
-            (out_ch, band_rows, ow), (out_ch, per, pw), (out_ch, per, pw))          # band, max, one tap
+    return (col_shape(channels, win, group, band_rows, ow),                     # im2col block
+            (out_ch, band_rows, ow), (out_ch, per, pw), (out_ch, per, pw))      # band, max, one tap
 
 
 def conv_maxpool_calls(out, x, wb, col, band, acc, tap, **attrs) -> Calls:

@@ -127,10 +127,7 @@ class PackedEngine(FusedEngine):
                     for i in range(a.shape[0])]
         # The heads' outputs interleave (attention's context, written into column blocks), which
         # MKL's strided batch refuses: one gemm per head.
-        return [(self._mkl.sgemm,
-                 (_ROW_MAJOR, ta, tb, m, n, k, one, ptr(a[i, h].ctypes.data), lda, ptr(b[i, h].ctypes.data), ldb,
-                  zero, ptr(out[i, h].ctypes.data), ldc))
-                for i in range(a.shape[0]) for h in range(heads)]
+        return [_sgemm_call(self._mkl, a[i, h], b[i, h], out[i, h]) for i in range(a.shape[0]) for h in range(heads)]
 
     def _matmul_calls(self, a, b, out) -> list:
         # An op's own products (a convolution's GEMMs, a pool's or LRN's matrix products) on MKL
@@ -172,10 +169,6 @@ def _blas_layout(x: np.ndarray):
 
 def _matrix_layout(stack: np.ndarray):
     """(transpose flag, leading dimension, stride between matrices) of a (count, rows, cols) view
-    in elements, or None when neither rows nor columns are contiguous."""
-    count_stride, row_stride, col_stride = (st // stack.itemsize for st in stack.strides)
-    if col_stride == 1:
-        return _NO_TRANS, row_stride, count_stride
-    if row_stride == 1:
-        return _TRANS, col_stride, count_stride
-    return None
+    in elements, or None when its matrices are not BLAS matrices (``_blas_layout``)."""
+    layout = _blas_layout(stack[0])
+    return None if layout is None else (*layout, stack.strides[0] // stack.itemsize)
