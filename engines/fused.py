@@ -271,9 +271,10 @@ def _bind_gelu(eng, step, y, ins, scratch) -> list:
 
 
 def _bind_calls(eng, step, y, ins, scratch) -> list:
-    # the op's own calls, its matrix products on the engine's GEMM (a convolution's, a pool's)
+    # the op's own calls (or the engine's kernel for the op), its matrix products on the engine's
+    # GEMM (a convolution's, a pool's)
     op_calls, *prepared = step.operands
-    calls = op_calls(y, *ins, *prepared, *scratch, **step.attrs)
+    calls = eng._op_calls(op_calls, y, ins, prepared, scratch, step.attrs)
     return [c for fn, args in calls for c in (eng._matmul_calls(*args) if fn is np.matmul else [(fn, args)])]
 
 
@@ -369,6 +370,11 @@ class FusedEngine(BoundEngine):
     def _matmul_calls(self, a, b, out) -> list:
         """The calls for ``np.matmul(a, b, out=out)`` in an op's own calls."""
         return [(np.matmul, (a, b, out))]
+
+    def _op_calls(self, op_calls, y, ins, prepared, scratch, attrs) -> list:
+        """The calls of a step that runs an op kind's own calls (``ops.OpKind.calls``): those
+        calls here; an engine with a faster kernel for the kind returns that kernel's calls."""
+        return op_calls(y, *ins, *prepared, *scratch, **attrs)
 
     def _bind(self, batch: int):
         calls = []
