@@ -33,6 +33,8 @@ the fastest.
   versions, thread count) in ``$MLEXEC_CACHE_DIR`` or
   ``$XDG_CACHE_HOME/mlexec`` (``~/.cache/mlexec``), one JSON file per machine,
   written atomically; a second build on the same machine measures nothing.
+  A measurement during which this process's threads waited for a core
+  (``BUSY_SHARE``: another process held one) is used but not cached.
 - **Switch**: on by default. ``MLEXEC_TUNE=0`` measures nothing and uses each
   engine's fixed default (the choices made before tuning existed);
   ``MLEXEC_TUNE=again`` measures every GEMM afresh and overwrites the cache.
@@ -60,7 +62,8 @@ from .threads import blas_threads
 
 TUNE_ENV = "MLEXEC_TUNE"
 CACHE_ENV = "MLEXEC_CACHE_DIR"
-CACHE_VERSION = 2           # bump when a kernel's calls change: older choices are then ignored
+CACHE_VERSION = 3           # bump when a kernel's calls change: older choices are then ignored
+                            # (3: choices measured while the cores were busy are no longer cached)
 BLOCK_SECONDS = 2e-4        # one timed block: long enough that perf_counter's cost is noise
 ROUND_BUDGET_S = 0.12       # total timing per GEMM, spread over the rounds
 MIN_ROUNDS, MAX_ROUNDS = 5, 41
@@ -70,6 +73,9 @@ PARK_S = 0.25               # idle before timing: longer than MKL's (200 ms) and
 SETTLE_CALLS, SETTLE_S = 2, 0.005   # untimed calls of each candidate after that (``_settle``)
 DROP_AFTER, DROP_RATIO = 2, 2.0  # after this many rounds, drop candidates this much slower than the best
 KEEP_DEFAULT = 0.05         # the engine's default stays unless another kernel is this much faster
+BUSY_SHARE = 0.25           # seconds per second this process's threads waited for a core while
+                            # measuring, above which the choice is not cached (idle: 0.003; one
+                            # busy process beside a two-thread matmul: 0.74, the matmul 3.6x slower)
 
 
 def tuning_enabled() -> bool:
@@ -352,6 +358,20 @@ def _settle(calls) -> None:
         _run(calls)
 
 
+def waiting_seconds() -> float | None:
+    """Seconds this process's threads have been ready to run but waiting for a core (Linux's
+    /proc/self/task/*/schedstat), or None where that cannot be read. Unlike the host's CPU
+    counters it sees only contention for the cores this process runs on."""
+    total, seen = 0, False
+    for task in Path("/proc/self/task").glob("*/schedstat") if Path("/proc/self/task").is_dir() else ():
+        try:
+            total += int(task.read_text().split()[1])
+            seen = True
+        except (OSError, ValueError, IndexError):
+            pass                                    # a thread that ended meanwhile
+    return total / 1e9 if seen else None
+
+
 def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> dict[str, float]:
     """Median seconds per call of each candidate on scratch arrays shaped like ``gemm``, timed
     in blocks interleaved in rotating order after PARK_S idle and each candidate's settling
@@ -463,7 +483,8 @@ def _write_cache(path: Path, choices: dict) -> None:
 @dataclass
 class Choice:
     kernel: str
-    how: str                                        # "measured", "cached", or "default (MLEXEC_TUNE off)"
+    how: str                                        # "measured", "measured while busy ...", "cached",
+                                                    # or "default (MLEXEC_TUNE off)"
     default: str                                    # what the engine runs untuned
     times_s: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0                            # spent measuring
@@ -489,14 +510,23 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
         times = {n: float("inf") if t is None else float(t) for n, t in dict(cached.get("times_s", {})).items()}
         choice = Choice(cached["kernel"], "cached", default, times)
     else:
-        t0 = time.perf_counter()
+        t0, waited0 = time.perf_counter(), waiting_seconds()
         times = measure(gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")}
+        seconds, waited1 = time.perf_counter() - t0, waiting_seconds()
         best = min(times, key=times.get)
         if default in times and times[default] <= (1 + KEEP_DEFAULT) * times[best]:    # ties included
             best = default
-        choice = Choice(best, "measured", default, times, time.perf_counter() - t0)
-        _write_cache(path, {entry: {"kernel": best, "times_s": {n: (t if np.isfinite(t) else None)
-                                                                for n, t in times.items()}}})
+        # Measured while other work held the cores, a two-thread kernel waits for its second core
+        # and a one-thread one wins: right for now, wrong for every later build on an idle
+        # machine (a 512 x 256 x 1024 linear cached that way ran at half speed). Used, not cached.
+        busy = None if None in (waited0, waited1) else (waited1 - waited0) / max(seconds, 1e-3)
+        if busy is not None and busy > BUSY_SHARE:
+            choice = Choice(best, f"measured while busy (threads waited {busy:.2f} s/s for a core), "
+                            "not cached", default, times, seconds)
+        else:
+            choice = Choice(best, "measured", default, times, seconds)
+            _write_cache(path, {entry: {"kernel": best, "times_s": {n: (t if np.isfinite(t) else None)
+                                                                    for n, t in times.items()}}})
     _MEMO[memo_key] = choice
     return choice
 

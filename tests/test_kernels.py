@@ -159,6 +159,23 @@ def test_choice_is_measured_once_then_read_from_the_cache(tuned, monkeypatch):
     assert again.how == "cached" and again.kernel == first.kernel and again.times_s == first.times_s
 
 
+def test_a_choice_measured_while_the_cores_were_busy_is_used_but_not_cached(tuned, monkeypatch):
+    """Threads that waited for a core while measuring (another process) make the choice this
+    process's only: the next build measures again."""
+    waited = iter([10.0, 10.5, 20.0, 20.0])          # 0.5 s waited over the first measurement, none over the second
+    monkeypatch.setattr(kernels, "waiting_seconds", lambda: next(waited))
+    clock = iter([0.0, 1.0, 5.0, 6.0])
+    monkeypatch.setattr(kernels.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 2e-6, "scipy": 1e-6})
+    gemm = kernels.Gemm(4, 32, 32)
+    busy = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
+    assert busy.kernel == "scipy" and busy.how.startswith("measured while busy (threads waited 0.50 s/s")
+    assert not list(tuned.glob("kernels-*.json"))
+    monkeypatch.setattr(kernels, "_MEMO", {})
+    idle = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
+    assert idle.how == "measured" and list(tuned.glob("kernels-*.json"))
+
+
 def test_a_candidate_dropped_early_is_cached_and_reported_as_not_measured(tuned, monkeypatch):
     monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 1e-6, "scipy": float("inf")})
     kernels.choose(kernels.Gemm(4, 32, 32), ("numpy", "scipy"), "scipy")
