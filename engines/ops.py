@@ -73,7 +73,10 @@ def aligned(a) -> np.ndarray:
 # the time at 1-8 x 256 x 256). Storing large weights transposed, (out, in), measured 1.10-1.32x
 # faster at 4096^2 on the first host, ran 1.05-1.18x slower at 1-32 rows there (0.89x at 128) and
 # slower on an AMD EPYC (planned engines 0.78-0.83x naive at mlp b8 d4096): no longer done.
-NUMPY_PLACEMENT_MIN_BYTES = 16 << 20
+# At 1024^2 (4 MiB) the aligned copy ran 1.07x slower at 8 rows, 1.02x at 32, 0.96x at one row
+# (Intel Xeon): static and arena were then shown slower than naive at 8 x 1024 (an imported MLP)
+# and 32 x 1024, so the threshold is 4 MiB, not 16.
+NUMPY_PLACEMENT_MIN_BYTES = 4 << 20
 
 
 def weight_layout(w) -> np.ndarray:
