@@ -73,6 +73,12 @@ PARK_S = 0.25               # idle before timing: longer than MKL's (200 ms) and
 SETTLE_CALLS, SETTLE_S = 2, 0.005   # untimed calls of each candidate after that (``_settle``)
 DROP_AFTER, DROP_RATIO = 2, 2.0  # after this many rounds, drop candidates this much slower than the best
 KEEP_DEFAULT = 0.05         # the engine's default stays unless another kernel is this much faster
+# Weights from COLD_WEIGHT_BYTES up are timed cycling through copies making COLD_BYTES. With one
+# 8 x 4096 x 4096 weight (64 MiB) reused, MKL's plain sgemm measured 3.0 ms against 3.4 for its
+# packed GEMM and was chosen; in the forward, two such layers read from memory, it ran the MLP in
+# 7.66 ms where the packed GEMM took 6.10 (Intel Xeon, docs/kernels.md).
+COLD_WEIGHT_BYTES = 16 << 20
+COLD_BYTES = 128 << 20
 BUSY_SHARE = 0.25           # seconds per second this process's threads waited for a core while
                             # measuring, above which the choice is not cached (idle: 0.003; one
                             # busy process beside a two-thread matmul: 0.74, the matmul 3.6x slower)
@@ -372,22 +378,36 @@ def waiting_seconds() -> float | None:
     return total / 1e9 if seen else None
 
 
+def weight_copies(gemm: Gemm) -> int:
+    """How many weight matrices a measurement cycles through: one, or from COLD_WEIGHT_BYTES up
+    enough to make COLD_BYTES, so that each call reads its weights from memory as a forward
+    over a large model's layers does, not from the cache the previous call warmed."""
+    nbytes = 4 * gemm.k * gemm.n
+    return 1 if nbytes < COLD_WEIGHT_BYTES else -(-COLD_BYTES // nbytes)
+
+
 def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> dict[str, float]:
-    """Median seconds per call of each candidate on scratch arrays shaped like ``gemm``, timed
-    in blocks interleaved in rotating order after PARK_S idle and each candidate's settling
-    calls; a candidate far behind is dropped early (inf)."""
+    """Median seconds per call of each candidate on scratch arrays shaped like ``gemm`` (large
+    weights cold: ``weight_copies``), timed in blocks interleaved in rotating order after PARK_S
+    idle and each candidate's settling calls; a candidate far behind is dropped early (inf)."""
     rng = np.random.default_rng(0)
     def normal(*shape):
         return aligned(rng.standard_normal(shape, dtype=np.float32))
     x, b = normal(gemm.rows, gemm.k), normal(gemm.n)
-    w = normal(gemm.n, gemm.k).T if gemm.transposed else normal(gemm.k, gemm.n)
     b_tiled = tile(b, gemm.rows)
     residual = normal(gemm.rows, gemm.n) if gemm.residual else None
     y = aligned(np.zeros((gemm.rows, gemm.n)))
-    bound = {}                                      # name -> calls (their pointers hold prepared state)
+    w = normal(gemm.n, gemm.k).T if gemm.transposed else normal(gemm.k, gemm.n)
+    weights = [w] + [aligned(w.T).T if gemm.transposed else aligned(w) for _ in range(weight_copies(gemm) - 1)]
+    bound, states = {}, {}                          # name -> calls (their pointers hold prepared state)
     for name in names:
         kernel = KERNELS[name]
-        bound[name] = bind(name, x, y, w, b, b_tiled, residual, kernel.prepare(w) if kernel.prepare else None)
+        calls = []
+        for i, w in enumerate(weights):
+            if kernel.prepare is not None and (kernel.prepare, i) not in states:
+                states[kernel.prepare, i] = kernel.prepare(w)      # one pack per weight, as Linears keeps
+            calls += bind(name, x, y, w, b, b_tiled, residual, states.get((kernel.prepare, i)))
+        bound[name] = calls
     one = {}
     for name, calls in bound.items():               # warm up, and size the blocks
         _run(calls)
@@ -418,7 +438,8 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
             # must not drop the candidate that wins everywhere else
             best = min(np.median(times[n]) for n in alive)
             alive = [n for n in alive if min(times[n]) <= DROP_RATIO * best]
-    return {name: float(np.median(t)) if name in alive else float("inf") for name, t in times.items()}
+    copies = len(weights)
+    return {name: float(np.median(t)) / copies if name in alive else float("inf") for name, t in times.items()}
 
 
 # ---------------------------------------------------------------- the cache

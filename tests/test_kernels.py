@@ -176,6 +176,22 @@ def test_a_choice_measured_while_the_cores_were_busy_is_used_but_not_cached(tune
     assert idle.how == "measured" and list(tuned.glob("kernels-*.json"))
 
 
+def test_large_weights_are_timed_cold_cycling_through_copies(monkeypatch):
+    """From COLD_WEIGHT_BYTES up a measurement cycles through weight copies making COLD_BYTES (a
+    forward reads a large model's weights from memory), each its own."""
+    assert kernels.weight_copies(kernels.Gemm(8, 1024, 1024)) == 1           # 4 MiB: cache-warm
+    assert kernels.weight_copies(kernels.Gemm(8, 4096, 4096)) == 2           # 64 MiB: 128 MiB cycled
+    made = []
+    monkeypatch.setattr(kernels, "COLD_WEIGHT_BYTES", 1)
+    monkeypatch.setattr(kernels, "COLD_BYTES", 3 * 4 * 64 * 64)
+    monkeypatch.setattr(kernels, "PARK_S", 0.001)
+    real = kernels.bind
+    monkeypatch.setattr(kernels, "bind", lambda name, x, y, w, *a: made.append((name, id(w))) or real(name, x, y, w, *a))
+    times = kernels.measure(kernels.Gemm(4, 64, 64), ["numpy", "numpy-1t"], budget_s=0.002)
+    assert [n for n, _ in made] == ["numpy"] * 3 + ["numpy-1t"] * 3 and len({w for _, w in made[:3]}) == 3
+    assert all(0 < t < float("inf") for t in times.values())
+
+
 def test_a_candidate_dropped_early_is_cached_and_reported_as_not_measured(tuned, monkeypatch):
     monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 1e-6, "scipy": float("inf")})
     kernels.choose(kernels.Gemm(4, 32, 32), ("numpy", "scipy"), "scipy")
