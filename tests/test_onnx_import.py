@@ -548,6 +548,16 @@ def test_report_takes_several_model_files_and_refuses_two_of_one_name(tmp_path, 
     assert err.count("\n") == 1 and "another --model file is also named 'a'" in err
 
 
+def _gelu_with_erf(rows, width, combine):
+    """GELU(x) combine erf(x) as exporters write it: one gelu_erf and one erf after the passes."""
+    return build([
+        N("Div", ["x", "sqrt2"], ["d"]), N("Erf", ["d"], ["e"]), N("Add", ["e", "one"], ["a"]),
+        N("Mul", ["x", "a"], ["m"]), N("Mul", ["m", "half"], ["g"]), N("Erf", ["x"], ["ex"]),
+        N(combine, ["g", "ex"], ["y"])], {"sqrt2": np.array(math.sqrt(2), np.float32),
+                                          "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)},
+        in_shape=("N", rows, width))
+
+
 def test_erf_and_gelu_run_as_a_polynomial_in_row_blocks_without_allocating():
     """Erf and the GELU pattern run Abramowitz-Stegun 7.1.26 in NumPy passes (SciPy's float32 erf
     took 6-7 ms on 512 x 1024): within 1e-6 of float64 erf over -6..6 and at 0, -0, ±inf and NaN,
@@ -565,13 +575,7 @@ def test_erf_and_gelu_run_as_a_polynomial_in_row_blocks_without_allocating():
                 fn(*args)
             ref = exact(x.astype(np.float64))
         np.testing.assert_allclose(out, ref, atol=1e-6, rtol=0, equal_nan=True, err_msg=kind)
-    graph = build([                                 # GELU(x) * erf(x): one gelu_erf, one erf
-        N("Div", ["x", "sqrt2"], ["d"]), N("Erf", ["d"], ["e"]), N("Add", ["e", "one"], ["a"]),
-        N("Mul", ["x", "a"], ["m"]), N("Mul", ["m", "half"], ["g"]), N("Erf", ["x"], ["ex"]),
-        N("Mul", ["g", "ex"], ["y"])], {"sqrt2": np.array(math.sqrt(2), np.float32),
-                                         "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)},
-        in_shape=("N", rows, width))
-    model = load_onnx(graph)
+    model = load_onnx(_gelu_with_erf(rows, width, "Mul"))
     assert sorted(op.kind for op in model.ops if "erf" in op.kind) == ["erf", "gelu_erf"]
     for name in ("static", "arena", "fused", "packed"):
         engine = ENGINES[name](model, 2)
@@ -585,14 +589,8 @@ def test_packed_runs_erf_and_gelu_on_mkl_vector_math():
     no NumPy passes): within 1e-6 of float64 over -6..6 and at 0, -0, ±inf and NaN, allocating
     nothing per warm forward."""
     from scipy.special import erf
-    rows, width = 40, 900
-    graph = build([                                 # GELU(x) * erf(x): one gelu_erf, one erf
-        N("Div", ["x", "sqrt2"], ["d"]), N("Erf", ["d"], ["e"]), N("Add", ["e", "one"], ["a"]),
-        N("Mul", ["x", "a"], ["m"]), N("Mul", ["m", "half"], ["g"]), N("Erf", ["x"], ["ex"]),
-        N("Add", ["g", "ex"], ["y"])], {"sqrt2": np.array(math.sqrt(2), np.float32),
-                                         "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)},
-        in_shape=("N", rows, width))
-    model = load_onnx(graph)
+    rows, width = 40, 900                           # GELU(x) + erf(x)
+    model = load_onnx(_gelu_with_erf(rows, width, "Add"))
     try:
         engine = ENGINES["packed"](model, 2)
     except EngineUnavailable as exc:
