@@ -222,6 +222,18 @@ def conv_path(channels: int, win: Window, group: int) -> str:
     return "im2col"
 
 
+def conv_lowering(channels: int, attrs) -> str:
+    """``conv_path`` of a conv op with these (ONNX) attributes on this many input channels."""
+    win, group, _ = _conv_attrs(attrs)
+    return conv_path(channels, win, group)
+
+
+def residual_fusable(channels: int, attrs) -> bool:
+    """Whether ``conv_add`` runs this conv: the plain-GEMM lowering (1x1, stride 1, no pads) with
+    one group, so that each block of output channels is one product of the whole input."""
+    return conv_lowering(channels, attrs) == "gemm" and int(attrs.get("group", 1)) == 1
+
+
 def conv_eager(x, w, b, **attrs):
     """Tap by tap: y += W[:, :, i, j] @ (the inputs under tap (i, j)), per group. Not an einsum over
     every window: that builds the whole im2col (15 MB for one 3x3 64-channel layer at 56 x 56,
@@ -470,8 +482,8 @@ def _residual_rows(out_ch: int, plane: int) -> int:
 
 
 def conv_add_scratch(in_shapes, **attrs):
-    (channels, h, w_), (win, group, _) = in_shapes[0], _conv_attrs(attrs)
-    if conv_path(channels, win, group) != "gemm" or group != 1:
+    channels, h, w_ = in_shapes[0]
+    if not residual_fusable(channels, attrs):
         raise ValueError("conv_add: only a 1x1, stride 1, unpadded conv with one group")
     rows = _residual_rows(in_shapes[1][0], h * w_)
     return ((rows, h * w_), (rows, h * w_))              # the GEMM's block; the bias broadcast

@@ -15,7 +15,7 @@ import numpy as np
 
 from .models import Model, Op
 from .ops import OPS, split_heads
-from .conv import POOL_PREFIX, Window, conv_path, fold_batchnorm as fold_conv_batchnorm
+from .conv import POOL_PREFIX, conv_lowering, fold_batchnorm as fold_conv_batchnorm, residual_fusable
 
 
 def live_ops(ops, output: str) -> list[Op]:
@@ -411,9 +411,8 @@ def fuse_conv_add(model: Model) -> Model:
             return None
         if not (add.kind == "sum" or (add.kind == "binary" and add.attrs == {"fn": "add"} and not add.params)):
             return None
-        win, group = Window.of(**conv.attrs), int(conv.attrs.get("group", 1))
         residual = add.inputs[1 - add.inputs.index(conv.output)]
-        if (conv_path(model.shapes[conv.inputs[0]][0], win, group) != "gemm" or group != 1
+        if (not residual_fusable(model.shapes[conv.inputs[0]][0], conv.attrs)
                 or model.shapes[residual] != model.shapes[conv.output]):
             return None
         return Op("conv_add", (conv.inputs[0], residual), add.output, conv.params, conv.attrs)
@@ -443,8 +442,7 @@ def fuse_conv_maxpool(model: Model) -> Model:
     def merge(conv, pool, params):
         if conv.kind != "conv" or pool.kind != "maxpool":
             return None
-        win, group = Window.of(**conv.attrs), int(conv.attrs.get("group", 1))
-        if conv_path(model.shapes[conv.inputs[0]][0], win, group) != "im2col":
+        if conv_lowering(model.shapes[conv.inputs[0]][0], conv.attrs) != "im2col":
             return None
         return Op("conv_maxpool", conv.inputs, pool.output, conv.params,
                   {**conv.attrs, "out_channels": model.shapes[conv.output][0],
