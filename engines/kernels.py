@@ -399,15 +399,16 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
     y = aligned(np.zeros((gemm.rows, gemm.n)))
     w = normal(gemm.n, gemm.k).T if gemm.transposed else normal(gemm.k, gemm.n)
     weights = [w] + [aligned(w.T).T if gemm.transposed else aligned(w) for _ in range(weight_copies(gemm) - 1)]
-    bound, states = {}, {}                          # name -> calls (their pointers hold prepared state)
+    # per prepare: one state per weight (MKL's packs), shared by a kernel and its one-thread
+    # variant as Linears shares them
+    states = {None: [None] * len(weights)}
+    bound = {}                                      # name -> calls (their pointers hold the states)
     for name in names:
         kernel = KERNELS[name]
-        calls = []
-        for i, w in enumerate(weights):
-            if kernel.prepare is not None and (kernel.prepare, i) not in states:
-                states[kernel.prepare, i] = kernel.prepare(w)      # one pack per weight, as Linears keeps
-            calls += bind(name, x, y, w, b, b_tiled, residual, states.get((kernel.prepare, i)))
-        bound[name] = calls
+        if kernel.prepare not in states:
+            states[kernel.prepare] = [kernel.prepare(m) for m in weights]
+        bound[name] = [c for m, state in zip(weights, states[kernel.prepare])
+                       for c in bind(name, x, y, m, b, b_tiled, residual, state)]
     one = {}
     for name, calls in bound.items():               # warm up, and size the blocks
         _run(calls)

@@ -109,7 +109,10 @@ def plan_memory(sizes: Mapping[str, int], steps: Sequence[Step], keep: Sequence[
     orders = [sorted(size, key=lambda r: (-size[r], span[r][0], r)),
               sorted(size, key=lambda r: (span[r][0], -size[r], r)),
               sorted(size, key=lambda r: (span[r][0] - span[r][1], -size[r], r))]
-    top = lambda p: max((p[r] + align(size[r]) for r in p), default=0)  # noqa: E731
+
+    def top(p):                                 # the arena a placement needs
+        return max((p[r] + align(size[r]) for r in p), default=0)
+
     placed = min((_place(order, size, span) for order in orders), key=top)
     # 4. none at the bound: seeded perturbations of the size order, until one is
     rng = random.Random(0)
