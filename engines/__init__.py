@@ -12,6 +12,7 @@ from .fused import FusedEngine
 from .models import MODELS, Model, Op
 from .naive import NaiveEngine
 from .onnx_import import OnnxImportError, load_onnx
+from .onednn import OneDnnEngine
 from .onnxrt import OnnxRuntimeEngine
 from .packed import PackedEngine
 from .pool import EnginePool
@@ -25,6 +26,7 @@ ENGINES: dict[str, type[Engine]] = {
     "arena": ArenaEngine,
     "fused": FusedEngine,       # optional extra "fast" (SciPy BLAS)
     "packed": PackedEngine,     # optional extras "fast" and "mkl" (MKL's packed GEMM)
+    "onednn": OneDnnEngine,     # optional extras "fast" and "onednn" (oneDNN's convolutions)
     # peers (optional extra "peers"): raise EngineUnavailable when their package is missing
     "onnxruntime": OnnxRuntimeEngine,
     "torch": TorchEngine,

@@ -297,6 +297,7 @@ class FusedEngine(BoundEngine):
     # What each linear may run on, measured at build time (engines.kernels): NumPy's pool, or one
     # thread; not MKL, whose spinning pool is packed's to bring in
     kernel_candidates = candidates("numpy", exclude=("mkl",))
+    binders = BIND                   # step kind -> its binding; an engine with step kinds of its own extends it
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
@@ -379,7 +380,7 @@ class FusedEngine(BoundEngine):
     def _bind(self, batch: int):
         calls = []
         for step in self.steps:
-            calls += BIND[step.kind](self, step, self._view(step.out, batch),
+            calls += self.binders[step.kind](self, step, self._view(step.out, batch),
                                      [self._view(t, batch) for t in step.reads],
                                      [self._view(t, batch) for t in step.scratch])
         result = self._view(self._output, batch)

@@ -107,6 +107,7 @@ class Gemm:
 
 _ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162   # CBLAS enums (mkl_cblas.h)
 _LIBS: dict[str, object] = {}
+ONEDNN_PACKAGE = "onednn-cpu-gomp"       # oneDNN's CPU build on GNU OpenMP (the SYCL "onednn" wheel has no CPU engine)
 _WHY: dict[str, str] = {}
 
 
@@ -131,17 +132,22 @@ def _once(name: str, load: Callable[[], object]):
     return _LIBS.get(name)
 
 
-def _load_onednn():
-    path = _package_file("onednn", r"libdnnl\.so\.\d+") or ctypes.util.find_library("dnnl")
+def _load_libdnnl() -> ctypes.CDLL:
+    path = _package_file(ONEDNN_PACKAGE, r"libdnnl\.so\.\d+") or ctypes.util.find_library("dnnl")
     if path is None:
         raise ImportError("oneDNN is not installed (pip install -e .[onednn])")
-    # The wheel's libdnnl needs TBB's and the Intel compiler runtime's libraries, installed beside it
-    # but not on the loader's path: load them first, globally, from the same folder.
-    folder = Path(path).parent
-    for dep in ("libtbb.so.12", "libintlc.so.5", "libsvml.so", "libimf.so", "libsycl.so.9"):
-        if (folder / dep).exists():
-            ctypes.CDLL(str(folder / dep), mode=ctypes.RTLD_GLOBAL)
-    lib = ctypes.CDLL(path)
+    return ctypes.CDLL(path)
+
+
+def onednn_library() -> ctypes.CDLL | None:
+    """oneDNN's CPU library (GNU OpenMP build), loaded once per process; None without it."""
+    return _once("libdnnl", _load_libdnnl)
+
+
+def _load_onednn():
+    lib = onednn_library()
+    if lib is None:
+        raise ImportError(_WHY["libdnnl"])
     fn = lib.dnnl_sgemm
     fn.restype = ctypes.c_int
     return fn
@@ -455,7 +461,7 @@ def machine() -> dict:
     except (OSError, AttributeError):
         pass
     versions = {}
-    for package in ("numpy", "scipy", "mkl", "onednn"):
+    for package in ("numpy", "scipy", "mkl", ONEDNN_PACKAGE):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:

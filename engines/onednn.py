@@ -1,0 +1,410 @@
+"""onednn: fused's steps, with a CNN's convolutions and pools run as oneDNN primitives on
+activations held in the channel-blocked layout oneDNN's kernels take on this CPU.
+
+im2col and one GEMM per conv (``packed``) ran ResNet-50 at 1.9x ONNX Runtime's time: MKL's
+GEMMs alone, at 230-320 GFLOP/s on its shapes, took longer than ONNX Runtime's whole forward,
+and the im2col copies, bias, residual and ReLU passes added 40 %. oneDNN's direct
+convolutions (``brgconv``) on blocked activations ran the same layers at 280-370 GFLOP/s, with
+the bias, the residual sum and the activation applied as each output block is written
+(post-ops); on NCHW activations they fell back to its own im2col GEMM (docs/cnn.md).
+
+Layout. The block is asked of oneDNN once per process: a probe conv with format "any" and the
+blocked layout it picks (``[N][C/16][H][W][16]`` with AVX-512, ``/8`` with AVX2). A tensor a
+conv or pool step writes is held blocked, its buffer sized for the channels rounded up to the
+block; any other op that reads it reads an NCHW twin written by a reorder step, and a conv that
+reads an NCHW tensor (a concat's output) reads a blocked twin, except a conv on fewer
+channels than a block (an RGB stem), which reads NCHW itself. Twins are planned buffers.
+
+Memory. Every primitive's scratchpad is user-managed: one buffer per engine (and worker), the
+largest any of its primitives asks; weights are reordered into each primitive's layout once.
+Nothing is allocated per forward. Threads: oneDNN's CPU build on GNU OpenMP (the ``onednn``
+extra, ``onednn-cpu-gomp``). The linears run on one thread (``kernels``' ``-1t`` kernels), so
+that no second pool spins beside OpenMP's.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import weakref
+
+import numpy as np
+
+from .base import EngineUnavailable
+from .conv import _conv_attrs, _pool_window, _split_pool
+from .fused import BIND, LOWER, FusedEngine, FusedStep, _Lowering, _lower_calls
+from .kernels import candidates, onednn_library
+from .ops import aligned_empty
+
+# oneDNN 3.x C API enums (dnnl_types.h, dnnl_common_types.h)
+_F32, _CPU, _IN_ORDER, _INFERENCE, _CONV_DIRECT = 3, 1, 1, 96, 1
+_ANY, _PLAIN = 1, {1: 2, 4: 5, 5: 6}                  # format tags any; a, abcd, abcde by rank
+# The activation layouts a conv may pick, as (format tag, channel block): NHWC (acdb), and
+# nChw16c / nChw8c / nChw4c (aBcd16b/8b/4b: [N][C/b][H][W][b], channels padded to the block)
+_LAYOUTS = ((22, 1), (78, 16), (102, 8), (84, 4))
+_RELU, _CLIP = 0x20, 0x2E
+_POOL_MAX, _POOL_AVG_INCLUDE, _POOL_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
+_SRC, _WEIGHTS, _BIAS, _DST, _SCRATCHPAD = 1, 33, 41, 17, 80
+_Q_WEIGHTS, _Q_DST, _Q_SCRATCHPAD = 131, 133, 136
+_USER_SCRATCHPAD = 1
+_Dims = ctypes.c_int64 * 12                             # DNNL_MAX_NDIMS
+_P = ctypes.c_void_p
+
+
+class _Arg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_int), ("memory", _P)]
+
+
+class DnnlError(RuntimeError):
+    pass
+
+
+class _Dnnl:
+    """libdnnl's C API as used here: one CPU engine and stream, and the channel block."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        lib.dnnl_primitive_desc_query_md.restype = _P
+        lib.dnnl_primitive_desc_query_md.argtypes = [_P, ctypes.c_int, ctypes.c_int]
+        lib.dnnl_memory_desc_get_size.restype = ctypes.c_size_t
+        lib.dnnl_memory_desc_get_size.argtypes = [_P]
+        lib.dnnl_memory_desc_equal.argtypes = [_P, _P]
+        lib.dnnl_memory_set_data_handle.argtypes = [_P, _P]
+        self.execute = lib["dnnl_primitive_execute"]      # untyped: prebuilt arguments pass through
+        self.engine = self.new("dnnl_engine_create", _CPU, 0)
+        self.stream = self.new("dnnl_stream_create", self.engine, _IN_ORDER)
+        self.layout, self.block = self._probe_layout()
+
+    def new(self, fn: str, *args) -> _P:
+        handle = _P()
+        self.check(getattr(self.lib, fn)(ctypes.byref(handle), *args), fn)
+        return handle
+
+    @staticmethod
+    def check(status: int, what: str) -> None:
+        if status:
+            raise DnnlError(f"oneDNN {what} failed (status {status})")
+
+    def _probe_layout(self) -> tuple[int, int]:
+        """(format tag, channel block) of the layout oneDNN's conv picks here for a 3x3, 64-channel
+        layer at 56 x 56 given format "any"; NCHW when it picks none of ``_LAYOUTS``."""
+        owned = _Owned(self)
+        dims = (1, 64, 56, 56)
+        pd = owned.conv_pd(owned.md(dims, _ANY), owned.md((64, 64, 3, 3), _ANY), owned.md((64,), _PLAIN[1]),
+                           owned.md(dims, _ANY), (1, 1), (0, 0), (1, 1), (1, 1), owned.attr())
+        chosen = self.lib.dnnl_primitive_desc_query_md(pd, _Q_DST, 0)
+        layout = next((lb for lb in _LAYOUTS if self.lib.dnnl_memory_desc_equal(chosen, owned.md(dims, lb[0]))),
+                      (_PLAIN[4], 1))
+        owned.release()
+        return layout
+
+
+class _Owned:
+    """oneDNN objects made for one engine, destroyed with it (``weakref.finalize``)."""
+
+    _DESTROY = {"md": "dnnl_memory_desc_destroy", "pd": "dnnl_primitive_desc_destroy",
+                "prim": "dnnl_primitive_destroy", "mem": "dnnl_memory_destroy",
+                "attr": "dnnl_primitive_attr_destroy", "po": "dnnl_post_ops_destroy"}
+
+    def __init__(self, dnnl: _Dnnl):
+        self.dnnl, self.handles = dnnl, []
+
+    def _keep(self, kind: str, handle: _P) -> _P:
+        self.handles.append((self._DESTROY[kind], handle))
+        return handle
+
+    def release(self) -> None:
+        while self.handles:
+            fn, handle = self.handles.pop()
+            getattr(self.dnnl.lib, fn)(handle)
+
+    def md(self, dims, tag: int) -> _P:
+        return self._keep("md", self.dnnl.new("dnnl_memory_desc_create_with_tag", len(dims), _Dims(*dims), _F32, tag))
+
+    def attr(self, sum_: bool = False, eltwise: tuple | None = None) -> _P:
+        """Attributes: a user-managed scratchpad; post-ops: the residual sum, then the activation."""
+        d = self.dnnl
+        attr = self._keep("attr", d.new("dnnl_primitive_attr_create"))
+        d.check(d.lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _USER_SCRATCHPAD), "scratchpad mode")
+        if sum_ or eltwise:
+            po = self._keep("po", d.new("dnnl_post_ops_create"))
+            if sum_:
+                d.check(d.lib.dnnl_post_ops_append_sum(po, ctypes.c_float(1.0), 0, 0), "sum post-op")
+            if eltwise:
+                alg, alpha, beta = eltwise
+                d.check(d.lib.dnnl_post_ops_append_eltwise(po, alg, ctypes.c_float(alpha), ctypes.c_float(beta)),
+                        "eltwise post-op")
+            d.check(d.lib.dnnl_primitive_attr_set_post_ops(attr, po), "post-ops")
+        return attr
+
+    def conv_pd(self, src, w, b, dst, strides, dilations, pad_l, pad_r, attr) -> _P:
+        return self._keep("pd", self.dnnl.new(
+            "dnnl_convolution_forward_primitive_desc_create", self.dnnl.engine, _INFERENCE, _CONV_DIRECT,
+            src, w, b, dst, _Dims(*strides), _Dims(*dilations), _Dims(*pad_l), _Dims(*pad_r), attr))
+
+    def pool_pd(self, alg, src, dst, strides, kernel, dilations, pad_l, pad_r, attr) -> _P:
+        return self._keep("pd", self.dnnl.new(
+            "dnnl_pooling_forward_primitive_desc_create", self.dnnl.engine, _INFERENCE, alg, src, dst,
+            _Dims(*strides), _Dims(*kernel), _Dims(*dilations), _Dims(*pad_l), _Dims(*pad_r), attr))
+
+    def reorder_pd(self, src, dst, attr) -> _P:
+        e = self.dnnl.engine
+        return self._keep("pd", self.dnnl.new("dnnl_reorder_primitive_desc_create", src, e, dst, e, attr))
+
+    def primitive(self, pd) -> _P:
+        return self._keep("prim", self.dnnl.new("dnnl_primitive_create", pd))
+
+    def memory(self, md, array: np.ndarray | None) -> _P:
+        return self._keep("mem", self.dnnl.new("dnnl_memory_create", md, self.dnnl.engine,
+                                                _P(None if array is None else array.ctypes.data)))
+
+
+_DNNL: list = []
+
+
+def _library() -> _Dnnl:
+    """oneDNN, loaded and probed once per process."""
+    if not _DNNL:
+        lib = onednn_library()
+        if lib is None:
+            raise EngineUnavailable("the onednn engine needs oneDNN's CPU library; pip install -e .[onednn]")
+        try:
+            _DNNL.append(_Dnnl(lib))
+        except (DnnlError, AttributeError) as exc:
+            raise EngineUnavailable(f"the onednn engine could not start oneDNN: {exc}") from exc
+    return _DNNL[0]
+
+
+def _pads(win, h: int, w: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(left pads, right pads) per spatial axis as oneDNN takes them: the right pad grown to reach
+    a ceil_mode window (oneDNN derives the output size by flooring)."""
+    out = win.out_size(h, w)
+    right = tuple(max(win.pads[a + 2], (o - 1) * s + d * (k - 1) + 1 - n - win.pads[a])
+                  for a, (o, s, d, k, n) in enumerate(zip(out, win.strides, win.dilations, win.kernel, (h, w))))
+    return win.pads[:2], right
+
+
+class OneDnnEngine(FusedEngine):
+    name = "onednn"
+    # The linears on one thread each: OpenMP's pool runs the convolutions, and a second pool
+    # (OpenBLAS's, MKL's) alternating with it waits on its spinning workers (engines.kernels)
+    kernel_candidates = candidates("none")
+
+    def __init__(self, model, max_batch: int):
+        self._dnnl = _library()
+        self._channels: dict[str, int] = {}      # blocked buffer -> the tensor's channels
+        self._twins: dict[tuple[str, bool], str] = {}   # (tensor, blocked) -> its buffer in that layout
+        self._weights: dict[int, list] = {}      # id of a step's weights -> [(md, those weights reordered)]
+        self._owned = _Owned(self._dnnl)
+        weakref.finalize(self, self._owned.release)
+        super().__init__(model, max_batch)
+
+    def _default_kernel(self, gemm) -> str:
+        return "scipy-1t"
+
+    # --- lowering: which tensors are blocked, and the reorders between layouts -------------
+
+    def _lower(self, model):
+        lw = _Lowering(self, model)
+        for i, op in enumerate(model.ops):
+            if i in lw.skip:
+                continue
+            lower = _LOWER_DNNL.get(op.kind)
+            if lower is None or not lower(self, lw, op):
+                for reader in model.ops[i:i + 2]:          # the op, and a next op it may take in
+                    for t in reader.inputs:
+                        if t in lw.where:
+                            lw.where[t] = self._layout(lw, t, blocked=False)
+                if not LOWER.get(op.kind, _lower_calls)(lw, i, op):
+                    _lower_calls(lw, i, op)
+        self._output = lw.where[model.output] = self._layout(lw, model.output, blocked=False)
+        return lw.steps
+
+    def _blocked_shape(self, shape) -> tuple[int, ...]:
+        b = self._dnnl.block
+        return (-(-shape[0] // b) * b, *shape[1:])
+
+    def _new_blocked(self, lw, name: str, shape) -> str:
+        buffer = self._buffer(name, self._blocked_shape(shape))
+        self._channels[buffer] = shape[0]
+        return buffer
+
+    def _layout(self, lw, tensor: str, blocked: bool) -> str:
+        """The buffer holding ``tensor`` in the layout asked: where it is, or its twin, written by a
+        reorder step the first time one is asked."""
+        buffer = lw.where[tensor]
+        if (buffer in self._channels) == blocked:
+            return buffer
+        if (tensor, blocked) not in self._twins:
+            shape = lw.model.shapes[tensor]
+            twin = (self._new_blocked(lw, tensor + ".blocked", shape) if blocked
+                    else self._buffer(tensor + ".nchw", shape))
+            self._twins[tensor, blocked], self._twins[tensor, not blocked] = twin, buffer
+            lw.steps.append(FusedStep("dnnl_reorder", twin, (buffer,)))
+        return self._twins[tensor, blocked]
+
+    def _md(self, buffer: str, batch: int) -> _P:
+        if buffer in self._channels:
+            shape = (self._channels[buffer], *self.shapes[buffer][1:])
+            return self._owned.md((batch, *shape), self._dnnl.layout)
+        return self._owned.md((batch, *self.shapes[buffer]), _PLAIN[len(self.shapes[buffer]) + 1])
+
+    # --- binding ---------------------------------------------------------------------------
+
+    def _own_memory(self) -> None:
+        super()._own_memory()
+        self._scratchpad = aligned_empty(0)
+        self._scratchpad_mems: list[tuple[_P, int]] = []   # (memory, bytes) of this engine's primitives
+
+    def _bind(self, batch: int):
+        bound = super()._bind(batch)
+        need = max((n for _, n in self._scratchpad_mems), default=0)
+        if need > self._scratchpad.nbytes:
+            self._scratchpad = aligned_empty(-(-need // 4))
+        for mem, _ in self._scratchpad_mems:
+            self._dnnl.check(self._dnnl.lib.dnnl_memory_set_data_handle(mem, _P(self._scratchpad.ctypes.data)),
+                             "scratchpad handle")
+        return bound
+
+    def _execute(self, pd, args: dict[int, tuple], now: bool = False) -> tuple:
+        """The call that runs the primitive of ``pd`` on ``args`` (argument -> (md, array)), its
+        scratchpad on the engine's; ``now``: run once at bind time, on a scratchpad of its own."""
+        o, lib = self._owned, self._dnnl.lib
+        mems = {arg: o.memory(md, array) for arg, (md, array) in args.items()}
+        pad = lib.dnnl_primitive_desc_query_md(pd, _Q_SCRATCHPAD, 0)
+        size = lib.dnnl_memory_desc_get_size(pad)
+        own = aligned_empty(-(-size // 4)) if now else None
+        mems[_SCRATCHPAD] = o.memory(_P(pad), own)
+        if not now:
+            self._scratchpad_mems.append((mems[_SCRATCHPAD], size))
+        array = (_Arg * len(mems))(*(_Arg(arg, mem) for arg, mem in mems.items()))
+        array._keep = [own, *args.values()]          # the arrays stay alive while the call is bound
+        return (self._dnnl.execute, (o.primitive(pd), self._dnnl.stream, len(mems), array))
+
+    def _reorder_call(self, src_md, src: np.ndarray, dst_md, dst: np.ndarray, now: bool = False) -> tuple:
+        pd = self._owned.reorder_pd(src_md, dst_md, self._owned.attr())
+        return self._execute(pd, {_SRC: (src_md, src), _DST: (dst_md, dst)}, now)
+
+    def _conv_weights(self, pd, w_plain_md, w: np.ndarray):
+        """The step's weights in the layout its primitive for this batch takes, reordered once per
+        layout (batch sizes that take the same one share it)."""
+        want = _P(self._dnnl.lib.dnnl_primitive_desc_query_md(pd, _Q_WEIGHTS, 0))
+        done = self._weights.setdefault(id(w), [])
+        for md, array in done:
+            if self._dnnl.lib.dnnl_memory_desc_equal(md, want):
+                return md, array
+        array = aligned_empty(-(-self._dnnl.lib.dnnl_memory_desc_get_size(want) // 4))
+        fn, args = self._reorder_call(w_plain_md, w, want, array, now=True)
+        fn(*args)
+        done.append((want, array))
+        return want, array
+
+
+# --- lowering entries: True when the op became oneDNN steps -----------------------------------
+
+def _activation(attrs) -> tuple | None:
+    act = attrs.get("activation", "none")
+    if act == "relu":
+        return (_RELU, 0.0, 0.0)
+    if act == "clip":
+        return (_CLIP, float(attrs.get("clip_min", -np.inf)), float(attrs.get("clip_max", np.inf)))
+    return None
+
+
+def _lower_conv(eng: OneDnnEngine, lw: _Lowering, op) -> bool:
+    """conv, conv_add (the residual summed into the output by a post-op: in the residual's own
+    buffer when it dies here) and conv_maxpool (the conv into a blocked scratch, then the pool)."""
+    shapes = lw.model.shapes
+    channels = shapes[op.inputs[0]][0]
+    conv, pool = _split_pool(op.attrs) if op.kind == "conv_maxpool" else (dict(op.attrs), None)
+    src = eng._layout(lw, op.inputs[0], blocked=channels >= eng._dnnl.block)
+    w, b = (lw.model.params[p] for p in op.params)
+    w32 = np.ascontiguousarray(w, dtype=np.float32)
+    b32 = np.ascontiguousarray(b, dtype=np.float32)
+    reads, scratch, residual = [src], (), None
+    out_shape = shapes[op.output]
+    if op.kind == "conv_add":
+        residual = op.inputs[1]
+        reads.append(eng._layout(lw, residual, blocked=True))
+    if residual is not None and lw.only_reader.get(residual) is op:
+        out = lw.where[op.output] = reads[1]               # summed in place
+    else:
+        out = lw.where[op.output] = eng._new_blocked(lw, op.output, out_shape)
+    if pool is not None:
+        win = _conv_attrs(conv)[0]
+        scratch = (eng._new_blocked(lw, op.output + ".conv", (w.shape[0], *win.out_size(*shapes[op.inputs[0]][1:]))),)
+    attrs = {"conv": conv, "pool": pool, "residual": residual is not None}
+    lw.steps.append(FusedStep("dnnl_conv", out, tuple(reads), scratch, (w32, b32), attrs))
+    return True
+
+
+def _lower_pool(eng: OneDnnEngine, lw: _Lowering, op) -> bool:
+    """A max or average pool of a blocked tensor; an NCHW one stays an ``engines.conv`` pool, as
+    does an average pool that counts pads in ceil_mode (oneDNN would count the overhang too)."""
+    src = lw.where[op.inputs[0]]
+    if src not in eng._channels:
+        return False
+    attrs = dict(op.attrs)
+    if op.kind == "averagepool" and attrs.get("count_include_pad") and attrs.get("ceil_mode"):
+        return False
+    out = lw.where[op.output] = eng._new_blocked(lw, op.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_pool", out, (src,), attrs={"kind": op.kind, **attrs}))
+    return True
+
+
+_LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
+               "maxpool": _lower_pool, "averagepool": _lower_pool}
+
+
+# --- binding entries -----------------------------------------------------------------------
+
+def _pool_call(eng: OneDnnEngine, attrs, src_md, src: np.ndarray, dst_md, dst: np.ndarray, hw) -> tuple:
+    kind = attrs.pop("kind", "maxpool")
+    include = bool(attrs.pop("count_include_pad", 0))
+    win = _pool_window(attrs)
+    alg = _POOL_MAX if kind == "maxpool" else (_POOL_AVG_INCLUDE if include else _POOL_AVG_EXCLUDE)
+    left, right = _pads(win, *hw)
+    o = eng._owned
+    pd = o.pool_pd(alg, src_md, dst_md, win.strides, win.kernel, tuple(d - 1 for d in win.dilations),
+                   left, right, o.attr())
+    return eng._execute(pd, {_SRC: (src_md, src), _DST: (dst_md, dst)})
+
+
+def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    batch, attrs, o = y.shape[0], step.attrs, eng._owned
+    w, b = step.operands
+    win, group, _ = _conv_attrs(attrs["conv"])
+    hw = ins[0].shape[-2:]
+    out_ch = w.shape[0]
+    dst_buffer = step.scratch[0] if attrs["pool"] is not None else step.out
+    dst, dst_md = (scratch[0] if attrs["pool"] is not None else y), eng._md(dst_buffer, batch)
+    src_md = eng._md(step.reads[0], batch)
+    w_dims = (group, out_ch // group, *w.shape[1:]) if group > 1 else w.shape
+    w_plain = o.md(w_dims, _PLAIN[len(w_dims)])
+    b_md = o.md((out_ch,), _PLAIN[1])
+    left, right = _pads(win, *hw)
+    pd = o.conv_pd(src_md, o.md(w_dims, _ANY), b_md, dst_md, win.strides, tuple(d - 1 for d in win.dilations),
+                   left, right, o.attr(attrs["residual"], _activation(attrs["conv"])))
+    w_md, w_blocked = eng._conv_weights(pd, w_plain, w)
+    calls = []
+    if attrs["residual"] and step.reads[1] != step.out:       # the residual, copied into the output first
+        calls.append((np.copyto, (y, ins[1])))
+    calls.append(eng._execute(pd, {_SRC: (src_md, ins[0]), _WEIGHTS: (w_md, w_blocked), _BIAS: (b_md, b),
+                                   _DST: (dst_md, dst)}))
+    if attrs["pool"] is not None:
+        calls.append(_pool_call(eng, dict(attrs["pool"]), dst_md, dst, eng._md(step.out, batch), y,
+                                win.out_size(*hw)))
+    return calls
+
+
+def _bind_pool(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    batch = y.shape[0]
+    return [_pool_call(eng, dict(step.attrs), eng._md(step.reads[0], batch), ins[0], eng._md(step.out, batch), y,
+                       ins[0].shape[-2:])]
+
+
+def _bind_reorder(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    batch = y.shape[0]
+    return [eng._reorder_call(eng._md(step.reads[0], batch), ins[0], eng._md(step.out, batch), y)]
+
+
+OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": _bind_pool, "dnnl_reorder": _bind_reorder}
