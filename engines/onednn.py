@@ -43,7 +43,7 @@ _ANY, _PLAIN = 1, {1: 2, 4: 5, 5: 6}                  # format tags any; a, abcd
 _LAYOUTS = ((22, 1), (78, 16), (102, 8), (84, 4))
 _RELU, _CLIP = 0x20, 0x2E
 _POOL_MAX, _POOL_AVG_INCLUDE, _POOL_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
-_SRC, _WEIGHTS, _BIAS, _DST, _SCRATCHPAD = 1, 33, 41, 17, 80
+_SRC, _WEIGHTS, _BIAS, _DST, _SCRATCHPAD, _MULTIPLE_SRC = 1, 33, 41, 17, 80, 1024
 _Q_WEIGHTS, _Q_DST, _Q_SCRATCHPAD = 131, 133, 136
 _USER_SCRATCHPAD = 1
 _Dims = ctypes.c_int64 * 12                             # DNNL_MAX_NDIMS
@@ -145,6 +145,11 @@ class _Owned:
         return self._keep("pd", self.dnnl.new(
             "dnnl_pooling_forward_primitive_desc_create", self.dnnl.engine, _INFERENCE, alg, src, dst,
             _Dims(*strides), _Dims(*kernel), _Dims(*dilations), _Dims(*pad_l), _Dims(*pad_r), attr))
+
+    def concat_pd(self, dst, srcs, attr) -> _P:
+        """Along the channel axis."""
+        return self._keep("pd", self.dnnl.new("dnnl_concat_primitive_desc_create", self.dnnl.engine, dst, len(srcs), 1,
+                                              (_P * len(srcs))(*srcs), attr))
 
     def reorder_pd(self, src, dst, attr) -> _P:
         e = self.dnnl.engine
@@ -351,8 +356,18 @@ def _lower_pool(eng: OneDnnEngine, lw: _Lowering, op) -> bool:
     return True
 
 
+def _lower_concat(eng: OneDnnEngine, lw: _Lowering, op) -> bool:
+    """A channel concat of tensors all in oneDNN's layout (a fire or inception module's branches)."""
+    srcs = [lw.where[t] for t in op.inputs]
+    if op.attrs.get("axis") != 0 or set(op.attrs.get("order", "")) != {"t"} or not all(b in eng._channels for b in srcs):
+        return False
+    out = lw.where[op.output] = eng._new_blocked(lw, op.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_concat", out, tuple(srcs)))
+    return True
+
+
 _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
-               "maxpool": _lower_pool, "averagepool": _lower_pool}
+               "maxpool": _lower_pool, "averagepool": _lower_pool, "concat": _lower_concat}
 
 
 # --- binding entries -----------------------------------------------------------------------
@@ -407,4 +422,13 @@ def _bind_reorder(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     return [eng._reorder_call(eng._md(step.reads[0], batch), ins[0], eng._md(step.out, batch), y)]
 
 
-OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": _bind_pool, "dnnl_reorder": _bind_reorder}
+def _bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    batch = y.shape[0]
+    srcs = [eng._md(b, batch) for b in step.reads]
+    dst = eng._md(step.out, batch)
+    pd = eng._owned.concat_pd(dst, srcs, eng._owned.attr())
+    return [eng._execute(pd, {_DST: (dst, y), **{_MULTIPLE_SRC + i: (md, x) for i, (md, x) in enumerate(zip(srcs, ins))}})]
+
+
+OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": _bind_pool, "dnnl_reorder": _bind_reorder,
+                        "dnnl_concat": _bind_concat}
