@@ -44,7 +44,7 @@ _LAYOUTS = ((22, 1), (78, 16), (102, 8), (84, 4))
 _RELU, _CLIP = 0x20, 0x2E
 _POOL_MAX, _POOL_AVG_INCLUDE, _POOL_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
 _SRC, _WEIGHTS, _BIAS, _DST, _SCRATCHPAD, _MULTIPLE_SRC = 1, 33, 41, 17, 80, 1024
-_Q_WEIGHTS, _Q_DST, _Q_SCRATCHPAD = 131, 133, 136
+_Q_IMPL, _Q_WEIGHTS, _Q_DST, _Q_SCRATCHPAD = 8, 131, 133, 136
 _USER_SCRATCHPAD = 1
 _Dims = ctypes.c_int64 * 12                             # DNNL_MAX_NDIMS
 _P = ctypes.c_void_p
@@ -120,6 +120,9 @@ class _Owned:
     def md(self, dims, tag: int) -> _P:
         return self._keep("md", self.dnnl.new("dnnl_memory_desc_create_with_tag", len(dims), _Dims(*dims), _F32, tag))
 
+    def clone(self, md) -> _P:
+        return self._keep("md", self.dnnl.new("dnnl_memory_desc_clone", _P(md)))
+
     def attr(self, sum_: bool = False, eltwise: tuple | None = None) -> _P:
         """Attributes: a user-managed scratchpad; post-ops: the residual sum, then the activation."""
         d = self.dnnl
@@ -163,6 +166,16 @@ class _Owned:
                                                 _P(None if array is None else array.ctypes.data)))
 
 
+class _Weights:
+    """Conv weights reordered for their primitives, shared by an engine and its workers; their
+    descriptors are destroyed when the last of them is."""
+
+    def __init__(self, dnnl: _Dnnl):
+        self.owned = _Owned(dnnl)
+        self.layouts: dict[int, list] = {}      # id of a step's weights -> [(md, those weights reordered)]
+        weakref.finalize(self, self.owned.release)
+
+
 _DNNL: list = []
 
 
@@ -198,9 +211,7 @@ class OneDnnEngine(FusedEngine):
         self._dnnl = _library()
         self._channels: dict[str, int] = {}      # blocked buffer -> the tensor's channels
         self._twins: dict[tuple[str, bool], str] = {}   # (tensor, blocked) -> its buffer in that layout
-        self._weights: dict[int, list] = {}      # id of a step's weights -> [(md, those weights reordered)]
-        self._owned = _Owned(self._dnnl)
-        weakref.finalize(self, self._owned.release)
+        self._weights = _Weights(self._dnnl)     # shared with workers
         super().__init__(model, max_batch)
 
     def _default_kernel(self, gemm) -> str:
@@ -214,7 +225,7 @@ class OneDnnEngine(FusedEngine):
             if i in lw.skip:
                 continue
             lower = _LOWER_DNNL.get(op.kind)
-            if lower is None or not lower(self, lw, op):
+            if lower is None or not lower(self, lw, i, op):
                 for reader in model.ops[i:i + 2]:          # the op, and a next op it may take in
                     for t in reader.inputs:
                         if t in lw.where:
@@ -253,14 +264,25 @@ class OneDnnEngine(FusedEngine):
             return self._owned.md((batch, *shape), self._dnnl.layout)
         return self._owned.md((batch, *self.shapes[buffer]), _PLAIN[len(self.shapes[buffer]) + 1])
 
+    def report(self) -> dict:
+        """fused's report, with the activation layout and, per primitive, the implementation
+        oneDNN chose on this CPU (``brgconv:avx512_core``, ``jit:avx2``, ...; ``ref`` is its
+        slow reference code)."""
+        layout = {_PLAIN[4]: "NCHW", 22: "NHWC"}.get(self._dnnl.layout, f"nChw{self._dnnl.block}c")
+        return {**super().report(), "layout": layout, "primitives": list(self._primitives)}
+
     # --- binding ---------------------------------------------------------------------------
 
     def _own_memory(self) -> None:
         super()._own_memory()
+        self._owned = _Owned(self._dnnl)             # this engine's (or worker's) primitives
+        weakref.finalize(self, self._owned.release)
         self._scratchpad = aligned_empty(0)
         self._scratchpad_mems: list[tuple[_P, int]] = []   # (memory, bytes) of this engine's primitives
+        self._primitives: list[dict] = []
 
     def _bind(self, batch: int):
+        self._primitives = [p for p in self._primitives if p["batch"] != batch]
         bound = super()._bind(batch)
         need = max((n for _, n in self._scratchpad_mems), default=0)
         if need > self._scratchpad.nbytes:
@@ -270,10 +292,17 @@ class OneDnnEngine(FusedEngine):
                              "scratchpad handle")
         return bound
 
-    def _execute(self, pd, args: dict[int, tuple], now: bool = False) -> tuple:
+    def _execute(self, pd, args: dict[int, tuple], step=None, now: bool = False) -> tuple:
         """The call that runs the primitive of ``pd`` on ``args`` (argument -> (md, array)), its
-        scratchpad on the engine's; ``now``: run once at bind time, on a scratchpad of its own."""
+        scratchpad on the engine's; ``now``: run once at bind time, on a scratchpad of its own.
+        The implementation oneDNN chose for a step's primitive goes into ``report()``."""
         o, lib = self._owned, self._dnnl.lib
+        if step is not None:
+            impl = ctypes.c_char_p()
+            self._dnnl.check(lib.dnnl_primitive_desc_query(pd, _Q_IMPL, 0, ctypes.byref(impl)), "implementation query")
+            batch = next(iter(args.values()))[1].shape[0]
+            self._primitives.append({"step": step.out, "kind": step.kind.removeprefix("dnnl_"), "batch": batch,
+                                     "implementation": impl.value.decode()})
         mems = {arg: o.memory(md, array) for arg, (md, array) in args.items()}
         pad = lib.dnnl_primitive_desc_query_md(pd, _Q_SCRATCHPAD, 0)
         size = lib.dnnl_memory_desc_get_size(pad)
@@ -285,23 +314,25 @@ class OneDnnEngine(FusedEngine):
         array._keep = [own, *args.values()]          # the arrays stay alive while the call is bound
         return (self._dnnl.execute, (o.primitive(pd), self._dnnl.stream, len(mems), array))
 
-    def _reorder_call(self, src_md, src: np.ndarray, dst_md, dst: np.ndarray, now: bool = False) -> tuple:
+    def _reorder_call(self, src_md, src: np.ndarray, dst_md, dst: np.ndarray, step=None, now: bool = False) -> tuple:
         pd = self._owned.reorder_pd(src_md, dst_md, self._owned.attr())
-        return self._execute(pd, {_SRC: (src_md, src), _DST: (dst_md, dst)}, now)
+        return self._execute(pd, {_SRC: (src_md, src), _DST: (dst_md, dst)}, step, now)
 
     def _conv_weights(self, pd, w_plain_md, w: np.ndarray):
-        """The step's weights in the layout its primitive for this batch takes, reordered once per
-        layout (batch sizes that take the same one share it)."""
-        want = _P(self._dnnl.lib.dnnl_primitive_desc_query_md(pd, _Q_WEIGHTS, 0))
-        done = self._weights.setdefault(id(w), [])
+        """The weights w in the layout the primitive of pd takes, reordered once per layout (batch
+        sizes and workers that take the same one share it)."""
+        lib = self._dnnl.lib
+        want = lib.dnnl_primitive_desc_query_md(pd, _Q_WEIGHTS, 0)
+        done = self._weights.layouts.setdefault(id(w), [])
         for md, array in done:
-            if self._dnnl.lib.dnnl_memory_desc_equal(md, want):
+            if lib.dnnl_memory_desc_equal(md, want):
                 return md, array
-        array = aligned_empty(-(-self._dnnl.lib.dnnl_memory_desc_get_size(want) // 4))
-        fn, args = self._reorder_call(w_plain_md, w, want, array, now=True)
+        array = aligned_empty(-(-lib.dnnl_memory_desc_get_size(want) // 4))
+        md = self._weights.owned.clone(want)
+        fn, args = self._reorder_call(w_plain_md, w, md, array, now=True)
         fn(*args)
-        done.append((want, array))
-        return want, array
+        done.append((md, array))
+        return md, array
 
 
 # --- lowering entries: True when the op became oneDNN steps -----------------------------------
@@ -315,9 +346,9 @@ def _activation(attrs) -> tuple | None:
     return None
 
 
-def _lower_conv(eng: OneDnnEngine, lw: _Lowering, op) -> bool:
+def _lower_conv(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
     """conv, conv_add (the residual summed into the output by a post-op: in the residual's own
-    buffer when it dies here) and conv_maxpool (the conv into a blocked scratch, then the pool)."""
+    buffer when this is its last reader) and conv_maxpool (the conv into a blocked scratch, then the pool)."""
     shapes = lw.model.shapes
     channels = shapes[op.inputs[0]][0]
     conv, pool = _split_pool(op.attrs) if op.kind == "conv_maxpool" else (dict(op.attrs), None)
@@ -330,8 +361,8 @@ def _lower_conv(eng: OneDnnEngine, lw: _Lowering, op) -> bool:
     if op.kind == "conv_add":
         residual = op.inputs[1]
         reads.append(eng._layout(lw, residual, blocked=True))
-    if residual is not None and lw.only_reader.get(residual) is op:
-        out = lw.where[op.output] = reads[1]               # summed in place
+    if residual is not None and lw.readers[residual][-1] == i and residual != lw.model.input:
+        out = lw.where[op.output] = reads[1]               # summed in place: the residual's last read
     else:
         out = lw.where[op.output] = eng._new_blocked(lw, op.output, out_shape)
     if pool is not None:
@@ -342,7 +373,7 @@ def _lower_conv(eng: OneDnnEngine, lw: _Lowering, op) -> bool:
     return True
 
 
-def _lower_pool(eng: OneDnnEngine, lw: _Lowering, op) -> bool:
+def _lower_pool(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
     """A max or average pool of a blocked tensor; an NCHW one stays an ``engines.conv`` pool, as
     does an average pool that counts pads in ceil_mode (oneDNN would count the overhang too)."""
     src = lw.where[op.inputs[0]]
@@ -356,7 +387,7 @@ def _lower_pool(eng: OneDnnEngine, lw: _Lowering, op) -> bool:
     return True
 
 
-def _lower_concat(eng: OneDnnEngine, lw: _Lowering, op) -> bool:
+def _lower_concat(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
     """A channel concat of tensors all in oneDNN's layout (a fire or inception module's branches)."""
     srcs = [lw.where[t] for t in op.inputs]
     if op.attrs.get("axis") != 0 or set(op.attrs.get("order", "")) != {"t"} or not all(b in eng._channels for b in srcs):
@@ -372,7 +403,7 @@ _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lo
 
 # --- binding entries -----------------------------------------------------------------------
 
-def _pool_call(eng: OneDnnEngine, attrs, src_md, src: np.ndarray, dst_md, dst: np.ndarray, hw) -> tuple:
+def _pool_call(eng: OneDnnEngine, step, attrs, src_md, src: np.ndarray, dst_md, dst: np.ndarray, hw) -> tuple:
     kind = attrs.pop("kind", "maxpool")
     include = bool(attrs.pop("count_include_pad", 0))
     win = _pool_window(attrs)
@@ -381,7 +412,7 @@ def _pool_call(eng: OneDnnEngine, attrs, src_md, src: np.ndarray, dst_md, dst: n
     o = eng._owned
     pd = o.pool_pd(alg, src_md, dst_md, win.strides, win.kernel, tuple(d - 1 for d in win.dilations),
                    left, right, o.attr())
-    return eng._execute(pd, {_SRC: (src_md, src), _DST: (dst_md, dst)})
+    return eng._execute(pd, {_SRC: (src_md, src), _DST: (dst_md, dst)}, step)
 
 
 def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
@@ -404,22 +435,22 @@ def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     if attrs["residual"] and step.reads[1] != step.out:       # the residual, copied into the output first
         calls.append((np.copyto, (y, ins[1])))
     calls.append(eng._execute(pd, {_SRC: (src_md, ins[0]), _WEIGHTS: (w_md, w_blocked), _BIAS: (b_md, b),
-                                   _DST: (dst_md, dst)}))
+                                   _DST: (dst_md, dst)}, step))
     if attrs["pool"] is not None:
-        calls.append(_pool_call(eng, dict(attrs["pool"]), dst_md, dst, eng._md(step.out, batch), y,
+        calls.append(_pool_call(eng, step, dict(attrs["pool"]), dst_md, dst, eng._md(step.out, batch), y,
                                 win.out_size(*hw)))
     return calls
 
 
 def _bind_pool(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     batch = y.shape[0]
-    return [_pool_call(eng, dict(step.attrs), eng._md(step.reads[0], batch), ins[0], eng._md(step.out, batch), y,
+    return [_pool_call(eng, step, dict(step.attrs), eng._md(step.reads[0], batch), ins[0], eng._md(step.out, batch), y,
                        ins[0].shape[-2:])]
 
 
 def _bind_reorder(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     batch = y.shape[0]
-    return [eng._reorder_call(eng._md(step.reads[0], batch), ins[0], eng._md(step.out, batch), y)]
+    return [eng._reorder_call(eng._md(step.reads[0], batch), ins[0], eng._md(step.out, batch), y, step)]
 
 
 def _bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
@@ -427,7 +458,7 @@ def _bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     srcs = [eng._md(b, batch) for b in step.reads]
     dst = eng._md(step.out, batch)
     pd = eng._owned.concat_pd(dst, srcs, eng._owned.attr())
-    return [eng._execute(pd, {_DST: (dst, y), **{_MULTIPLE_SRC + i: (md, x) for i, (md, x) in enumerate(zip(srcs, ins))}})]
+    return [eng._execute(pd, {_DST: (dst, y), **{_MULTIPLE_SRC + i: (md, x) for i, (md, x) in enumerate(zip(srcs, ins))}}, step)]
 
 
 OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": _bind_pool, "dnnl_reorder": _bind_reorder,

@@ -43,8 +43,8 @@ LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", 
 MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
           "squeezenet", "vgg19", "zfnet512")
 BIG = {"vgg19", "bvlc_alexnet", "zfnet512"}
-NUMPY_ENGINES = ("naive", "static", "arena", "fused", "packed")
-PLANNED = ("static", "arena", "fused", "packed")
+NUMPY_ENGINES = ("naive", "static", "arena", "fused", "packed", "onednn")
+PLANNED = ("static", "arena", "fused", "packed", "onednn")
 WEIGHTS = {"file": None, "random": 17}
 SOFTMAX_TOL = 1e-4          # x max(1, max|ref|), on the output
 LOGITS_TOL = 1e-3           # x max|ref|, on the softmax's input

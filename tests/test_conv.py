@@ -464,7 +464,7 @@ def test_every_kind_has_an_allocation_case():
 
 # --- hand-built CNNs on every NumPy engine ------------------------------------------------
 
-NUMPY_ENGINES = ["naive", "static", "arena", "fused", "packed"]
+NUMPY_ENGINES = ["naive", "static", "arena", "fused", "packed", "onednn"]
 
 
 class CNNBuilder:

@@ -18,8 +18,8 @@ from engines import onnx_passes  # noqa: E402
 from engines.onnx_import import file_workload, workload_version  # noqa: E402
 from tests.test_zero_alloc import memray_peak, tracemalloc_peak  # noqa: E402  (one way to measure)
 
-OWN = ["naive", "static", "arena", "fused", "packed"]
-PLANNED = ["static", "arena", "fused", "packed"]
+OWN = ["naive", "static", "arena", "fused", "packed", "onednn"]
+PLANNED = ["static", "arena", "fused", "packed", "onednn"]
 MAX_BATCH = 3
 RNG = np.random.default_rng(42)
 

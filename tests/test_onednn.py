@@ -1,0 +1,73 @@
+"""The onednn engine's own promises: oneDNN's fast kernels (never its reference code) on every
+light CNN, the layout changed only at the graph's edges where every op has a oneDNN form, and
+primitives that outlive the engine that made them for its workers."""
+import gc
+import glob
+import os
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+from engines import ENGINES, EngineUnavailable, load_onnx  # noqa: E402
+from engines import onednn  # noqa: E402
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
+          "squeezenet", "vgg19", "zfnet512"]
+
+
+def light(name: str):
+    (path,) = glob.glob(os.path.join(LIGHT, f"light_{name}.onnx"))
+    return load_onnx(path)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_onednn():
+    try:
+        onednn._library()
+    except EngineUnavailable as exc:
+        pytest.skip(f"oneDNN is not installed here: {exc}")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_primitive_runs_a_fast_kernel(name):
+    report = ENGINES["onednn"](light(name), 1).report()
+    kinds = {p["kind"] for p in report["primitives"]}
+    assert "conv" in kinds and report["layout"] in ("NHWC", "nChw16c", "nChw8c", "nChw4c")
+    slow = [p for p in report["primitives"] if p["implementation"].startswith("ref")]
+    assert slow == [], slow
+
+
+@pytest.mark.parametrize("name", ["resnet50", "squeezenet", "inception_v2"])
+def test_the_layout_changes_only_at_the_edges(name):
+    """Convs, pools, residual sums and concats all run in oneDNN's layout: one reorder in (the
+    input), one out (to the global pool)."""
+    engine = ENGINES["onednn"](light(name), 1)
+    assert [s.kind for s in engine.steps].count("dnnl_reorder") == 2
+
+
+def test_residual_sums_in_place_and_pools_fuse():
+    engine = ENGINES["onednn"](light("resnet50"), 1)
+    sums = [s for s in engine.steps if s.kind == "dnnl_conv" and s.attrs["residual"]]
+    assert len(sums) == 16 and all(s.out == s.reads[1] for s in sums)       # into the residual's buffer
+    assert sum(s.attrs["pool"] is not None for s in engine.steps if s.kind == "dnnl_conv") == 1
+
+
+def test_a_worker_outlives_the_engine_that_made_it():
+    model = light("squeezenet")
+    x = model.random_input(2, rng=3)
+    engine = ENGINES["onednn"](model, 2)
+    worker = engine.worker()
+    del engine
+    gc.collect()
+    got = np.array(worker.forward(x))
+    assert np.max(np.abs(got - model.reference(x))) <= 1e-4 * max(1.0, float(np.max(np.abs(got))))
+
+
+def test_without_onednn_the_engine_says_how_to_get_it(monkeypatch):
+    monkeypatch.setattr(onednn, "_DNNL", [])
+    monkeypatch.setattr(onednn, "onednn_library", lambda: None)
+    with pytest.raises(EngineUnavailable, match=r"pip install -e \.\[onednn\]"):
+        ENGINES["onednn"](light("squeezenet"), 1)
