@@ -206,6 +206,7 @@ class OneDnnEngine(FusedEngine):
     # The linears on one thread each: OpenMP's pool runs the convolutions, and a second pool
     # (OpenBLAS's, MKL's) alternating with it waits on its spinning workers (engines.kernels)
     kernel_candidates = candidates("none")
+    quick_skip = "its own kernels are convolutions, and the quick matrix has none (elsewhere it is fused)"
 
     def __init__(self, model, max_batch: int):
         self._dnnl = _library()

@@ -28,6 +28,7 @@ RECOMPILE_LIMIT = 1024     # graphs per code object: one per (model structure, b
 class TorchCompileEngine(TorchEngine):
     name = "torch-compile"
     slow_build = True             # 10-50 s of compilation per model on 2 cores
+    quick_skip = "compiles for many seconds per model"
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)

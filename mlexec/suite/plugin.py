@@ -123,16 +123,25 @@ def pytest_generate_tests(metafunc):
         return
     config = metafunc.config
     engines = _engines(config)
-    # Engines that compile for many seconds per model would blow the quick matrix's
-    # 3-minute budget; they run in the full matrix or when named.
-    skip_slow = config.getoption("mlexec_engines") == "all" and config.getoption("mlexec_matrix") == "quick"
-    slow = pytest.mark.skip(reason="compiles for many seconds per model: runs in --mlexec-matrix full, "
-                                   "or name it in --mlexec-engines")
+    quick = config.getoption("mlexec_engines") == "all" and config.getoption("mlexec_matrix") == "quick"
+
+    def marks(engine: str, case) -> list:
+        reason = quick_skip(ENGINES[engine], case) if quick else None
+        return [pytest.mark.skip(reason=reason)] if reason else []
+
     # Plain strings as parameters: they land in the saved JSON's "params".
-    params = [pytest.param(e, c.id, id=f"{e}-{c.id}",
-                           marks=[slow] if skip_slow and ENGINES[e].slow_build else [])
-              for c in _matrix(config) for e in engines]
+    params = [pytest.param(e, c.id, id=f"{e}-{c.id}", marks=marks(e, c)) for c in _matrix(config) for e in engines]
     metafunc.parametrize("engine_name, case_id", params)
+
+
+def quick_skip(engine: type, case) -> str | None:
+    """Why the quick matrix (every engine, unnamed) leaves this engine out on this case, or None.
+    Engines that compile for many seconds per model would blow its 3-minute budget: out on every
+    case. Some have nothing of their own to show on its built-in models (``Engine.quick_skip``):
+    out there, in on model files. Both run in the full matrix and when named."""
+    if not engine.quick_skip or not (engine.slow_build or not case.path):
+        return None
+    return f"{engine.quick_skip}: runs in --mlexec-matrix full, or name it in --mlexec-engines"
 
 
 def shard_of(config) -> dict[tuple[str, str], int] | None:
