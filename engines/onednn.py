@@ -42,7 +42,7 @@ _ANY, _PLAIN = 1, {1: 2, 4: 5, 5: 6}                  # format tags any; a, abcd
 # nChw16c / nChw8c / nChw4c (aBcd16b/8b/4b: [N][C/b][H][W][b], channels padded to the block)
 _LAYOUTS = ((22, 1), (78, 16), (102, 8), (84, 4))
 _RELU, _CLIP = 0x20, 0x2E
-_POOL_MAX, _POOL_AVG_INCLUDE, _POOL_AVG_EXCLUDE = 0x1FF, 0x2FF, 0x3FF
+_POOL_MAX, _POOL_AVG_INCLUDE, _POOL_AVG_EXCLUDE, _LRN_ACROSS = 0x1FF, 0x2FF, 0x3FF, 0xAFF
 _SRC, _WEIGHTS, _BIAS, _DST, _SCRATCHPAD, _MULTIPLE_SRC = 1, 33, 41, 17, 80, 1024
 _Q_IMPL, _Q_WEIGHTS, _Q_DST, _Q_SCRATCHPAD = 8, 131, 133, 136
 _USER_SCRATCHPAD = 1
@@ -153,6 +153,12 @@ class _Owned:
         """Along the channel axis."""
         return self._keep("pd", self.dnnl.new("dnnl_concat_primitive_desc_create", self.dnnl.engine, dst, len(srcs), 1,
                                               (_P * len(srcs))(*srcs), attr))
+
+    def lrn_pd(self, src, dst, size: int, alpha: float, beta: float, k: float, attr) -> _P:
+        """Across channels: dst = src / (k + alpha / size · sum of src² over the window)^beta."""
+        return self._keep("pd", self.dnnl.new(
+            "dnnl_lrn_forward_primitive_desc_create", self.dnnl.engine, _INFERENCE, _LRN_ACROSS, src, dst,
+            ctypes.c_int64(size), ctypes.c_float(alpha), ctypes.c_float(beta), ctypes.c_float(k), attr))
 
     def reorder_pd(self, src, dst, attr) -> _P:
         e = self.dnnl.engine
@@ -375,13 +381,16 @@ def _lower_conv(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
 
 
 def _lower_pool(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
-    """A max or average pool of a blocked tensor; an NCHW one stays an ``engines.conv`` pool, as
-    does an average pool that counts pads in ceil_mode (oneDNN would count the overhang too)."""
+    """A max or average pool, or an LRN, of a tensor in oneDNN's layout; of an NCHW one it stays
+    the ``engines.conv`` op, as does an average pool that counts pads in ceil_mode (oneDNN would
+    count the overhang too) and an LRN of even size (its window is not centred)."""
     src = lw.where[op.inputs[0]]
     if src not in eng._channels:
         return False
     attrs = dict(op.attrs)
     if op.kind == "averagepool" and attrs.get("count_include_pad") and attrs.get("ceil_mode"):
+        return False
+    if op.kind == "lrn" and attrs["size"] % 2 == 0:
         return False
     out = lw.where[op.output] = eng._new_blocked(lw, op.output, lw.model.shapes[op.output])
     lw.steps.append(FusedStep("dnnl_pool", out, (src,), attrs={"kind": op.kind, **attrs}))
@@ -399,7 +408,7 @@ def _lower_concat(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
 
 
 _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
-               "maxpool": _lower_pool, "averagepool": _lower_pool, "concat": _lower_concat}
+               "maxpool": _lower_pool, "averagepool": _lower_pool, "lrn": _lower_pool, "concat": _lower_concat}
 
 
 # --- binding entries -----------------------------------------------------------------------
@@ -444,9 +453,14 @@ def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 
 def _bind_pool(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    batch = y.shape[0]
-    return [_pool_call(eng, step, dict(step.attrs), eng._md(step.reads[0], batch), ins[0], eng._md(step.out, batch), y,
-                       ins[0].shape[-2:])]
+    batch, attrs = y.shape[0], dict(step.attrs)
+    src, dst = eng._md(step.reads[0], batch), eng._md(step.out, batch)
+    if attrs["kind"] == "lrn":
+        o = eng._owned
+        pd = o.lrn_pd(src, dst, int(attrs["size"]), float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75)),
+                      float(attrs.get("bias", 1.0)), o.attr())
+        return [eng._execute(pd, {_SRC: (src, ins[0]), _DST: (dst, y)}, step)]
+    return [_pool_call(eng, step, attrs, src, ins[0], dst, y, ins[0].shape[-2:])]
 
 
 def _bind_reorder(eng: OneDnnEngine, step, y, ins, scratch) -> list:
