@@ -1,19 +1,18 @@
-"""onednn: fused's steps, with a CNN's convolutions and pools run as oneDNN primitives on
-activations held in the channel-blocked layout oneDNN's kernels take on this CPU.
+"""onednn: fused's steps, with a CNN's convolutions, pools, LRN and channel concats run as
+oneDNN primitives on activations held in the layout oneDNN's convolutions take on this CPU.
 
 im2col and one GEMM per conv (``packed``) ran ResNet-50 at 1.9x ONNX Runtime's time: MKL's
 GEMMs alone, at 230-320 GFLOP/s on its shapes, took longer than ONNX Runtime's whole forward,
-and the im2col copies, bias, residual and ReLU passes added 40 %. oneDNN's direct
-convolutions (``brgconv``) on blocked activations ran the same layers at 280-370 GFLOP/s, with
-the bias, the residual sum and the activation applied as each output block is written
-(post-ops); on NCHW activations they fell back to its own im2col GEMM (docs/cnn.md).
+and the im2col copies, bias, residual and ReLU passes added 18 ms to them. oneDNN's direct
+convolutions (``brgconv``) on activations in their own layout ran the same layers at 280-370
+GFLOP/s, with the bias, the residual sum and the activation applied as each output block is
+written (post-ops); on NCHW they fell back to an im2col GEMM (docs/engines.md).
 
-Layout. The block is asked of oneDNN once per process: a probe conv with format "any" and the
-blocked layout it picks (``[N][C/16][H][W][16]`` with AVX-512, ``/8`` with AVX2). A tensor a
-conv or pool step writes is held blocked, its buffer sized for the channels rounded up to the
-block; any other op that reads it reads an NCHW twin written by a reorder step, and a conv that
-reads an NCHW tensor (a concat's output) reads a blocked twin, except a conv on fewer
-channels than a block (an RGB stem), which reads NCHW itself. Twins are planned buffers.
+Layout ("native" below). Asked of oneDNN once per process: a probe conv with format "any", and
+the layout it picks (NHWC, or ``[N][C/b][H][W][b]`` with b = 16 or 8, channels padded to b). A
+tensor a oneDNN step writes stays native; any other op that reads it reads an NCHW twin written
+by a reorder step, and a conv that reads an NCHW tensor reads a native twin, except a conv on
+fewer channels than a block (an RGB stem), which reads NCHW itself. Twins are planned buffers.
 
 Memory. Every primitive's scratchpad is user-managed: one buffer per engine (and worker), the
 largest any of its primitives asks; weights are reordered into each primitive's layout once.
@@ -24,7 +23,6 @@ that no second pool spins beside OpenMP's.
 from __future__ import annotations
 
 import ctypes
-import math
 import weakref
 
 import numpy as np
@@ -216,15 +214,16 @@ class OneDnnEngine(FusedEngine):
 
     def __init__(self, model, max_batch: int):
         self._dnnl = _library()
-        self._channels: dict[str, int] = {}      # blocked buffer -> the tensor's channels
-        self._twins: dict[tuple[str, bool], str] = {}   # (tensor, blocked) -> its buffer in that layout
+        self._channels: dict[str, int] = {}      # native buffer -> the tensor's channels
+        self._twins: dict[tuple[str, bool], str] = {}   # (tensor, native) -> its buffer in that layout
         self._weights = _Weights(self._dnnl)     # shared with workers
         super().__init__(model, max_batch)
 
     def _default_kernel(self, gemm) -> str:
+        """Without tuning: SciPy's gemm on one thread (SciPy is fused's own requirement)."""
         return "scipy-1t"
 
-    # --- lowering: which tensors are blocked, and the reorders between layouts -------------
+    # --- lowering: which tensors are native, and the reorders between layouts --------------
 
     def _lower(self, model):
         lw = _Lowering(self, model)
@@ -236,34 +235,34 @@ class OneDnnEngine(FusedEngine):
                 for reader in model.ops[i:i + 2]:          # the op, and a next op it may take in
                     for t in reader.inputs:
                         if t in lw.where:
-                            lw.where[t] = self._layout(lw, t, blocked=False)
+                            lw.where[t] = self._layout(lw, t, native=False)
                 if not LOWER.get(op.kind, _lower_calls)(lw, i, op):
                     _lower_calls(lw, i, op)
-        self._output = lw.where[model.output] = self._layout(lw, model.output, blocked=False)
+        self._output = lw.where[model.output] = self._layout(lw, model.output, native=False)
         return lw.steps
 
-    def _blocked_shape(self, shape) -> tuple[int, ...]:
+    def _native_shape(self, shape) -> tuple[int, ...]:
         b = self._dnnl.block
         return (-(-shape[0] // b) * b, *shape[1:])
 
-    def _new_blocked(self, lw, name: str, shape) -> str:
-        buffer = self._buffer(name, self._blocked_shape(shape))
+    def _new_native(self, name: str, shape) -> str:
+        buffer = self._buffer(name, self._native_shape(shape))
         self._channels[buffer] = shape[0]
         return buffer
 
-    def _layout(self, lw, tensor: str, blocked: bool) -> str:
+    def _layout(self, lw, tensor: str, native: bool) -> str:
         """The buffer holding ``tensor`` in the layout asked: where it is, or its twin, written by a
         reorder step the first time one is asked."""
         buffer = lw.where[tensor]
-        if (buffer in self._channels) == blocked:
+        if (buffer in self._channels) == native:
             return buffer
-        if (tensor, blocked) not in self._twins:
+        if (tensor, native) not in self._twins:
             shape = lw.model.shapes[tensor]
-            twin = (self._new_blocked(lw, tensor + ".blocked", shape) if blocked
+            twin = (self._new_native(tensor + ".dnnl", shape) if native
                     else self._buffer(tensor + ".nchw", shape))
-            self._twins[tensor, blocked], self._twins[tensor, not blocked] = twin, buffer
+            self._twins[tensor, native], self._twins[tensor, not native] = twin, buffer
             lw.steps.append(FusedStep("dnnl_reorder", twin, (buffer,)))
-        return self._twins[tensor, blocked]
+        return self._twins[tensor, native]
 
     def _md(self, buffer: str, batch: int) -> _P:
         if buffer in self._channels:
@@ -355,11 +354,11 @@ def _activation(attrs) -> tuple | None:
 
 def _lower_conv(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
     """conv, conv_add (the residual summed into the output by a post-op: in the residual's own
-    buffer when this is its last reader) and conv_maxpool (the conv into a blocked scratch, then the pool)."""
+    buffer when this is its last reader) and conv_maxpool (the conv into a native scratch, then the pool)."""
     shapes = lw.model.shapes
     channels = shapes[op.inputs[0]][0]
     conv, pool = _split_pool(op.attrs) if op.kind == "conv_maxpool" else (dict(op.attrs), None)
-    src = eng._layout(lw, op.inputs[0], blocked=channels >= eng._dnnl.block)
+    src = eng._layout(lw, op.inputs[0], native=channels >= eng._dnnl.block)
     w, b = (lw.model.params[p] for p in op.params)
     w32 = np.ascontiguousarray(w, dtype=np.float32)
     b32 = np.ascontiguousarray(b, dtype=np.float32)
@@ -367,14 +366,14 @@ def _lower_conv(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
     out_shape = shapes[op.output]
     if op.kind == "conv_add":
         residual = op.inputs[1]
-        reads.append(eng._layout(lw, residual, blocked=True))
+        reads.append(eng._layout(lw, residual, native=True))
     if residual is not None and lw.readers[residual][-1] == i and residual != lw.model.input:
         out = lw.where[op.output] = reads[1]               # summed in place: the residual's last read
     else:
-        out = lw.where[op.output] = eng._new_blocked(lw, op.output, out_shape)
+        out = lw.where[op.output] = eng._new_native(op.output, out_shape)
     if pool is not None:
         win = _conv_attrs(conv)[0]
-        scratch = (eng._new_blocked(lw, op.output + ".conv", (w.shape[0], *win.out_size(*shapes[op.inputs[0]][1:]))),)
+        scratch = (eng._new_native(op.output + ".conv", (w.shape[0], *win.out_size(*shapes[op.inputs[0]][1:]))),)
     attrs = {"conv": conv, "pool": pool, "residual": residual is not None}
     lw.steps.append(FusedStep("dnnl_conv", out, tuple(reads), scratch, (w32, b32), attrs))
     return True
@@ -392,7 +391,7 @@ def _lower_pool(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
         return False
     if op.kind == "lrn" and attrs["size"] % 2 == 0:
         return False
-    out = lw.where[op.output] = eng._new_blocked(lw, op.output, lw.model.shapes[op.output])
+    out = lw.where[op.output] = eng._new_native(op.output, lw.model.shapes[op.output])
     lw.steps.append(FusedStep("dnnl_pool", out, (src,), attrs={"kind": op.kind, **attrs}))
     return True
 
@@ -402,7 +401,7 @@ def _lower_concat(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
     srcs = [lw.where[t] for t in op.inputs]
     if op.attrs.get("axis") != 0 or set(op.attrs.get("order", "")) != {"t"} or not all(b in eng._channels for b in srcs):
         return False
-    out = lw.where[op.output] = eng._new_blocked(lw, op.output, lw.model.shapes[op.output])
+    out = lw.where[op.output] = eng._new_native(op.output, lw.model.shapes[op.output])
     lw.steps.append(FusedStep("dnnl_concat", out, tuple(srcs)))
     return True
 
@@ -440,11 +439,11 @@ def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     left, right = _pads(win, *hw)
     pd = o.conv_pd(src_md, o.md(w_dims, _ANY), b_md, dst_md, win.strides, tuple(d - 1 for d in win.dilations),
                    left, right, o.attr(attrs["residual"], _activation(attrs["conv"])))
-    w_md, w_blocked = eng._conv_weights(pd, w_plain, w)
+    w_md, w_native = eng._conv_weights(pd, w_plain, w)
     calls = []
     if attrs["residual"] and step.reads[1] != step.out:       # the residual, copied into the output first
         calls.append((np.copyto, (y, ins[1])))
-    calls.append(eng._execute(pd, {_SRC: (src_md, ins[0]), _WEIGHTS: (w_md, w_blocked), _BIAS: (b_md, b),
+    calls.append(eng._execute(pd, {_SRC: (src_md, ins[0]), _WEIGHTS: (w_md, w_native), _BIAS: (b_md, b),
                                    _DST: (dst_md, dst)}, step))
     if attrs["pool"] is not None:
         calls.append(_pool_call(eng, step, dict(attrs["pool"]), dst_md, dst, eng._md(step.out, batch), y,
