@@ -104,13 +104,15 @@ class Window:
         end = min(hi, (n - 1 - offset) // s + 1)
         return first, max(first, end), first * s + offset
 
+    def end_pads(self, h: int, w: int) -> tuple[int, int]:
+        """(bottom, right) pads, grown where a ceil_mode window reaches past them."""
+        need = [(o - 1) * s + d * (k - 1) + 1
+                for o, s, d, k in zip(self.out_size(h, w), self.strides, self.dilations, self.kernel)]
+        return max(self.pads[2], need[0] - h - self.pads[0]), max(self.pads[3], need[1] - w - self.pads[1])
+
     def padded(self, x: np.ndarray, value: float) -> np.ndarray:
         """x with its pads (and the ceil_mode overhang) filled with value: the eager form's input."""
-        (h, w), (oh, ow) = x.shape[-2:], self.out_size(*x.shape[-2:])
-        need = [(o - 1) * s + d * (k - 1) + 1
-                for o, s, d, k in zip((oh, ow), self.strides, self.dilations, self.kernel)]
-        pt, pl, pb, pr = self.pads
-        pb, pr = max(pb, need[0] - h - pt), max(pr, need[1] - w - pl)
+        (pt, pl), (pb, pr) = self.pads[:2], self.end_pads(*x.shape[-2:])
         if not any((pt, pb, pl, pr)):
             return x
         widths = [(0, 0)] * (x.ndim - 2) + [(pt, pb), (pl, pr)]

@@ -332,10 +332,16 @@ class FusedEngine(BoundEngine):
         """Ops -> fused steps (``LOWER``, else the op's own calls), weights folded once."""
         lw = _Lowering(self, model)
         for i, op in enumerate(model.ops):
-            if i not in lw.skip and not LOWER.get(op.kind, _lower_calls)(lw, i, op):
-                _lower_calls(lw, i, op)
+            if i not in lw.skip:
+                self._lower_op(lw, i, op)
         self._output = lw.where[model.output]
         return lw.steps
+
+    def _lower_op(self, lw: _Lowering, i: int, op) -> None:
+        """Op i as steps: its ``LOWER`` entry, else its own calls. An engine with steps of its own
+        for some kinds extends this."""
+        if not LOWER.get(op.kind, _lower_calls)(lw, i, op):
+            _lower_calls(lw, i, op)
 
     # --- binding: every call of one batch size, made once -----------------------
 

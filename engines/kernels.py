@@ -106,8 +106,8 @@ class Gemm:
 # ---------------------------------------------------------------- libraries, loaded once each
 
 _ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162   # CBLAS enums (mkl_cblas.h)
-_LIBS: dict[str, object] = {}
 ONEDNN_PACKAGE = "onednn-cpu-gomp"       # oneDNN's CPU build on GNU OpenMP (the SYCL "onednn" wheel has no CPU engine)
+_LIBS: dict[str, object] = {}
 _WHY: dict[str, str] = {}
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from .base import EngineUnavailable
 from .conv import _conv_attrs, _pool_window, _split_pool
-from .fused import BIND, LOWER, FusedEngine, FusedStep, _Lowering, _lower_calls
+from .fused import BIND, FusedEngine, FusedStep, _Lowering
 from .kernels import candidates, onednn_library
 from .ops import aligned_empty
 
@@ -196,15 +196,6 @@ def _library() -> _Dnnl:
     return _DNNL[0]
 
 
-def _pads(win, h: int, w: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(left pads, right pads) per spatial axis as oneDNN takes them: the right pad grown to reach
-    a ceil_mode window (oneDNN derives the output size by flooring)."""
-    out = win.out_size(h, w)
-    right = tuple(max(win.pads[a + 2], (o - 1) * s + d * (k - 1) + 1 - n - win.pads[a])
-                  for a, (o, s, d, k, n) in enumerate(zip(out, win.strides, win.dilations, win.kernel, (h, w))))
-    return win.pads[:2], right
-
-
 class OneDnnEngine(FusedEngine):
     name = "onednn"
     # The linears on one thread each: OpenMP's pool runs the convolutions, and a second pool
@@ -225,21 +216,18 @@ class OneDnnEngine(FusedEngine):
 
     # --- lowering: which tensors are native, and the reorders between layouts --------------
 
-    def _lower(self, model):
-        lw = _Lowering(self, model)
-        for i, op in enumerate(model.ops):
-            if i in lw.skip:
-                continue
-            lower = _LOWER_DNNL.get(op.kind)
-            if lower is None or not lower(self, lw, i, op):
-                for reader in model.ops[i:i + 2]:          # the op, and a next op it may take in
-                    for t in reader.inputs:
-                        if t in lw.where:
-                            lw.where[t] = self._layout(lw, t, native=False)
-                if not LOWER.get(op.kind, _lower_calls)(lw, i, op):
-                    _lower_calls(lw, i, op)
-        self._output = lw.where[model.output] = self._layout(lw, model.output, native=False)
-        return lw.steps
+    def _lower_op(self, lw, i: int, op) -> None:
+        """oneDNN's steps where the op has them; else fused's, on NCHW inputs. The model's output
+        in NCHW."""
+        lower = _LOWER_DNNL.get(op.kind)
+        if lower is None or not lower(self, lw, i, op):
+            for reader in lw.ops[i:i + 2]:                 # the op, and a next op it may take in
+                for t in reader.inputs:
+                    if t in lw.where:
+                        lw.where[t] = self._layout(lw, t, native=False)
+            super()._lower_op(lw, i, op)
+        elif op.output == lw.model.output:
+            lw.where[op.output] = self._layout(lw, op.output, native=False)
 
     def _native_shape(self, shape) -> tuple[int, ...]:
         b = self._dnnl.block
@@ -417,10 +405,10 @@ def _pool_call(eng: OneDnnEngine, step, attrs, src_md, src: np.ndarray, dst_md, 
     include = bool(attrs.pop("count_include_pad", 0))
     win = _pool_window(attrs)
     alg = _POOL_MAX if kind == "maxpool" else (_POOL_AVG_INCLUDE if include else _POOL_AVG_EXCLUDE)
-    left, right = _pads(win, *hw)
     o = eng._owned
+    # oneDNN floors the output size: the right pads grown to reach a ceil_mode window
     pd = o.pool_pd(alg, src_md, dst_md, win.strides, win.kernel, tuple(d - 1 for d in win.dilations),
-                   left, right, o.attr())
+                   win.pads[:2], win.end_pads(*hw), o.attr())
     return eng._execute(pd, {_SRC: (src_md, src), _DST: (dst_md, dst)}, step)
 
 
@@ -430,22 +418,22 @@ def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     win, group, _ = _conv_attrs(attrs["conv"])
     hw = ins[0].shape[-2:]
     out_ch = w.shape[0]
-    dst_buffer = step.scratch[0] if attrs["pool"] is not None else step.out
-    dst, dst_md = (scratch[0] if attrs["pool"] is not None else y), eng._md(dst_buffer, batch)
+    pooled = attrs["pool"] is not None                         # the conv into the scratch, then the pool
+    dst_buffer, dst = (step.scratch[0], scratch[0]) if pooled else (step.out, y)
+    dst_md = eng._md(dst_buffer, batch)
     src_md = eng._md(step.reads[0], batch)
     w_dims = (group, out_ch // group, *w.shape[1:]) if group > 1 else w.shape
     w_plain = o.md(w_dims, _PLAIN[len(w_dims)])
     b_md = o.md((out_ch,), _PLAIN[1])
-    left, right = _pads(win, *hw)
     pd = o.conv_pd(src_md, o.md(w_dims, _ANY), b_md, dst_md, win.strides, tuple(d - 1 for d in win.dilations),
-                   left, right, o.attr(attrs["residual"], _activation(attrs["conv"])))
+                   win.pads[:2], win.end_pads(*hw), o.attr(attrs["residual"], _activation(attrs["conv"])))
     w_md, w_native = eng._conv_weights(pd, w_plain, w)
     calls = []
     if attrs["residual"] and step.reads[1] != step.out:       # the residual, copied into the output first
         calls.append((np.copyto, (y, ins[1])))
     calls.append(eng._execute(pd, {_SRC: (src_md, ins[0]), _WEIGHTS: (w_md, w_native), _BIAS: (b_md, b),
                                    _DST: (dst_md, dst)}, step))
-    if attrs["pool"] is not None:
+    if pooled:
         calls.append(_pool_call(eng, step, dict(attrs["pool"]), dst_md, dst, eng._md(step.out, batch), y,
                                 win.out_size(*hw)))
     return calls

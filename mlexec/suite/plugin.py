@@ -139,9 +139,9 @@ def quick_skip(engine: type, case) -> str | None:
     Engines that compile for many seconds per model would blow its 3-minute budget: out on every
     case. Some have nothing of their own to show on its built-in models (``Engine.quick_skip``):
     out there, in on model files. Both run in the full matrix and when named."""
-    if not engine.quick_skip or not (engine.slow_build or not case.path):
-        return None
-    return f"{engine.quick_skip}: runs in --mlexec-matrix full, or name it in --mlexec-engines"
+    if engine.quick_skip and (engine.slow_build or not case.path):
+        return f"{engine.quick_skip}: runs in --mlexec-matrix full, or name it in --mlexec-engines"
+    return None
 
 
 def shard_of(config) -> dict[tuple[str, str], int] | None:
