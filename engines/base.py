@@ -30,8 +30,7 @@ class Engine:
     zero_alloc: bool = False     # True: after the first call, forward allocates no array memory
     slow_build: bool = False     # True: construction takes many seconds (compilation)
     # Why the suite's quick matrix (MLPs and a transformer, under 3 minutes) leaves it out unless
-    # named; "" keeps it in. It runs in the full matrix either way, and on --mlexec-model files
-    # unless it is a slow_build engine.
+    # named; "" keeps it in. It runs in the full matrix either way.
     quick_skip: str = ""
     own_threads: bool = False    # True: work runs on a framework's thread pool, not only the caller's
     peer: bool = False           # True: another framework's runtime, here to compare against

@@ -61,6 +61,8 @@ from .ops import aligned, tile, tiled_calls
 from .threads import blas_threads
 
 TUNE_ENV = "MLEXEC_TUNE"
+# Settings that change which kernels a library runs on the same CPU: part of the cache's key
+KERNEL_ENV = ("OPENBLAS_CORETYPE", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 CACHE_ENV = "MLEXEC_CACHE_DIR"
 CACHE_VERSION = 3           # bump when a kernel's calls change: older choices are then ignored
                             # (3: choices measured while the cores were busy are no longer cached)
@@ -279,6 +281,26 @@ def _onednn_calls(x2, y2, w, b, b_tiled, residual, _state) -> list:
         i64(_ld(y2))))]
 
 
+def _onednn_matmul_calls(x2, y2, w, b, b_tiled, residual, weights) -> list:
+    from .onednn import matmul_calls
+    return matmul_calls(x2, y2, w, b, residual, weights)
+
+
+def _onednn_weights(w: np.ndarray):
+    from .onednn import matmul_weights
+    return matmul_weights(w)
+
+
+def _onednn_primitives():
+    from .onednn import _library
+    return _library()
+
+
+def _onednn_matmul_fits(gemm) -> bool:
+    from .onednn import matmul_fits
+    return matmul_fits(gemm)
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One way to run a linear. ``calls(x2, y2, w, b, b_tiled, residual, state)`` returns the bound
@@ -290,6 +312,9 @@ class Kernel:
     # Allocates native memory on every call (oneDNN's sgemm: 74 KB at 64 x 256 x 256, 1-2 MB at
     # 128 x 1024 x 1024 under memray, pinned or not): not for engines that promise zero allocation
     allocates: bool = False
+    # Whether it runs a Gemm allocating nothing per call on this CPU (None: everywhere); where it
+    # does not, it is no candidate for that Gemm
+    fits: Callable | None = None
 
 
 _LOADERS: dict[str, Callable[[], object]] = {
@@ -297,6 +322,7 @@ _LOADERS: dict[str, Callable[[], object]] = {
     "scipy": _scipy_blas,
     "mkl": _load_mkl_rt,
     "onednn": _load_onednn,
+    "onednn-primitives": _onednn_primitives,
     "numpy-threads": lambda: _openblas_threads("numpy"),
     "scipy-threads": lambda: _openblas_threads("scipy"),
 }
@@ -316,6 +342,8 @@ KERNELS: dict[str, Kernel] = {
     "mkl-packed": Kernel("mkl", _mkl_packed_calls, prepare=_mkl_pack),
     "mkl-packed-1t": Kernel("mkl", _mkl_packed_calls, prepare=_mkl_pack, one_thread="mkl"),
     "onednn": Kernel("onednn", _onednn_calls, allocates=True),
+    "onednn-matmul": Kernel("onednn-primitives", _onednn_matmul_calls, prepare=_onednn_weights,
+                            fits=_onednn_matmul_fits),
 }
 
 
@@ -452,7 +480,8 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
 # ---------------------------------------------------------------- the cache
 
 def machine() -> dict:
-    """What a choice depends on: CPU model and flags, library versions, thread count."""
+    """What a choice depends on: CPU model and flags, library versions, thread count, and the
+    settings that cap a library's instruction set (``KERNEL_ENV``)."""
     cpu, flags = platform.processor() or platform.machine(), ""
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -467,7 +496,8 @@ def machine() -> dict:
         except metadata.PackageNotFoundError:
             versions[package] = None
     return {"cpu": cpu, "flags_sha1": hashlib.sha1(flags.encode()).hexdigest()[:12], "versions": versions,
-            "threads": blas_threads(), "cache_version": CACHE_VERSION}
+            "threads": blas_threads(), "cache_version": CACHE_VERSION,
+            "env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}}
 
 
 def cpu_model() -> str:
@@ -525,7 +555,8 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
     """The fastest of ``candidates`` and ``default`` for ``gemm`` on this machine: from the cache,
     else measured (and cached). ``default`` unless another is KEEP_DEFAULT faster, and when
     tuning is off or nothing can run."""
-    runnable = [c for c in dict.fromkeys((*candidates, default)) if c not in unavailable()]
+    runnable = [c for c in dict.fromkeys((*candidates, default))
+                if c not in unavailable() and (KERNELS[c].fits is None or KERNELS[c].fits(gemm))]
     if not tuning_enabled() or not runnable:
         return Choice(default, f"default ({TUNE_ENV} off)" if not tuning_enabled() else "default", default)
     entry = f"{gemm.key}|{','.join(runnable)}"

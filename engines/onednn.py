@@ -23,6 +23,7 @@ that no second pool spins beside OpenMP's.
 from __future__ import annotations
 
 import ctypes
+import functools
 import weakref
 
 import numpy as np
@@ -35,13 +36,15 @@ from .ops import aligned_empty
 
 # oneDNN 3.x C API enums (dnnl_types.h, dnnl_common_types.h)
 _F32, _CPU, _IN_ORDER, _INFERENCE, _CONV_DIRECT = 3, 1, 1, 96, 1
-_ANY, _PLAIN = 1, {1: 2, 4: 5, 5: 6}                  # format tags any; a, abcd, abcde by rank
+_ANY, _PLAIN = 1, {1: 2, 2: 3, 4: 5, 5: 6}            # format tags any; a, ab, abcd, abcde by rank
 # The activation layouts a conv may pick, as (format tag, channel block): NHWC (acdb), and
 # nChw16c / nChw8c / nChw4c (aBcd16b/8b/4b: [N][C/b][H][W][b], channels padded to the block)
 _LAYOUTS = ((22, 1), (78, 16), (102, 8), (84, 4))
 _RELU, _CLIP = 0x20, 0x2E
 _POOL_MAX, _POOL_AVG_INCLUDE, _POOL_AVG_EXCLUDE, _LRN_ACROSS = 0x1FF, 0x2FF, 0x3FF, 0xAFF
 _SRC, _WEIGHTS, _BIAS, _DST, _SCRATCHPAD, _MULTIPLE_SRC = 1, 33, 41, 17, 80, 1024
+_POST_OP_SRC1 = 32768 | 2                               # DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1
+_BINARY_ADD = 0x1FFF0
 _Q_IMPL, _Q_WEIGHTS, _Q_DST, _Q_SCRATCHPAD = 8, 131, 133, 136
 _USER_SCRATCHPAD = 1
 _Dims = ctypes.c_int64 * 12                             # DNNL_MAX_NDIMS
@@ -68,6 +71,7 @@ class _Dnnl:
         lib.dnnl_memory_desc_equal.argtypes = [_P, _P]
         lib.dnnl_memory_set_data_handle.argtypes = [_P, _P]
         self.execute = lib["dnnl_primitive_execute"]      # untyped: prebuilt arguments pass through
+        self.execute.errcheck = _executed
         self.engine = self.new("dnnl_engine_create", _CPU, 0)
         self.stream = self.new("dnnl_stream_create", self.engine, _IN_ORDER)
         self.layout, self.block = self._probe_layout()
@@ -82,6 +86,25 @@ class _Dnnl:
         if status:
             raise DnnlError(f"oneDNN {what} failed (status {status})")
 
+    def scratchpad_md(self, pd) -> _P:
+        return _P(self.lib.dnnl_primitive_desc_query_md(pd, _Q_SCRATCHPAD, 0))
+
+    def call(self, owned: "_Owned", pd, args: dict[int, tuple], scratchpad: np.ndarray | None) -> tuple[tuple, _P]:
+        """The bound call ``(fn, args)`` that runs the primitive of ``pd`` on ``args`` (argument ->
+        (md, array)), and its scratchpad's memory: on ``scratchpad``, or on nothing yet (its
+        handle is then set before the call runs). The arrays live as long as the call."""
+        mems = {arg: owned.memory(md, array) for arg, (md, array) in args.items()}
+        pad = mems[_SCRATCHPAD] = owned.memory(self.scratchpad_md(pd), scratchpad)
+        array = (_Arg * len(mems))(*(_Arg(arg, mem) for arg, mem in mems.items()))
+        array._keep = [scratchpad, *args.values()]
+        return (self.execute, (owned.primitive(pd), self.stream, len(mems), array)), pad
+
+    def run_now(self, owned: "_Owned", pd, args: dict[int, tuple]) -> None:
+        """Run the primitive of ``pd`` once, now, on a scratchpad of its own."""
+        size = self.lib.dnnl_memory_desc_get_size(self.scratchpad_md(pd))
+        (fn, call_args), _ = self.call(owned, pd, args, aligned_empty(-(-size // 4)))
+        fn(*call_args)
+
     def _probe_layout(self) -> tuple[int, int]:
         """(format tag, channel block) of the layout oneDNN's conv picks here for a 3x3, 64-channel
         layer at 56 x 56 given format "any"; NCHW when it picks none of ``_LAYOUTS``."""
@@ -94,6 +117,13 @@ class _Dnnl:
                       (_PLAIN[4], 1))
         owned.release()
         return layout
+
+
+def _executed(status: int, fn, args) -> int:
+    """ctypes' check of every ``dnnl_primitive_execute``: a failed call raises, it is not skipped."""
+    if status:
+        raise DnnlError(f"oneDNN primitive execution failed (status {status})")
+    return status
 
 
 class _Owned:
@@ -118,18 +148,26 @@ class _Owned:
     def md(self, dims, tag: int) -> _P:
         return self._keep("md", self.dnnl.new("dnnl_memory_desc_create_with_tag", len(dims), _Dims(*dims), _F32, tag))
 
+    def strided(self, a: np.ndarray) -> _P:
+        """The descriptor of ``a`` as it lies in memory, whatever its strides."""
+        return self._keep("md", self.dnnl.new("dnnl_memory_desc_create_with_strides", a.ndim, _Dims(*a.shape), _F32,
+                                              _Dims(*(s // a.itemsize for s in a.strides))))
+
     def clone(self, md) -> _P:
         return self._keep("md", self.dnnl.new("dnnl_memory_desc_clone", _P(md)))
 
-    def attr(self, sum_: bool = False, eltwise: tuple | None = None) -> _P:
-        """Attributes: a user-managed scratchpad; post-ops: the residual sum, then the activation."""
+    def attr(self, sum_: bool = False, eltwise: tuple | None = None, add=None) -> _P:
+        """Attributes: a user-managed scratchpad; post-ops: the residual sum (into the output), or
+        the add of a tensor of descriptor ``add`` (``_POST_OP_SRC1``), then the activation."""
         d = self.dnnl
         attr = self._keep("attr", d.new("dnnl_primitive_attr_create"))
         d.check(d.lib.dnnl_primitive_attr_set_scratchpad_mode(attr, _USER_SCRATCHPAD), "scratchpad mode")
-        if sum_ or eltwise:
+        if sum_ or eltwise or add:
             po = self._keep("po", d.new("dnnl_post_ops_create"))
             if sum_:
                 d.check(d.lib.dnnl_post_ops_append_sum(po, ctypes.c_float(1.0), 0, 0), "sum post-op")
+            if add:
+                d.check(d.lib.dnnl_post_ops_append_binary(po, _BINARY_ADD, add), "binary post-op")
             if eltwise:
                 alg, alpha, beta = eltwise
                 d.check(d.lib.dnnl_post_ops_append_eltwise(po, alg, ctypes.c_float(alpha), ctypes.c_float(beta)),
@@ -141,6 +179,9 @@ class _Owned:
         return self._keep("pd", self.dnnl.new(
             "dnnl_convolution_forward_primitive_desc_create", self.dnnl.engine, _INFERENCE, _CONV_DIRECT,
             src, w, b, dst, _Dims(*strides), _Dims(*dilations), _Dims(*pad_l), _Dims(*pad_r), attr))
+
+    def matmul_pd(self, src, w, b, dst, attr) -> _P:
+        return self._keep("pd", self.dnnl.new("dnnl_matmul_primitive_desc_create", self.dnnl.engine, src, w, b, dst, attr))
 
     def pool_pd(self, alg, src, dst, strides, kernel, dilations, pad_l, pad_r, attr) -> _P:
         return self._keep("pd", self.dnnl.new(
@@ -171,13 +212,85 @@ class _Owned:
 
 
 class _Weights:
-    """Conv weights reordered for their primitives, shared by an engine and its workers; their
-    descriptors are destroyed when the last of them is."""
+    """Weights reordered for their primitives, each layout once (batch sizes and workers that take
+    the same one share it); their descriptors are destroyed with the last holder."""
 
     def __init__(self, dnnl: _Dnnl):
         self.owned = _Owned(dnnl)
-        self.layouts: dict[int, list] = {}      # id of a step's weights -> [(md, those weights reordered)]
+        self.layouts: dict[int, list] = {}      # id of the plain weights -> [(md, those weights reordered)]
         weakref.finalize(self, self.owned.release)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(array.nbytes for done in self.layouts.values() for _, array in done)
+
+    def take(self, pd, plain_md, w: np.ndarray) -> tuple:
+        """(md, array): ``w`` (described by ``plain_md``) in the layout the primitive of ``pd`` takes."""
+        dnnl = self.owned.dnnl
+        want = dnnl.lib.dnnl_primitive_desc_query_md(pd, _Q_WEIGHTS, 0)
+        done = self.layouts.setdefault(id(w), [])
+        for md, array in done:
+            if dnnl.lib.dnnl_memory_desc_equal(md, want):
+                return md, array
+        array = aligned_empty(-(-dnnl.lib.dnnl_memory_desc_get_size(want) // 4))
+        md = self.owned.clone(want)
+        dnnl.run_now(self.owned, self.owned.reorder_pd(plain_md, md, self.owned.attr()), {_SRC: (plain_md, w), _DST: (md, array)})
+        done.append((md, array))
+        return md, array
+
+
+_NO_ALLOCATION = "brg"     # oneDNN's matmul implementations that allocate nothing per call
+
+
+@functools.lru_cache(maxsize=None)
+def matmul_implementation(rows: int, k: int, n: int, transposed: bool) -> str:
+    """The implementation oneDNN's matmul picks here for x (rows, k) @ w (k, n), w stored
+    (n, k) when ``transposed``. Its brgemm kernels (``brg:avx512_core``, ...) work in the user
+    scratchpad; below AVX-512 oneDNN 3.2 picks ``gemm:jit:f32``, which allocates its packing
+    buffers on every call (17 KB at 256 rows under memray, Intel Xeon with ONEDNN_MAX_CPU_ISA=AVX2)."""
+    dnnl = _library()
+    owned = _Owned(dnnl)
+    x, y = np.empty((rows, k), np.float32), np.empty((rows, n), np.float32)
+    w = np.empty((n, k), np.float32).T if transposed else np.empty((k, n), np.float32)
+    try:
+        pd = owned.matmul_pd(owned.strided(x), owned.strided(w), owned.md((1, n), _PLAIN[2]), owned.strided(y),
+                             owned.attr())
+        impl = ctypes.c_char_p()
+        dnnl.check(dnnl.lib.dnnl_primitive_desc_query(pd, _Q_IMPL, 0, ctypes.byref(impl)), "implementation query")
+        return impl.value.decode()
+    finally:
+        owned.release()
+
+
+def matmul_fits(gemm) -> bool:
+    """Whether oneDNN's matmul runs this ``kernels.Gemm`` allocating nothing per call."""
+    return matmul_implementation(gemm.rows, gemm.k, gemm.n, gemm.transposed).startswith(_NO_ALLOCATION)
+
+
+def matmul_weights(w: np.ndarray) -> _Weights:
+    """What ``matmul_calls`` keeps per weight matrix: its layouts."""
+    return _Weights(_library())
+
+
+def matmul_calls(x2, y2, w, b, residual, weights: _Weights) -> list:
+    """y2 = x2 @ w + b (+ residual) as one call of oneDNN's matmul primitive: w in the layout
+    the primitive picks (reordered once, kept in ``weights``), the residual added as each output
+    block is written (a binary post-op), a scratchpad of its own. Nothing is allocated per call."""
+    dnnl = weights.owned.dnnl
+    owned = _Owned(dnnl)
+    src, dst, w_plain = owned.strided(x2), owned.strided(y2), owned.strided(w)
+    b_md = owned.md((1, b.shape[0]), _PLAIN[2])
+    args = {_SRC: (src, x2), _BIAS: (b_md, b), _DST: (dst, y2)}
+    add = None
+    if residual is not None:
+        add = owned.strided(residual)
+        args[_POST_OP_SRC1] = (add, residual)
+    pd = owned.matmul_pd(src, owned.md(w.shape, _ANY), b_md, dst, owned.attr(add=add))
+    args[_WEIGHTS] = weights.take(pd, w_plain, w)
+    size = dnnl.lib.dnnl_memory_desc_get_size(dnnl.scratchpad_md(pd))
+    (fn, call_args), _ = dnnl.call(owned, pd, args, aligned_empty(-(-size // 4)))
+    weakref.finalize(call_args[3], owned.release)     # the primitive lives as long as its call
+    return [(fn, call_args)]
 
 
 _DNNL: list = []
@@ -198,10 +311,10 @@ def _library() -> _Dnnl:
 
 class OneDnnEngine(FusedEngine):
     name = "onednn"
-    # The linears on one thread each: OpenMP's pool runs the convolutions, and a second pool
-    # (OpenBLAS's, MKL's) alternating with it waits on its spinning workers (engines.kernels)
-    kernel_candidates = candidates("none")
-    quick_skip = "its own kernels are convolutions, and the quick matrix has none (elsewhere it is fused)"
+    # The linears on oneDNN's matmul, on the OpenMP pool that runs the convolutions, or on one
+    # thread: a second pool (OpenBLAS's, MKL's) alternating with OpenMP's waits on its spinning
+    # workers (engines.kernels)
+    kernel_candidates = candidates("onednn-primitives")
 
     def __init__(self, model, max_batch: int):
         self._dnnl = _library()
@@ -211,8 +324,9 @@ class OneDnnEngine(FusedEngine):
         super().__init__(model, max_batch)
 
     def _default_kernel(self, gemm) -> str:
-        """Without tuning: SciPy's gemm on one thread (SciPy is fused's own requirement)."""
-        return "scipy-1t"
+        """Without tuning: oneDNN's matmul, where it allocates nothing per call; else SciPy's
+        gemm on one thread (SciPy is fused's own requirement)."""
+        return "onednn-matmul" if matmul_fits(gemm) else "scipy-1t"
 
     # --- lowering: which tensors are native, and the reorders between layouts --------------
 
@@ -286,47 +400,18 @@ class OneDnnEngine(FusedEngine):
                              "scratchpad handle")
         return bound
 
-    def _execute(self, pd, args: dict[int, tuple], step=None, now: bool = False) -> tuple:
+    def _execute(self, pd, args: dict[int, tuple], step) -> tuple:
         """The call that runs the primitive of ``pd`` on ``args`` (argument -> (md, array)), its
-        scratchpad on the engine's; ``now``: run once at bind time, on a scratchpad of its own.
-        The implementation oneDNN chose for a step's primitive goes into ``report()``."""
-        o, lib = self._owned, self._dnnl.lib
-        if step is not None:
-            impl = ctypes.c_char_p()
-            self._dnnl.check(lib.dnnl_primitive_desc_query(pd, _Q_IMPL, 0, ctypes.byref(impl)), "implementation query")
-            batch = next(iter(args.values()))[1].shape[0]
-            self._primitives.append({"step": step.out, "kind": step.kind.removeprefix("dnnl_"), "batch": batch,
-                                     "implementation": impl.value.decode()})
-        mems = {arg: o.memory(md, array) for arg, (md, array) in args.items()}
-        pad = lib.dnnl_primitive_desc_query_md(pd, _Q_SCRATCHPAD, 0)
-        size = lib.dnnl_memory_desc_get_size(pad)
-        own = aligned_empty(-(-size // 4)) if now else None
-        mems[_SCRATCHPAD] = o.memory(_P(pad), own)
-        if not now:
-            self._scratchpad_mems.append((mems[_SCRATCHPAD], size))
-        array = (_Arg * len(mems))(*(_Arg(arg, mem) for arg, mem in mems.items()))
-        array._keep = [own, *args.values()]          # the arrays stay alive while the call is bound
-        return (self._dnnl.execute, (o.primitive(pd), self._dnnl.stream, len(mems), array))
-
-    def _reorder_call(self, src_md, src: np.ndarray, dst_md, dst: np.ndarray, step=None, now: bool = False) -> tuple:
-        pd = self._owned.reorder_pd(src_md, dst_md, self._owned.attr())
-        return self._execute(pd, {_SRC: (src_md, src), _DST: (dst_md, dst)}, step, now)
-
-    def _conv_weights(self, pd, w_plain_md, w: np.ndarray):
-        """The weights w in the layout the primitive of pd takes, reordered once per layout (batch
-        sizes and workers that take the same one share it)."""
+        scratchpad on the engine's. The implementation oneDNN chose goes into ``report()``."""
         lib = self._dnnl.lib
-        want = lib.dnnl_primitive_desc_query_md(pd, _Q_WEIGHTS, 0)
-        done = self._weights.layouts.setdefault(id(w), [])
-        for md, array in done:
-            if lib.dnnl_memory_desc_equal(md, want):
-                return md, array
-        array = aligned_empty(-(-lib.dnnl_memory_desc_get_size(want) // 4))
-        md = self._weights.owned.clone(want)
-        fn, args = self._reorder_call(w_plain_md, w, md, array, now=True)
-        fn(*args)
-        done.append((md, array))
-        return md, array
+        impl = ctypes.c_char_p()
+        self._dnnl.check(lib.dnnl_primitive_desc_query(pd, _Q_IMPL, 0, ctypes.byref(impl)), "implementation query")
+        batch = next(iter(args.values()))[1].shape[0]
+        self._primitives.append({"step": step.out, "kind": step.kind.removeprefix("dnnl_"), "batch": batch,
+                                 "implementation": impl.value.decode()})
+        call, pad = self._dnnl.call(self._owned, pd, args, None)
+        self._scratchpad_mems.append((pad, lib.dnnl_memory_desc_get_size(self._dnnl.scratchpad_md(pd))))
+        return call
 
 
 # --- lowering entries: True when the op became oneDNN steps -----------------------------------
@@ -427,7 +512,7 @@ def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     b_md = o.md((out_ch,), _PLAIN[1])
     pd = o.conv_pd(src_md, o.md(w_dims, _ANY), b_md, dst_md, win.strides, tuple(d - 1 for d in win.dilations),
                    win.pads[:2], win.end_pads(*hw), o.attr(attrs["residual"], _activation(attrs["conv"])))
-    w_md, w_native = eng._conv_weights(pd, w_plain, w)
+    w_md, w_native = eng._weights.take(pd, w_plain, w)
     calls = []
     if attrs["residual"] and step.reads[1] != step.out:       # the residual, copied into the output first
         calls.append((np.copyto, (y, ins[1])))
@@ -451,8 +536,9 @@ def _bind_pool(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 
 def _bind_reorder(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    batch = y.shape[0]
-    return [eng._reorder_call(eng._md(step.reads[0], batch), ins[0], eng._md(step.out, batch), y, step)]
+    batch, o = y.shape[0], eng._owned
+    src, dst = eng._md(step.reads[0], batch), eng._md(step.out, batch)
+    return [eng._execute(o.reorder_pd(src, dst, o.attr()), {_SRC: (src, ins[0]), _DST: (dst, y)}, step)]
 
 
 def _bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:

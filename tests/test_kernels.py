@@ -111,12 +111,23 @@ def test_native_allocations_are_what_the_kernel_declares(name):
 
 
 def test_zero_allocation_engines_never_offer_an_allocating_kernel():
-    for engine in ("static", "arena", "fused", "packed"):
+    for engine in ("static", "arena", "fused", "packed", "onednn"):
         assert not any(kernels.KERNELS[k].allocates for k in ENGINES[engine].kernel_candidates), engine
 
 
+def test_a_kernel_that_would_allocate_for_a_gemm_is_no_candidate_for_it(tuned, monkeypatch):
+    """``Kernel.fits``: oneDNN's matmul below AVX-512 (its jit gemm allocates per call)."""
+    scipy = kernels.KERNELS["scipy"]
+    monkeypatch.setitem(kernels.KERNELS, "scipy", kernels.Kernel(scipy.library, scipy.calls, fits=lambda g: g.rows < 8))
+    seen = []
+    monkeypatch.setattr(kernels, "measure", lambda gemm, names, *a, **k: seen.append(names) or dict.fromkeys(names, 1e-6))
+    assert kernels.choose(kernels.Gemm(4, 32, 32), ("numpy", "scipy"), "numpy").kernel == "numpy"
+    assert kernels.choose(kernels.Gemm(16, 32, 32), ("numpy", "scipy"), "numpy").kernel == "numpy"
+    assert seen == [["numpy", "scipy"]]              # at 16 rows numpy alone: nothing to measure
+
+
 @pytest.mark.parametrize("engine, pool", [("static", "numpy"), ("arena", "numpy"), ("fused", "numpy"),
-                                          ("packed", "mkl")])
+                                          ("packed", "mkl"), ("onednn", "onednn-primitives")])
 def test_an_engine_is_offered_one_multi_thread_pool(engine, pool):
     """Two pools timed (or run) alternately wait for each other's spinning workers."""
     offered = ENGINES[engine].kernel_candidates
@@ -211,6 +222,13 @@ def test_another_machine_does_not_read_this_ones_choices(tuned, monkeypatch):
     assert kernels.cache_path() != here
 
 
+def test_capping_a_librarys_instruction_set_is_another_machine(monkeypatch):
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    here = kernels.cache_path()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert kernels.cache_path() != here and kernels.machine()["env"]["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+
+
 def test_switch_off_measures_nothing_and_takes_the_default(tuned, monkeypatch):
     monkeypatch.setenv(kernels.TUNE_ENV, "0")
     monkeypatch.setattr(kernels, "measure", lambda *a, **k: pytest.fail("measured with tuning off"))
@@ -226,7 +244,7 @@ def test_unreadable_cache_is_measured_again(tuned):
     assert kernels.choose(gemm, ("numpy", "scipy"), "numpy").how == "measured"
 
 
-@pytest.mark.parametrize("engine", ["static", "arena", "fused", "packed"])
+@pytest.mark.parametrize("engine", ["static", "arena", "fused", "packed", "onednn"])
 def test_tuned_engine_is_right_and_reports_every_linear(engine, tuned):
     model = MODELS["mlp"](dim=32, seed=1)
     try:

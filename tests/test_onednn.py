@@ -4,6 +4,7 @@ primitives that outlive the engine that made them for its workers."""
 import gc
 import glob
 import os
+import re
 
 import numpy as np
 import pytest
@@ -87,3 +88,42 @@ def test_without_onednn_the_engine_says_how_to_get_it(monkeypatch):
     monkeypatch.setattr(onednn, "onednn_library", lambda: None)
     with pytest.raises(EngineUnavailable, match=r"pip install -e \.\[onednn\]"):
         ENGINES["onednn"](light("squeezenet"), 1)
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "transformer"])
+def test_linears_run_on_onednns_matmul_where_it_allocates_nothing(model_name, monkeypatch):
+    """Untuned, every linear whose matmul oneDNN runs on its brgemm kernels here is that matmul,
+    the others one-thread SciPy; right against the float64 reference, from a worker too."""
+    from engines import MODELS
+    from engines.kernels import TUNE_ENV
+    monkeypatch.setenv(TUNE_ENV, "0")
+    model = MODELS[model_name](dim=64, seed=3)
+    engine = ENGINES["onednn"](model, 4)
+    for entry in engine.report()["kernels"]:
+        rows, k, n, transposed = re.fullmatch(r"(\d+)x(\d+)x(\d+)(T?)(?:\+res)?", entry["gemm"]).groups()
+        fits = onednn.matmul_implementation(int(rows), int(k), int(n), bool(transposed)).startswith("brg")
+        assert entry["kernel"] == ("onednn-matmul" if fits else "scipy-1t"), entry
+    x = model.random_input(4, rng=2)
+    worker = engine.worker()
+    del engine
+    gc.collect()
+    np.testing.assert_allclose(np.asarray(worker.forward(x), np.float64), model.reference(x), atol=1e-4, rtol=1e-4)
+
+
+def test_below_avx512_the_matmul_that_would_allocate_is_not_chosen(tmp_path):
+    """oneDNN 3.2 capped at AVX2 runs matmul on its jit gemm, which allocates per call: no linear
+    takes it then, tuned or not (a process of its own: the cap is read when oneDNN loads)."""
+    import subprocess
+    import sys
+    code = (
+        "from engines import ENGINES, MODELS, onednn\n"
+        "assert onednn.matmul_implementation(8, 64, 64, False).startswith('gemm:jit'), "
+        "onednn.matmul_implementation(8, 64, 64, False)\n"
+        "model = MODELS['mlp'](dim=64, seed=3)\n"
+        "for tune in ('0', '1'):\n"
+        "    import os; os.environ['MLEXEC_TUNE'] = tune\n"
+        "    chosen = {e['kernel'] for e in ENGINES['onednn'](model, 4).report()['kernels']}\n"
+        "    assert 'onednn-matmul' not in chosen, chosen\n")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "MLEXEC_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -235,15 +235,10 @@ def _mlp_file(path):
     return path
 
 
-def test_the_quick_matrix_leaves_out_slow_builds_everywhere_and_cnn_engines_on_its_own_models():
-    from mlexec.suite.grid import Case
-    builtin, file = Case("mlp", 1, 256), Case("squeezenet", 1, path="squeezenet.onnx")
-    compiled, onednn = ENGINES["torch-compile"], ENGINES["onednn"]        # skip reasons, not timings
-    assert plugin.quick_skip(compiled, builtin).startswith(compiled.quick_skip)
-    assert plugin.quick_skip(compiled, file).startswith(compiled.quick_skip)
-    assert plugin.quick_skip(onednn, builtin).startswith(onednn.quick_skip) and "convolutions" in onednn.quick_skip
-    assert plugin.quick_skip(onednn, file) is None
-    assert all(plugin.quick_skip(ENGINES[e], c) is None for e in ("naive", "packed") for c in (builtin, file))
+def test_the_quick_matrix_leaves_out_slow_builds_with_their_reason():
+    compiled = ENGINES["torch-compile"]                   # skip reasons, not timings
+    assert compiled.slow_build and plugin.quick_skip(compiled).startswith(compiled.quick_skip)
+    assert all(plugin.quick_skip(ENGINES[e]) is None for e in ("naive", "packed", "onednn"))
 
 
 def test_case_can_name_a_model_file(tmp_path):

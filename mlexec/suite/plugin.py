@@ -125,21 +125,20 @@ def pytest_generate_tests(metafunc):
     engines = _engines(config)
     quick = config.getoption("mlexec_engines") == "all" and config.getoption("mlexec_matrix") == "quick"
 
-    def marks(engine: str, case) -> list:
-        reason = quick_skip(ENGINES[engine], case) if quick else None
+    def marks(engine: str) -> list:
+        reason = quick_skip(ENGINES[engine]) if quick else None
         return [pytest.mark.skip(reason=reason)] if reason else []
 
     # Plain strings as parameters: they land in the saved JSON's "params".
-    params = [pytest.param(e, c.id, id=f"{e}-{c.id}", marks=marks(e, c)) for c in _matrix(config) for e in engines]
+    params = [pytest.param(e, c.id, id=f"{e}-{c.id}", marks=marks(e)) for c in _matrix(config) for e in engines]
     metafunc.parametrize("engine_name, case_id", params)
 
 
-def quick_skip(engine: type, case) -> str | None:
-    """Why the quick matrix (every engine, unnamed) leaves this engine out on this case, or None.
-    Engines that compile for many seconds per model would blow its 3-minute budget: out on every
-    case. Some have nothing of their own to show on its built-in models (``Engine.quick_skip``):
-    out there, in on model files. Both run in the full matrix and when named."""
-    if engine.quick_skip and (engine.slow_build or not case.path):
+def quick_skip(engine: type) -> str | None:
+    """Why the quick matrix (every engine, unnamed) leaves this engine out, or None: an engine that
+    compiles for many seconds per model would blow its 3-minute budget (``Engine.quick_skip``).
+    It runs in the full matrix and when named."""
+    if engine.quick_skip:
         return f"{engine.quick_skip}: runs in --mlexec-matrix full, or name it in --mlexec-engines"
     return None
 
