@@ -4,4 +4,4 @@ the engines that differ only in where activations live and that need no extra; t
 (``mlexec report``) ranks speed, so it runs the fastest engine of each kind against the peers."""
 
 ANALYZER_ENGINES = ("naive", "static", "arena")
-REPORT_ENGINES = ("naive", "fused", "packed", "onnxruntime", "torch")
+REPORT_ENGINES = ("naive", "fused", "packed", "onednn", "onnxruntime", "torch")
