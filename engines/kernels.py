@@ -17,8 +17,9 @@ the fastest.
   costs more than the second core gives. A candidate whose library is missing
   is left out, with the reason in ``unavailable()``.
 - **Timing** (``measure``): after PARK_S idle (another engine's pool parks
-  its workers) and a few untimed calls each, the candidates run on scratch
-  arrays of the step's shape, in blocks of calls, interleaved in rotating
+  its workers; skipped right after a measurement of the same candidates)
+  and a few untimed calls each, the candidates run on scratch arrays of the
+  step's shape, in blocks of calls, interleaved in rotating
   order round after round as ``mlexec report`` interleaves engines, so a slow
   spell of the host falls on all of them; the median per candidate decides.
   A candidate whose fastest block is 2x slower than the best median after two
@@ -72,6 +73,8 @@ MIN_ROUNDS, MAX_ROUNDS = 5, 41
 CAP_S = 0.6                 # past this much timing per GEMM, stop after CAP_ROUNDS (large products)
 CAP_ROUNDS = 3
 PARK_S = 0.25               # idle before timing: longer than MKL's (200 ms) and OpenBLAS's (~0.1 s) spin
+BACK_TO_BACK_S = 0.05       # no idle before a measurement of the same candidates that follows another
+                            # this closely (one build's GEMMs): only their own pools can be spinning
 SETTLE_CALLS, SETTLE_S = 2, 0.005   # untimed calls of each candidate after that (``_settle``)
 DROP_AFTER, DROP_RATIO = 2, 2.0  # after this many rounds, drop candidates this much slower than the best
 KEEP_DEFAULT = 0.05         # the engine's default stays unless another kernel is this much faster
@@ -420,6 +423,9 @@ def weight_copies(gemm: Gemm) -> int:
     return 1 if nbytes < COLD_WEIGHT_BYTES else -(-COLD_BYTES // nbytes)
 
 
+_last_measured: list = [None, 0.0]                  # [candidates, when] of this process's last measurement
+
+
 def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> dict[str, float]:
     """Median seconds per call of each candidate on scratch arrays shaped like ``gemm`` (large
     weights cold: ``weight_copies``), timed in blocks interleaved in rotating order after PARK_S
@@ -454,7 +460,8 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
     rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, budget_s / (reps * sum(one.values())))))
     times: dict[str, list[float]] = {name: [] for name in bound}
     alive = list(bound)
-    time.sleep(PARK_S)                              # what ran before (another engine) parks its pool
+    if _last_measured[0] != alive or time.perf_counter() - _last_measured[1] > BACK_TO_BACK_S:
+        time.sleep(PARK_S)                          # what ran before (another engine) parks its pool
     for calls in bound.values():
         _settle(calls)                              # then every candidate warm, the pool spinning again
     start = time.perf_counter()
@@ -473,6 +480,7 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
             # must not drop the candidate that wins everywhere else
             best = min(np.median(times[n]) for n in alive)
             alive = [n for n in alive if min(times[n]) <= DROP_RATIO * best]
+    _last_measured[:] = [list(bound), time.perf_counter()]
     copies = len(weights)
     return {name: float(np.median(t)) / copies if name in alive else float("inf") for name, t in times.items()}
 

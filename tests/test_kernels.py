@@ -203,6 +203,19 @@ def test_large_weights_are_timed_cold_cycling_through_copies(monkeypatch):
     assert all(0 < t < float("inf") for t in times.values())
 
 
+def test_only_a_measurement_right_after_one_of_the_same_candidates_skips_the_idle(monkeypatch):
+    """One build's GEMMs back to back: the pools that may spin are the candidates' own."""
+    slept = []
+    monkeypatch.setattr(kernels.time, "sleep", slept.append)
+    monkeypatch.setattr(kernels, "_last_measured", [None, 0.0])
+    for names in (["numpy", "numpy-1t"], ["numpy", "numpy-1t"], ["scipy", "numpy-1t"]):
+        kernels.measure(kernels.Gemm(4, 32, 32), names, budget_s=0.001)
+    assert slept == [kernels.PARK_S, kernels.PARK_S]
+    monkeypatch.setattr(kernels, "BACK_TO_BACK_S", -1.0)        # as if the last one ended long ago
+    kernels.measure(kernels.Gemm(4, 32, 32), ["scipy", "numpy-1t"], budget_s=0.001)
+    assert len(slept) == 3
+
+
 def test_a_candidate_dropped_early_is_cached_and_reported_as_not_measured(tuned, monkeypatch):
     monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 1e-6, "scipy": float("inf")})
     kernels.choose(kernels.Gemm(4, 32, 32), ("numpy", "scipy"), "scipy")
