@@ -170,6 +170,13 @@ def test_choice_is_measured_once_then_read_from_the_cache(tuned, monkeypatch):
     assert again.how == "cached" and again.kernel == first.kernel and again.times_s == first.times_s
 
 
+def test_a_second_build_in_the_same_process_reports_no_tuning_time(tuned):
+    gemm = kernels.Gemm(4, 32, 32)
+    first = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
+    again = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
+    assert first.seconds > 0 and again.seconds == 0 and (again.kernel, again.how) == (first.kernel, first.how)
+
+
 def test_a_choice_measured_while_the_cores_were_busy_is_used_but_not_cached(tuned, monkeypatch):
     """Threads that waited for a core while measuring (another process) make the choice this
     process's only: the next build measures again."""
