@@ -241,7 +241,10 @@ def _paired(ref: np.ndarray, t: np.ndarray) -> tuple[float, list[float]]:
 
 
 @contextlib.contextmanager
-def _blas_threads(threads: int | None):
+def _threads(threads: int | None):
+    """Every thread pool the engines use limited to ``threads``: the BLAS pools and OpenMP's
+    (oneDNN's), with every kernel library loaded first, so that the limit reaches the pools that
+    an engine would otherwise load later (MKL's, for one) and the peers' count (``blas_threads``)."""
     if threads is None:
         yield
         return
@@ -249,7 +252,9 @@ def _blas_threads(threads: int | None):
         from threadpoolctl import threadpool_limits
     except ImportError:
         raise ReportError("--threads needs threadpoolctl (pip install -e .[bench])") from None
-    with threadpool_limits(limits=threads, user_api="blas"):
+    from engines.kernels import unavailable
+    unavailable()
+    with threadpool_limits(limits=threads):
         yield
 
 
@@ -285,7 +290,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
 
     unavailable: dict[str, str] = {}
     heap_state = heap.pin()
-    with _blas_threads(threads):
+    with _threads(threads):
         # Calibrated before and after the grid, keeping the better of each: a slow spell of the
         # shared host during one calibration would lower the roof and inflate every fraction
         # (one run calibrated 123 GFLOP/s against 175 in the others, and put packed at 188 %).

@@ -275,3 +275,22 @@ def test_openblas_line_without_threadpoolctl(monkeypatch):
     (threadpoolctl comes with the bench extra) it says so instead of failing minutes of timing."""
     monkeypatch.setitem(sys.modules, "threadpoolctl", None)     # import raises ImportError
     assert report._openblas_kernels() == "not known (threadpoolctl is not installed)"
+
+
+def test_threads_limits_every_pool_the_engines_use_and_says_so():
+    """``--threads 1``: MKL's pool (loaded by packed after the limit began) and OpenMP's (oneDNN's)
+    run one thread too, and the report says 1, not the pools' size outside the limit."""
+    from threadpoolctl import threadpool_info
+    seen = []
+    real = report._build
+
+    def build(name, *args):
+        engine = real(name, *args)
+        seen.append({p["internal_api"]: p["num_threads"] for p in threadpool_info()})
+        return engine
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(report, "_build", build)
+        built = report.run_report(["mlp"], ["naive", "packed", "onednn"], grid={"mlp": [Case("mlp", 1, 16)]}, rounds=1,
+                                   recheck_rounds=0, block_seconds=0.001, settle_seconds=0, threads=1)
+    assert built["threads"] == 1 and seen and all(set(pools.values()) == {1} for pools in seen), seen
