@@ -34,6 +34,7 @@ from .base import EngineUnavailable
 from .conv import _conv_attrs, _pool_window, _split_pool
 from .fused import BIND, FusedEngine, FusedStep, _Lowering
 from .kernels import candidates, onednn_library
+from .onnx_passes import fuse_conv_activation, fuse_conv_add
 from .ops import aligned_empty
 
 # oneDNN 3.x C API enums (dnnl_types.h, dnnl_common_types.h)
@@ -152,8 +153,12 @@ class _Owned:
 
     def strided(self, a: np.ndarray) -> _P:
         """The descriptor of ``a`` as it lies in memory, whatever its strides."""
-        return self._keep("md", self.dnnl.new("dnnl_memory_desc_create_with_strides", a.ndim, _Dims(*a.shape), _F32,
-                                              _Dims(*(s // a.itemsize for s in a.strides))))
+        return self.with_strides(a.shape, [s // a.itemsize for s in a.strides])
+
+    def with_strides(self, dims, strides) -> _P:
+        """Dimensions ``dims``, element i at sum(i_k * strides[k]) floats from the start."""
+        return self._keep("md", self.dnnl.new("dnnl_memory_desc_create_with_strides", len(dims), _Dims(*dims), _F32,
+                                              _Dims(*strides)))
 
     def clone(self, md) -> _P:
         return self._keep("md", self.dnnl.new("dnnl_memory_desc_clone", _P(md)))
@@ -200,6 +205,15 @@ class _Owned:
         return self._keep("pd", self.dnnl.new(
             "dnnl_lrn_forward_primitive_desc_create", self.dnnl.engine, _INFERENCE, _LRN_ACROSS, src, dst,
             ctypes.c_int64(size), ctypes.c_float(alpha), ctypes.c_float(beta), ctypes.c_float(k), attr))
+
+    def shuffle_pd(self, src, dst, group_size: int, attr) -> _P:
+        """Along the channel axis, seen as (C / group_size, group_size), transposed."""
+        return self._keep("pd", self.dnnl.new("dnnl_shuffle_forward_primitive_desc_create", self.dnnl.engine,
+                                              _INFERENCE, src, dst, 1, ctypes.c_int64(group_size), attr))
+
+    def eltwise_pd(self, alg: int, src, dst, alpha: float, beta: float, attr) -> _P:
+        return self._keep("pd", self.dnnl.new("dnnl_eltwise_forward_primitive_desc_create", self.dnnl.engine,
+                                              _INFERENCE, alg, src, dst, ctypes.c_float(alpha), ctypes.c_float(beta), attr))
 
     def reorder_pd(self, src, dst, attr) -> _P:
         e = self.dnnl.engine
@@ -323,6 +337,9 @@ class OneDnnEngine(FusedEngine):
         self._channels: dict[str, int] = {}      # native buffer -> the tensor's channels
         self._twins: dict[tuple[str, bool], str] = {}   # (tensor, native) -> its buffer in that layout
         self._weights = _Weights(self._dnnl)     # shared with workers
+        # oneDNN's conv takes a residual sum and an activation after any conv (engines.conv's
+        # conv_add only after a 1x1 one): ShuffleNet's grouped 1x1 convs then their Sum and ReLU
+        model = fuse_conv_activation(fuse_conv_add(model, fusable=lambda channels, attrs: True))
         super().__init__(model, max_batch)
 
     def _default_kernel(self, gemm) -> str:
@@ -481,8 +498,38 @@ def _lower_concat(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
     return True
 
 
+def _lower_shuffle(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
+    """A channel shuffle of a tensor in oneDNN's layout: Reshape (C, H, W) -> (g, C/g, H, W),
+    Transpose (1, 0, 2, 3), Reshape back (ShuffleNet's), each read only by the next."""
+    src = lw.where[op.inputs[0]]
+    if src not in eng._channels or i + 2 >= len(lw.ops):
+        return False
+    t, back = lw.ops[i + 1], lw.ops[i + 2]
+    shapes = lw.model.shapes
+    chw, grouped = shapes[op.inputs[0]], shapes[op.output]
+    if not (t.kind == "transpose" and back.kind == "reshape" and lw.next_reader(op) is t and lw.next_reader(t) is back
+            and tuple(t.attrs.get("perm", ())) == (1, 0, 2, 3) and len(chw) == 3 and len(grouped) == 4
+            and grouped[0] * grouped[1] == chw[0] and tuple(grouped[2:]) == tuple(chw[1:]) and shapes[back.output] == chw):
+        return False
+    lw.skip.update((i + 1, i + 2))
+    out = lw.where[back.output] = eng._new_native(back.output, chw)
+    lw.steps.append(FusedStep("dnnl_shuffle", out, (src,), attrs={"group_size": grouped[1]}))
+    return True
+
+
+def _lower_relu(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
+    """A ReLU of a tensor in oneDNN's layout (one no conv took in: after a concat)."""
+    src = lw.where[op.inputs[0]]
+    if src not in eng._channels:
+        return False
+    out = lw.where[op.output] = eng._new_native(op.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_relu", out, (src,)))
+    return True
+
+
 _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
-               "maxpool": _lower_pool, "averagepool": _lower_pool, "lrn": _lower_pool, "concat": _lower_concat}
+               "maxpool": _lower_pool, "averagepool": _lower_pool, "lrn": _lower_pool, "concat": _lower_concat,
+               "reshape": _lower_shuffle, "relu": _lower_relu}
 
 
 # --- binding entries -----------------------------------------------------------------------
@@ -551,5 +598,30 @@ def _bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     return [eng._execute(pd, {_DST: (dst, y), **{_MULTIPLE_SRC + i: (md, x) for i, (md, x) in enumerate(zip(srcs, ins))}}, step)]
 
 
+def _bind_shuffle(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    """oneDNN's shuffle primitive on a blocked layout; on NHWC, where it has only its reference
+    code, a reorder between two strided views of the pixels' channels: source channel i·m + j
+    goes to j·g + i (m = C/g, the group size)."""
+    batch, o, m = y.shape[0], eng._owned, step.attrs["group_size"]
+    if eng._dnnl.block == 1:
+        c, h, w = eng.shapes[step.out]
+        g = c // m
+        dims, outer = (batch, m, g, h, w), (h * w * c, w * c, c)    # NHWC strides of n, then h, w
+        src = o.with_strides(dims, (outer[0], 1, m, *outer[1:]))
+        dst = o.with_strides(dims, (outer[0], g, 1, *outer[1:]))
+        return [eng._execute(o.reorder_pd(src, dst, o.attr()), {_SRC: (src, ins[0]), _DST: (dst, y)}, step)]
+    src, dst = eng._md(step.reads[0], batch), eng._md(step.out, batch)
+    # oneDNN sees the channels as (C / G, G) and transposes them: ONNX's (g, C/g) is G = C/g
+    pd = o.shuffle_pd(src, dst, m, o.attr())
+    return [eng._execute(pd, {_SRC: (src, ins[0]), _DST: (dst, y)}, step)]
+
+
+def _bind_relu(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    batch, o = y.shape[0], eng._owned
+    src, dst = eng._md(step.reads[0], batch), eng._md(step.out, batch)
+    pd = o.eltwise_pd(_RELU, src, dst, 0.0, 0.0, o.attr())
+    return [eng._execute(pd, {_SRC: (src, ins[0]), _DST: (dst, y)}, step)]
+
+
 OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": _bind_pool, "dnnl_reorder": _bind_reorder,
-                        "dnnl_concat": _bind_concat}
+                        "dnnl_concat": _bind_concat, "dnnl_shuffle": _bind_shuffle, "dnnl_relu": _bind_relu}

@@ -41,10 +41,10 @@ def test_every_primitive_runs_a_fast_kernel(name):
     assert slow == [], slow
 
 
-@pytest.mark.parametrize("name", ["resnet50", "squeezenet", "inception_v2"])
+@pytest.mark.parametrize("name", ["resnet50", "squeezenet", "inception_v2", "shufflenet"])
 def test_the_layout_changes_only_at_the_edges(name):
-    """Convs, pools, residual sums and concats all run in oneDNN's layout: one reorder in (the
-    input), one out (to the global pool)."""
+    """Convs, pools, residual sums, concats and ShuffleNet's channel shuffles and ReLUs all run
+    in oneDNN's layout: one reorder in (the input), one out (to the global pool)."""
     engine = ENGINES["onednn"](light(name), 1)
     assert [s.kind for s in engine.steps].count("dnnl_reorder") == 2
 
@@ -70,6 +70,17 @@ def test_residual_sums_in_place_and_pools_fuse():
     sums = [s for s in engine.steps if s.kind == "dnnl_conv" and s.attrs["residual"]]
     assert len(sums) == 16 and all(s.out == s.reads[1] for s in sums)       # into the residual's buffer
     assert sum(s.attrs["pool"] is not None for s in engine.steps if s.kind == "dnnl_conv") == 1
+
+
+def test_shufflenets_shuffles_are_one_step_and_its_sums_join_the_grouped_convs():
+    """Reshape, Transpose, Reshape: one oneDNN step each; each Sum and its ReLU: post-ops of the
+    grouped 1x1 conv before it, summed into the residual's buffer (engines.conv's conv_add takes
+    only one group)."""
+    engine = ENGINES["onednn"](light("shufflenet"), 1)
+    kinds = [s.kind for s in engine.steps]
+    assert kinds.count("dnnl_shuffle") == 16 and "calls" not in kinds[:-3]     # only the head on NumPy
+    sums = [s for s in engine.steps if s.kind == "dnnl_conv" and s.attrs["residual"]]
+    assert len(sums) == 13 and all(s.out == s.reads[1] and s.attrs["conv"]["activation"] == "relu" for s in sums)
 
 
 def test_a_worker_outlives_the_engine_that_made_it():
