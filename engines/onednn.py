@@ -1,4 +1,4 @@
-"""onednn: fused's steps, with a CNN's convolutions, pools, LRN and channel concats run as
+"""onednn: fused's steps, with a CNN's convolutions, pools, LRN, channel concats and shuffles run as
 oneDNN primitives on activations held in the layout oneDNN's convolutions take on this CPU, and
 the linears on oneDNN's matmul primitive (``kernels``' ``onednn-matmul``, ``matmul_calls``).
 
