@@ -1,5 +1,5 @@
-"""onednn: fused's steps, with a CNN's convolutions, pools, LRN, channel concats and shuffles run as
-oneDNN primitives on activations held in the layout oneDNN's convolutions take on this CPU, and
+"""onednn: fused's steps, with a CNN's convolutions, pools, LRN, channel concats and shuffles, and
+the batchnorms and ReLUs between them, run as oneDNN primitives on activations held in the layout oneDNN's convolutions take on this CPU, and
 the linears on oneDNN's matmul primitive (``kernels``' ``onednn-matmul``, ``matmul_calls``).
 
 im2col and one GEMM per conv (``packed``) ran ResNet-50 at 1.9x ONNX Runtime's time: MKL's
@@ -46,6 +46,8 @@ _LAYOUTS = ((22, 1), (78, 16), (102, 8), (84, 4))
 _RELU, _CLIP = 0x20, 0x2E
 _POOL_MAX, _POOL_AVG_INCLUDE, _POOL_AVG_EXCLUDE, _LRN_ACROSS = 0x1FF, 0x2FF, 0x3FF, 0xAFF
 _SRC, _WEIGHTS, _BIAS, _DST, _SCRATCHPAD, _MULTIPLE_SRC = 1, 33, 41, 17, 80, 1024
+_MEAN, _VARIANCE, _SCALE, _SHIFT = 49, 50, 51, 52
+_GLOBAL_STATS, _USE_SCALE, _USE_SHIFT, _NORM_RELU = 0x1, 0x2, 0x4, 0x8
 _POST_OP_SRC1 = 32768 | 2                               # DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1
 _BINARY_ADD = 0x1FFF0
 _Q_IMPL, _Q_WEIGHTS, _Q_DST, _Q_SCRATCHPAD = 8, 131, 133, 136
@@ -214,6 +216,11 @@ class _Owned:
     def eltwise_pd(self, alg: int, src, dst, alpha: float, beta: float, attr) -> _P:
         return self._keep("pd", self.dnnl.new("dnnl_eltwise_forward_primitive_desc_create", self.dnnl.engine,
                                               _INFERENCE, alg, src, dst, ctypes.c_float(alpha), ctypes.c_float(beta), attr))
+
+    def batchnorm_pd(self, src, dst, epsilon: float, flags: int, attr) -> _P:
+        return self._keep("pd", self.dnnl.new("dnnl_batch_normalization_forward_primitive_desc_create",
+                                              self.dnnl.engine, _INFERENCE, src, dst, ctypes.c_float(epsilon),
+                                              ctypes.c_uint(flags), attr))
 
     def reorder_pd(self, src, dst, attr) -> _P:
         e = self.dnnl.engine
@@ -517,6 +524,23 @@ def _lower_shuffle(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
     return True
 
 
+def _lower_batchnorm(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
+    """A batchnorm (one no conv took in: after a concat, DenseNet's) of a tensor in oneDNN's
+    layout, and the ReLU right after it that alone reads it, as one primitive."""
+    src = lw.where[op.inputs[0]]
+    if src not in eng._channels:
+        return False
+    nxt = lw.next_reader(op)
+    relu = nxt is not None and nxt.kind == "relu" and i + 1 < len(lw.ops) and lw.ops[i + 1] is nxt
+    if relu:
+        lw.skip.add(i + 1)
+    out = lw.where[(nxt if relu else op).output] = eng._new_native(op.output, lw.model.shapes[op.output])
+    stats = tuple(np.ascontiguousarray(lw.model.params[p], dtype=np.float32) for p in op.params)
+    lw.steps.append(FusedStep("dnnl_batchnorm", out, (src,), operands=stats,
+                              attrs={"epsilon": float(op.attrs.get("epsilon", 1e-5)), "relu": relu}))
+    return True
+
+
 def _lower_relu(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
     """A ReLU of a tensor in oneDNN's layout (one no conv took in: after a concat)."""
     src = lw.where[op.inputs[0]]
@@ -529,7 +553,7 @@ def _lower_relu(eng: OneDnnEngine, lw: _Lowering, i: int, op) -> bool:
 
 _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
                "maxpool": _lower_pool, "averagepool": _lower_pool, "lrn": _lower_pool, "concat": _lower_concat,
-               "reshape": _lower_shuffle, "relu": _lower_relu}
+               "reshape": _lower_shuffle, "relu": _lower_relu, "batchnorm": _lower_batchnorm}
 
 
 # --- binding entries -----------------------------------------------------------------------
@@ -623,5 +647,18 @@ def _bind_relu(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     return [eng._execute(pd, {_SRC: (src, ins[0]), _DST: (dst, y)}, step)]
 
 
+def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    batch, o = y.shape[0], eng._owned
+    src, dst = eng._md(step.reads[0], batch), eng._md(step.out, batch)
+    scale, bias, mean, var = step.operands
+    flags = _GLOBAL_STATS | _USE_SCALE | _USE_SHIFT | (_NORM_RELU if step.attrs["relu"] else 0)
+    pd = o.batchnorm_pd(src, dst, step.attrs["epsilon"], flags, o.attr())
+    per_channel = o.md(scale.shape, _PLAIN[1])
+    return [eng._execute(pd, {_SRC: (src, ins[0]), _DST: (dst, y), _MEAN: (per_channel, mean),
+                              _VARIANCE: (per_channel, var), _SCALE: (per_channel, scale), _SHIFT: (per_channel, bias)},
+                         step)]
+
+
 OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": _bind_pool, "dnnl_reorder": _bind_reorder,
-                        "dnnl_concat": _bind_concat, "dnnl_shuffle": _bind_shuffle, "dnnl_relu": _bind_relu}
+                        "dnnl_concat": _bind_concat, "dnnl_shuffle": _bind_shuffle, "dnnl_relu": _bind_relu,
+                        "dnnl_batchnorm": _bind_batchnorm}
