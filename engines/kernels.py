@@ -284,24 +284,12 @@ def _onednn_calls(x2, y2, w, b, b_tiled, residual, _state) -> list:
         i64(_ld(y2))))]
 
 
-def _onednn_matmul_calls(x2, y2, w, b, b_tiled, residual, weights) -> list:
-    from .onednn import matmul_calls
-    return matmul_calls(x2, y2, w, b, residual, weights)
-
-
-def _onednn_weights(w: np.ndarray):
-    from .onednn import matmul_weights
-    return matmul_weights(w)
-
-
-def _onednn_primitives():
-    from .onednn import _library
-    return _library()
-
-
-def _onednn_matmul_fits(gemm) -> bool:
-    from .onednn import matmul_fits
-    return matmul_fits(gemm)
+def _onednn(name: str) -> Callable:
+    """``engines.onednn``'s function ``name``, imported on its first call (that module imports this one)."""
+    def call(*args):
+        from . import onednn
+        return getattr(onednn, name)(*args)
+    return call
 
 
 @dataclass(frozen=True)
@@ -325,7 +313,7 @@ _LOADERS: dict[str, Callable[[], object]] = {
     "scipy": _scipy_blas,
     "mkl": _load_mkl_rt,
     "onednn": _load_onednn,
-    "onednn-primitives": _onednn_primitives,
+    "onednn-primitives": _onednn("library"),
     "numpy-threads": lambda: _openblas_threads("numpy"),
     "scipy-threads": lambda: _openblas_threads("scipy"),
 }
@@ -345,8 +333,8 @@ KERNELS: dict[str, Kernel] = {
     "mkl-packed": Kernel("mkl", _mkl_packed_calls, prepare=_mkl_pack),
     "mkl-packed-1t": Kernel("mkl", _mkl_packed_calls, prepare=_mkl_pack, one_thread="mkl"),
     "onednn": Kernel("onednn", _onednn_calls, allocates=True),
-    "onednn-matmul": Kernel("onednn-primitives", _onednn_matmul_calls, prepare=_onednn_weights,
-                            fits=_onednn_matmul_fits),
+    "onednn-matmul": Kernel("onednn-primitives", _onednn("matmul_calls"), prepare=_onednn("matmul_weights"),
+                            fits=_onednn("matmul_fits")),
 }
 
 

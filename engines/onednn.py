@@ -271,7 +271,7 @@ def matmul_implementation(rows: int, k: int, n: int, transposed: bool) -> str:
     (n, k) when ``transposed``. Its brgemm kernels (``brg:avx512_core``, ...) work in the user
     scratchpad; below AVX-512 oneDNN 3.2 picks ``gemm:jit:f32``, which allocates its packing
     buffers on every call (17 KB at 256 rows under memray, Intel Xeon with ONEDNN_MAX_CPU_ISA=AVX2)."""
-    dnnl = _library()
+    dnnl = library()
     owned = _Owned(dnnl)
     x, y = np.empty((rows, k), np.float32), np.empty((rows, n), np.float32)
     w = np.empty((n, k), np.float32).T if transposed else np.empty((k, n), np.float32)
@@ -292,13 +292,14 @@ def matmul_fits(gemm) -> bool:
 
 def matmul_weights(w: np.ndarray) -> _Weights:
     """What ``matmul_calls`` keeps per weight matrix: its layouts."""
-    return _Weights(_library())
+    return _Weights(library())
 
 
-def matmul_calls(x2, y2, w, b, residual, weights: _Weights) -> list:
+def matmul_calls(x2, y2, w, b, b_tiled, residual, weights: _Weights) -> list:
     """y2 = x2 @ w + b (+ residual) as one call of oneDNN's matmul primitive: w in the layout
     the primitive picks (reordered once, kept in ``weights``), the residual added as each output
-    block is written (a binary post-op), a scratchpad of its own. Nothing is allocated per call."""
+    block is written (a binary post-op), a scratchpad of its own. Nothing is allocated per call.
+    ``kernels``' signature: the bias is in the primitive, ``b_tiled`` unused."""
     dnnl = weights.owned.dnnl
     owned = _Owned(dnnl)
     src, dst, w_plain = owned.strided(x2), owned.strided(y2), owned.strided(w)
@@ -319,7 +320,7 @@ def matmul_calls(x2, y2, w, b, residual, weights: _Weights) -> list:
 _DNNL: list = []
 
 
-def _library() -> _Dnnl:
+def library() -> _Dnnl:
     """oneDNN, loaded and probed once per process."""
     if not _DNNL:
         lib = onednn_library()
@@ -340,7 +341,7 @@ class OneDnnEngine(FusedEngine):
     kernel_candidates = candidates("onednn-primitives")
 
     def __init__(self, model, max_batch: int):
-        self._dnnl = _library()
+        self._dnnl = library()
         self._channels: dict[str, int] = {}      # native buffer -> the tensor's channels
         self._twins: dict[tuple[str, bool], str] = {}   # (tensor, native) -> its buffer in that layout
         self._weights = _Weights(self._dnnl)     # shared with workers

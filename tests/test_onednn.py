@@ -27,7 +27,7 @@ def light(name: str, **options):
 @pytest.fixture(scope="module", autouse=True)
 def needs_onednn():
     try:
-        onednn._library()
+        onednn.library()
     except EngineUnavailable as exc:
         pytest.skip(f"oneDNN is not installed here: {exc}")
 
@@ -56,7 +56,7 @@ def test_the_layout_changes_only_at_the_edges(name, reorders):
 def test_every_layout_oneDNN_may_pick_gives_the_same_answer(name, layout, monkeypatch):
     """What an AVX-512 or AVX2 host may pick instead of this one's (channels padded to the block,
     concats of padded parts, an RGB input read as NCHW), forced here, against the reference."""
-    dnnl = onednn._library()
+    dnnl = onednn.library()
     monkeypatch.setattr(dnnl, "layout", layout[0])
     monkeypatch.setattr(dnnl, "block", layout[1])
     model = light(name, randomize_weights=17)    # the file's weights tie the softmax (docs/cnn.md)
