@@ -1,6 +1,7 @@
 """onednn: fused's steps, with a CNN's convolutions, pools, LRN, channel concats and shuffles, and
-the batchnorms and ReLUs between them, run as oneDNN primitives on activations held in the layout oneDNN's convolutions take on this CPU, and
-the linears on oneDNN's matmul primitive (``kernels``' ``onednn-matmul``, ``matmul_calls``).
+the batchnorms and ReLUs between them, run as oneDNN primitives on activations held in the
+layout oneDNN's convolutions take on this CPU, and the linears on oneDNN's matmul primitive
+(``kernels``' ``onednn-matmul``, ``matmul_calls``).
 
 im2col and one GEMM per conv (``packed``) ran ResNet-50 at 1.9x ONNX Runtime's time: MKL's
 GEMMs alone, at 230-320 GFLOP/s on its shapes, took longer than ONNX Runtime's whole forward,
@@ -265,19 +266,24 @@ class _Weights:
 _NO_ALLOCATION = "brg"     # oneDNN's matmul implementations that allocate nothing per call
 
 
+def _matmul_pd(owned: _Owned, src, dst, k: int, n: int, add) -> tuple[_P, _P]:
+    """(pd, bias md) of oneDNN's matmul from ``src`` (rows, k) to ``dst`` (rows, n), the weights'
+    layout left to oneDNN, a tensor of descriptor ``add`` (or None) added by a binary post-op."""
+    b_md = owned.md((1, n), _PLAIN[2])
+    return owned.matmul_pd(src, owned.md((k, n), _ANY), b_md, dst, owned.attr(add=add)), b_md
+
+
 @functools.lru_cache(maxsize=None)
-def matmul_implementation(rows: int, k: int, n: int, transposed: bool) -> str:
-    """The implementation oneDNN's matmul picks here for x (rows, k) @ w (k, n), w stored
-    (n, k) when ``transposed``. Its brgemm kernels (``brg:avx512_core``, ...) work in the user
-    scratchpad; below AVX-512 oneDNN 3.2 picks ``gemm:jit:f32``, which allocates its packing
-    buffers on every call (17 KB at 256 rows under memray, Intel Xeon with ONEDNN_MAX_CPU_ISA=AVX2)."""
+def matmul_implementation(rows: int, k: int, n: int, residual: bool) -> str:
+    """The implementation oneDNN picks here for ``matmul_calls``' primitive at these sizes. Its
+    brgemm kernels (``brg:avx512_core``, ...) work in the user scratchpad; below AVX-512 oneDNN 3.2
+    picks ``gemm:jit:f32``, which allocates its packing buffers on every call (17 KB at 256 rows
+    under memray, Intel Xeon with ONEDNN_MAX_CPU_ISA=AVX2)."""
     dnnl = library()
     owned = _Owned(dnnl)
-    x, y = np.empty((rows, k), np.float32), np.empty((rows, n), np.float32)
-    w = np.empty((n, k), np.float32).T if transposed else np.empty((k, n), np.float32)
     try:
-        pd = owned.matmul_pd(owned.strided(x), owned.strided(w), owned.md((1, n), _PLAIN[2]), owned.strided(y),
-                             owned.attr())
+        src, dst = owned.md((rows, k), _PLAIN[2]), owned.md((rows, n), _PLAIN[2])
+        pd, _ = _matmul_pd(owned, src, dst, k, n, dst if residual else None)
         impl = ctypes.c_char_p()
         dnnl.check(dnnl.lib.dnnl_primitive_desc_query(pd, _Q_IMPL, 0, ctypes.byref(impl)), "implementation query")
         return impl.value.decode()
@@ -287,7 +293,7 @@ def matmul_implementation(rows: int, k: int, n: int, transposed: bool) -> str:
 
 def matmul_fits(gemm) -> bool:
     """Whether oneDNN's matmul runs this ``kernels.Gemm`` allocating nothing per call."""
-    return matmul_implementation(gemm.rows, gemm.k, gemm.n, gemm.transposed).startswith(_NO_ALLOCATION)
+    return matmul_implementation(gemm.rows, gemm.k, gemm.n, gemm.residual).startswith(_NO_ALLOCATION)
 
 
 def matmul_weights(w: np.ndarray) -> _Weights:
@@ -302,15 +308,12 @@ def matmul_calls(x2, y2, w, b, b_tiled, residual, weights: _Weights) -> list:
     ``kernels``' signature: the bias is in the primitive, ``b_tiled`` unused."""
     dnnl = weights.owned.dnnl
     owned = _Owned(dnnl)
-    src, dst, w_plain = owned.strided(x2), owned.strided(y2), owned.strided(w)
-    b_md = owned.md((1, b.shape[0]), _PLAIN[2])
-    args = {_SRC: (src, x2), _BIAS: (b_md, b), _DST: (dst, y2)}
-    add = None
+    src, dst = owned.strided(x2), owned.strided(y2)
+    add = None if residual is None else owned.strided(residual)
+    pd, b_md = _matmul_pd(owned, src, dst, *w.shape, add)
+    args = {_SRC: (src, x2), _BIAS: (b_md, b), _DST: (dst, y2), _WEIGHTS: weights.take(pd, owned.strided(w), w)}
     if residual is not None:
-        add = owned.strided(residual)
         args[_POST_OP_SRC1] = (add, residual)
-    pd = owned.matmul_pd(src, owned.md(w.shape, _ANY), b_md, dst, owned.attr(add=add))
-    args[_WEIGHTS] = weights.take(pd, w_plain, w)
     size = dnnl.lib.dnnl_memory_desc_get_size(dnnl.scratchpad_md(pd))
     (fn, call_args), _ = dnnl.call(owned, pd, args, aligned_empty(-(-size // 4)))
     weakref.finalize(call_args[3], owned.release)     # the primitive lives as long as its call
@@ -598,21 +601,32 @@ def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     return calls
 
 
+def _one_input(eng: OneDnnEngine, step, y, ins, make_pd, src=None, dst=None, more=None) -> list:
+    """The call of a primitive from the step's one input to its output: ``make_pd(owned, src md,
+    dst md)``; the descriptors are the buffers' own unless given, ``more`` other arguments."""
+    batch, o = y.shape[0], eng._owned
+    src = eng._md(step.reads[0], batch) if src is None else src
+    dst = eng._md(step.out, batch) if dst is None else dst
+    return [eng._execute(make_pd(o, src, dst), {_SRC: (src, ins[0]), _DST: (dst, y), **(more or {})}, step)]
+
+
 def _bind_pool(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    batch, attrs = y.shape[0], dict(step.attrs)
-    src, dst = eng._md(step.reads[0], batch), eng._md(step.out, batch)
+    attrs = dict(step.attrs)
     if attrs["kind"] == "lrn":
-        o = eng._owned
-        pd = o.lrn_pd(src, dst, int(attrs["size"]), float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75)),
-                      float(attrs.get("bias", 1.0)), o.attr())
-        return [eng._execute(pd, {_SRC: (src, ins[0]), _DST: (dst, y)}, step)]
-    return [_pool_call(eng, step, attrs, src, ins[0], dst, y, ins[0].shape[-2:])]
+        return _one_input(eng, step, y, ins, lambda o, src, dst: o.lrn_pd(
+            src, dst, int(attrs["size"]), float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75)),
+            float(attrs.get("bias", 1.0)), o.attr()))
+    batch = y.shape[0]
+    return [_pool_call(eng, step, attrs, eng._md(step.reads[0], batch), ins[0], eng._md(step.out, batch), y,
+                       ins[0].shape[-2:])]
+
+
+def _reorder_pd(o: _Owned, src, dst) -> _P:
+    return o.reorder_pd(src, dst, o.attr())
 
 
 def _bind_reorder(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    batch, o = y.shape[0], eng._owned
-    src, dst = eng._md(step.reads[0], batch), eng._md(step.out, batch)
-    return [eng._execute(o.reorder_pd(src, dst, o.attr()), {_SRC: (src, ins[0]), _DST: (dst, y)}, step)]
+    return _one_input(eng, step, y, ins, _reorder_pd)
 
 
 def _bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
@@ -627,37 +641,30 @@ def _bind_shuffle(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     """oneDNN's shuffle primitive on a blocked layout; on NHWC, where it has only its reference
     code, a reorder between two strided views of the pixels' channels: source channel i·m + j
     goes to j·g + i (m = C/g, the group size)."""
-    batch, o, m = y.shape[0], eng._owned, step.attrs["group_size"]
+    m = step.attrs["group_size"]
     if eng._dnnl.block == 1:
         c, h, w = eng.shapes[step.out]
-        g = c // m
-        dims, outer = (batch, m, g, h, w), (h * w * c, w * c, c)    # NHWC strides of n, then h, w
+        g, o = c // m, eng._owned
+        dims, outer = (y.shape[0], m, g, h, w), (h * w * c, w * c, c)    # NHWC strides of n, then h, w
         src = o.with_strides(dims, (outer[0], 1, m, *outer[1:]))
         dst = o.with_strides(dims, (outer[0], g, 1, *outer[1:]))
-        return [eng._execute(o.reorder_pd(src, dst, o.attr()), {_SRC: (src, ins[0]), _DST: (dst, y)}, step)]
-    src, dst = eng._md(step.reads[0], batch), eng._md(step.out, batch)
+        return _one_input(eng, step, y, ins, _reorder_pd, src, dst)
     # oneDNN sees the channels as (C / G, G) and transposes them: ONNX's (g, C/g) is G = C/g
-    pd = o.shuffle_pd(src, dst, m, o.attr())
-    return [eng._execute(pd, {_SRC: (src, ins[0]), _DST: (dst, y)}, step)]
+    return _one_input(eng, step, y, ins, lambda o, src, dst: o.shuffle_pd(src, dst, m, o.attr()))
 
 
 def _bind_relu(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    batch, o = y.shape[0], eng._owned
-    src, dst = eng._md(step.reads[0], batch), eng._md(step.out, batch)
-    pd = o.eltwise_pd(_RELU, src, dst, 0.0, 0.0, o.attr())
-    return [eng._execute(pd, {_SRC: (src, ins[0]), _DST: (dst, y)}, step)]
+    return _one_input(eng, step, y, ins, lambda o, src, dst: o.eltwise_pd(_RELU, src, dst, 0.0, 0.0, o.attr()))
 
 
 def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    batch, o = y.shape[0], eng._owned
-    src, dst = eng._md(step.reads[0], batch), eng._md(step.out, batch)
     scale, bias, mean, var = step.operands
     flags = _GLOBAL_STATS | _USE_SCALE | _USE_SHIFT | (_NORM_RELU if step.attrs["relu"] else 0)
-    pd = o.batchnorm_pd(src, dst, step.attrs["epsilon"], flags, o.attr())
-    per_channel = o.md(scale.shape, _PLAIN[1])
-    return [eng._execute(pd, {_SRC: (src, ins[0]), _DST: (dst, y), _MEAN: (per_channel, mean),
-                              _VARIANCE: (per_channel, var), _SCALE: (per_channel, scale), _SHIFT: (per_channel, bias)},
-                         step)]
+    per_channel = eng._owned.md(scale.shape, _PLAIN[1])
+    stats = {_MEAN: (per_channel, mean), _VARIANCE: (per_channel, var), _SCALE: (per_channel, scale),
+             _SHIFT: (per_channel, bias)}
+    return _one_input(eng, step, y, ins, lambda o, src, dst: o.batchnorm_pd(src, dst, step.attrs["epsilon"], flags,
+                                                                            o.attr()), more=stats)
 
 
 OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": _bind_pool, "dnnl_reorder": _bind_reorder,

@@ -170,11 +170,17 @@ def test_choice_is_measured_once_then_read_from_the_cache(tuned, monkeypatch):
     assert again.how == "cached" and again.kernel == first.kernel and again.times_s == first.times_s
 
 
-def test_a_second_build_in_the_same_process_reports_no_tuning_time(tuned):
+def test_a_second_build_in_the_same_process_reports_no_tuning_time(tuned, monkeypatch):
+    """The memo's choice is the first build's, with none of its seconds (a fake clock: 2 s measured)."""
+    clock = iter([0.0, 2.0])
+    monkeypatch.setattr(kernels.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 2e-6, "scipy": 1e-6})
     gemm = kernels.Gemm(4, 32, 32)
     first = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
     again = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
-    assert first.seconds > 0 and again.seconds == 0 and (again.kernel, again.how) == (first.kernel, first.how)
+    assert (first.seconds, again.seconds) == (2.0, 0.0)
+    assert (again.kernel, again.how, again.times_s) == (first.kernel, first.how, first.times_s)
+    assert (first.kernel, first.how) == ("scipy", "measured")
 
 
 def test_a_choice_measured_while_the_cores_were_busy_is_used_but_not_cached(tuned, monkeypatch):

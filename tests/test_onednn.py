@@ -113,8 +113,8 @@ def test_linears_run_on_onednns_matmul_where_it_allocates_nothing(model_name, mo
     model = MODELS[model_name](dim=64, seed=3)
     engine = ENGINES["onednn"](model, 4)
     for entry in engine.report()["kernels"]:
-        rows, k, n, transposed = re.fullmatch(r"(\d+)x(\d+)x(\d+)(T?)(?:\+res)?", entry["gemm"]).groups()
-        fits = onednn.matmul_implementation(int(rows), int(k), int(n), bool(transposed)).startswith("brg")
+        rows, k, n, residual = re.fullmatch(r"(\d+)x(\d+)x(\d+)T?(\+res)?", entry["gemm"]).groups()
+        fits = onednn.matmul_implementation(int(rows), int(k), int(n), bool(residual)).startswith("brg")
         assert entry["kernel"] == ("onednn-matmul" if fits else "scipy-1t"), entry
     x = model.random_input(4, rng=2)
     worker = engine.worker()
