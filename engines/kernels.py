@@ -175,9 +175,9 @@ def _openblas_threads(package: str) -> tuple:
     raise ImportError(f"cannot tell which OpenBLAS {package} uses")
 
 
-def _one_openblas_thread(set_threads, get_threads, calls: tuple) -> None:
-    """Run ``calls`` on one OpenBLAS thread, then give back the count found (which a caller's
-    threadpoolctl limit may have set)."""
+def _one_thread(set_threads, get_threads, calls: tuple) -> None:
+    """Run ``calls`` with a pool (OpenBLAS's, OpenMP's) on one thread, then give back the count
+    found (which a caller's threadpoolctl limit may have set)."""
     before = get_threads()
     set_threads(1)
     for fn, args in calls:
@@ -192,6 +192,32 @@ def _one_mkl_thread(set_local, calls: tuple) -> None:
     for fn, args in calls:
         fn(*args)
     set_local(before)
+
+
+def _openmp_threads() -> tuple:
+    """(set-threads, get-threads) over every OpenMP runtime oneDNN may be running on: the GNU
+    OpenMP its library links, and the one a library loaded earlier put in the process's global
+    scope (MKL's Intel OpenMP), which oneDNN's calls then bind to instead."""
+    lib = onednn_library()
+    if lib is None:
+        raise ImportError(_WHY["libdnnl"])
+    runtimes = []
+    for handle in (lib, ctypes.CDLL(None)):
+        try:
+            fns = handle.omp_set_num_threads, handle.omp_get_max_threads
+        except AttributeError:
+            continue
+        if all(ctypes.cast(fns[0], ctypes.c_void_p).value != ctypes.cast(r[0], ctypes.c_void_p).value
+               for r in runtimes):
+            fns[0].restype = None
+            runtimes.append(fns)
+    if len(runtimes) == 1:
+        return runtimes[0]
+
+    def set_threads(n: int) -> None:
+        for set_one, _ in runtimes:
+            set_one(n)
+    return set_threads, runtimes[0][1]
 
 
 def _load_mkl_rt():
@@ -316,6 +342,7 @@ _LOADERS: dict[str, Callable[[], object]] = {
     "onednn-primitives": _onednn("library"),
     "numpy-threads": lambda: _openblas_threads("numpy"),
     "scipy-threads": lambda: _openblas_threads("scipy"),
+    "openmp-threads": _openmp_threads,
 }
 
 
@@ -335,17 +362,27 @@ KERNELS: dict[str, Kernel] = {
     "onednn": Kernel("onednn", _onednn_calls, allocates=True),
     "onednn-matmul": Kernel("onednn-primitives", _onednn("matmul_calls"), prepare=_onednn("matmul_weights"),
                             fits=_onednn("matmul_fits")),
+    "onednn-matmul-1t": Kernel("onednn-primitives", _onednn("matmul_calls"), prepare=_onednn("matmul_weights"),
+                               fits=_onednn("matmul_fits"), one_thread="openmp-threads"),
 }
 
 
-def candidates(pool: str, exclude: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """What an engine whose forward runs on thread pool ``pool`` may choose: that pool's kernels,
-    any library's on one thread, none that allocates per call. One multi-thread pool per
-    engine: two pools called alternately on two cores wait for each other's spinning workers
-    (NumPy's and SciPy's OpenBLAS ran 32 x 1024 x 1024 in 3.9 and 4.1 ms alternately against
-    0.44 ms alone, Intel Xeon), in the forward as in the timing that chooses."""
+# The thread pool each library's multi-thread kernels run on. MKL runs on GNU OpenMP (``packed``
+# sets its threading layer), the runtime oneDNN's CPU build links, so the two share one pool.
+POOLS = {"numpy": "NumPy's OpenBLAS", "scipy": "SciPy's OpenBLAS", "mkl": "OpenMP", "onednn": "OpenMP",
+         "onednn-primitives": "OpenMP"}
+
+
+def candidates(*libraries: str, exclude: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """What an engine may choose: the multi-thread kernels of ``libraries``, which must share
+    one thread pool, any library's on one thread, none that allocates per call. One multi-thread
+    pool per engine: two pools called alternately on two cores wait for each other's spinning
+    workers (NumPy's and SciPy's OpenBLAS ran 32 x 1024 x 1024 in 3.9 and 4.1 ms alternately
+    against 0.44 ms alone, Intel Xeon), in the forward as in the timing that chooses."""
+    if len({POOLS[lib] for lib in libraries}) != 1:
+        raise ValueError(f"{', '.join(libraries)} do not share one thread pool")
     return tuple(n for n, k in KERNELS.items() if not k.allocates and k.library not in exclude
-                 and (k.one_thread is not None or k.library == pool))
+                 and (k.one_thread is not None or k.library in libraries))
 
 
 def unavailable() -> dict[str, str]:
@@ -365,12 +402,16 @@ def bind(name: str, x2, y2, w, b, b_tiled, residual, state=None) -> list:
     for library in (kernel.library, kernel.one_thread):
         if library is not None and _load(library) is None:
             raise RuntimeError(f"kernel {name!r} cannot run here: {_WHY.get(library)}")
-    calls = kernel.calls(x2, y2, w, b, b_tiled, residual, state)
     if kernel.one_thread is None:
-        return calls
+        return kernel.calls(x2, y2, w, b, b_tiled, residual, state)
     if kernel.one_thread == "mkl":
-        return [(_one_mkl_thread, (_LIBS["mkl"].MKL_Set_Num_Threads_Local, tuple(calls)))]
-    return [(_one_openblas_thread, (*_LIBS[kernel.one_thread], tuple(calls)))]
+        pinned, pool = _one_mkl_thread, (_LIBS["mkl"].MKL_Set_Num_Threads_Local,)
+    else:
+        pinned, pool = _one_thread, _LIBS[kernel.one_thread]
+    # made on one thread too: oneDNN splits a primitive's work for the threads it sees when made
+    made = []
+    pinned(*pool, ((lambda: made.extend(kernel.calls(x2, y2, w, b, b_tiled, residual, state)), ()),))
+    return [(pinned, (*pool, tuple(made)))]
 
 
 # ---------------------------------------------------------------- measuring

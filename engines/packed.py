@@ -5,17 +5,21 @@ call, and OpenBLAS's kernels are slow on the short, wide products of small
 batches; ONNX Runtime packs constant weights once. This engine does the same
 with Intel MKL's packed GEMM (``cblas_sgemm_pack`` once for
 ``kernels.PACK_ROWS`` = 128 rows, ``cblas_sgemm_compute`` per call, through
-ctypes on the engine's NumPy buffers), for the linears where it measured
-fastest on this machine (``engines.kernels``: the packed GEMM and MKL's plain
-``sgemm``, each also on one thread, against NumPy's and SciPy's on one thread; with
-``MLEXEC_TUNE=0`` the fixed rule: packed for more than one row above
-``fused.blas_max_work`` multiply-adds). Attention's per-head products, layernorm's and
-softmax's row reductions, the convolutions' GEMMs, and erf and GELU (MKL's vector math)
-run on MKL too, so that one thread pool (sized like
-NumPy's BLAS pool, MKL's default spin kept) runs the forward: two pools fight
-over the cores. No allocation per forward after warm-up; the weights are held
-twice (folded for the small paths, packed for the large). Needs the ``mkl``
-extra. Measurements behind each choice: docs/engines.md.
+ctypes on the engine's NumPy buffers) or oneDNN's matmul on weights reordered
+once into its blocked layout, for the linears where each measured fastest on
+this machine (``engines.kernels``: MKL's packed GEMM and plain ``sgemm``,
+oneDNN's matmul, each also on one thread, against NumPy's and SciPy's on one
+thread; with ``MLEXEC_TUNE=0`` the fixed rule: MKL's packed GEMM for more than
+one row above ``fused.blas_max_work`` multiply-adds). MKL runs on a CPU that
+is not Intel's at a fraction of its speed there (AMD EPYC: its GEMMs 1.4-2x
+slower than oneDNN's, docs/kernels.md), which oneDNN does not. Attention's
+per-head products, layernorm's and softmax's row reductions, the convolutions'
+GEMMs, and erf and GELU (MKL's vector math) run on MKL. MKL runs on GNU OpenMP,
+the runtime oneDNN's CPU build links, so that one thread pool (sized like
+NumPy's BLAS pool) runs the forward: two pools fight over the cores. No
+allocation per forward after warm-up; the weights are held twice (folded for
+the small paths, packed for the large). Needs the ``mkl`` extra (``onednn``
+for oneDNN's matmul). Measurements behind each choice: docs/engines.md.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from .threads import blas_threads
 
 _ROW_MAJOR, _NO_TRANS, _TRANS, _PACKED, _B_MATRIX = 101, 111, 112, 151, 162   # CBLAS enums (mkl_cblas.h)
 _LP64 = 0                                                         # 32-bit integers
+_GNU_OPENMP = 3                                                   # MKL_THREADING_GNU
 _MKL = None
 
 
@@ -61,6 +66,8 @@ def _load_mkl() -> ctypes.CDLL:
         lib = ctypes.CDLL(path)
         lib.MKL_Set_Interface_Layer.argtypes = [ctypes.c_int]
         lib.MKL_Set_Interface_Layer(_LP64)
+        lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
+        lib.MKL_Set_Threading_Layer(_GNU_OPENMP)
     except (OSError, AttributeError) as exc:
         raise EngineUnavailable(f"the packed engine could not load MKL from {path}: {exc}") from exc
     i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
@@ -85,7 +92,7 @@ def _load_mkl() -> ctypes.CDLL:
 class PackedEngine(FusedEngine):
     name = "packed"
     pack_rows = kernels.PACK_ROWS
-    kernel_candidates = kernels.candidates("mkl")        # MKL's pool, and any kernel on one thread
+    kernel_candidates = kernels.candidates("mkl", "onednn-primitives")   # OpenMP's pool, and any kernel on one thread
 
     def __init__(self, model, max_batch: int):
         self._mkl = _load_mkl()

@@ -1,7 +1,7 @@
 """What an engine's thread pool costs the code that runs right after it in the same process.
 
-For each pool setting (one subprocess each, since MKL and OpenMP read their
-settings when they load), rounds of: a block of the engine, then at once 20
+For each pool setting (one subprocess each, since OpenMP reads its settings
+when it loads; MKL and oneDNN both run on GNU OpenMP), rounds of: a block of the engine, then at once 20
 calls of the neighbour (naive at mlp b8 d256, on NumPy's OpenBLAS), then the
 neighbour alone for 0.4 s (longer than any pool spins) and 20 more calls as
 its reference. Printed per setting: the engine's time per call, the
@@ -27,12 +27,10 @@ ENGINE_BLOCK_S = 0.02      # the engine's block
 NEIGHBOUR_CALLS = 20       # the neighbour's calls timed right after it
 QUIET_S = 0.4              # the neighbour alone this long before its reference calls
 SETTINGS = {                                   # name -> environment for the subprocess
-    "MKL default (KMP_BLOCKTIME 200 ms)": {},
-    "KMP_BLOCKTIME=20": {"KMP_BLOCKTIME": "20"},
-    "KMP_BLOCKTIME=5": {"KMP_BLOCKTIME": "5"},
-    "KMP_BLOCKTIME=1": {"KMP_BLOCKTIME": "1"},
-    "KMP_BLOCKTIME=0": {"KMP_BLOCKTIME": "0"},
-    "MKL_DYNAMIC=TRUE": {"MKL_DYNAMIC": "TRUE"},
+    "default (GNU OpenMP, OMP_WAIT_POLICY unset)": {},
+    "OMP_WAIT_POLICY=passive": {"OMP_WAIT_POLICY": "passive"},
+    "OMP_WAIT_POLICY=active": {"OMP_WAIT_POLICY": "active"},
+    "GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
 }
 
 

@@ -126,13 +126,43 @@ def test_a_kernel_that_would_allocate_for_a_gemm_is_no_candidate_for_it(tuned, m
     assert seen == [["numpy", "scipy"]]              # at 16 rows numpy alone: nothing to measure
 
 
-@pytest.mark.parametrize("engine, pool", [("static", "numpy"), ("arena", "numpy"), ("fused", "numpy"),
-                                          ("packed", "mkl"), ("onednn", "onednn-primitives")])
+@pytest.mark.parametrize("engine, pool", [("static", "NumPy's OpenBLAS"), ("arena", "NumPy's OpenBLAS"),
+                                          ("fused", "NumPy's OpenBLAS"), ("packed", "OpenMP"), ("onednn", "OpenMP")])
 def test_an_engine_is_offered_one_multi_thread_pool(engine, pool):
     """Two pools timed (or run) alternately wait for each other's spinning workers."""
     offered = ENGINES[engine].kernel_candidates
-    assert {kernels.KERNELS[k].library for k in offered if kernels.KERNELS[k].one_thread is None} == {pool}
+    assert {kernels.POOLS[kernels.KERNELS[k].library] for k in offered if kernels.KERNELS[k].one_thread is None} == {pool}
     assert any(kernels.KERNELS[k].one_thread for k in offered)
+
+
+def test_libraries_on_two_pools_are_refused():
+    with pytest.raises(ValueError, match="one thread pool"):
+        kernels.candidates("numpy", "mkl")
+
+
+@pytest.mark.skipif("onednn-matmul-1t" not in AVAILABLE, reason="needs oneDNN (the onednn extra)")
+def test_onednn_on_one_thread_runs_on_one_thread():
+    """oneDNN splits a primitive's work for the OpenMP threads it sees when the primitive is made,
+    and its calls bind to the OpenMP runtime MKL loaded when that came first: the -1t kernel makes
+    and runs its primitive on one thread, and no OpenMP worker starts for it."""
+    import subprocess
+    import sys
+    code = """if True:
+        import os, numpy as np
+        from engines import kernels
+        from engines.ops import aligned, tile
+        kernels.unavailable()                      # MKL first, as an engine's build loads them
+        before = len(os.listdir("/proc/self/task"))
+        x, w, b = aligned(np.ones((64, 256))), aligned(np.ones((256, 256))), aligned(np.ones(256))
+        y = aligned(np.zeros((64, 256)))
+        k = kernels.KERNELS["onednn-matmul-1t"]
+        for _ in range(3):
+            kernels._run(kernels.bind("onednn-matmul-1t", x, y, w, b, tile(b, 64), None, k.prepare(w)))
+        print(before, len(os.listdir("/proc/self/task")), float(y[0, 0]))
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"}).stdout.split()
+    assert out[0] == out[1] and float(out[2]) == 257.0, out
 
 
 def test_tuning_is_on_unless_switched_off(monkeypatch):
