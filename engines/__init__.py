@@ -2,9 +2,10 @@
 
 A new engine is one module with one ``Engine`` subclass and one line below.
 """
-from . import openblas_core
+from . import openblas_core, openmp_spin
 
 openblas_core.choose()      # before anything below loads NumPy, and with it OpenBLAS
+openmp_spin.choose()        # before MKL or oneDNN load GNU OpenMP
 
 from .arena import ArenaEngine
 from .base import Engine, EngineBusy, EngineUnavailable

@@ -33,7 +33,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from engines import ENGINES, EngineUnavailable, OnnxImportError, load_onnx
+from engines import ENGINES, EngineUnavailable, OnnxImportError, load_onnx, openmp_spin
 from engines.kernels import TUNE_ENV, cpu_model, tuning_enabled
 
 from . import heap, targets
@@ -335,6 +335,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
     return {
         "cpu": cpu_model(), "kernel_tuning": "on (the default)" if tuning_enabled() else f"off ({TUNE_ENV}=0)",
         "openblas": _openblas_kernels(),
+        "openmp": openmp_spin.CHOICE,
         "engines": names, "models": list(grid), "cases": [asdict(s) for s in cases],
         "rounds": rounds, "recheck_rounds": recheck_rounds,
         "rechecked": [s.id for s in rechecked],
@@ -380,7 +381,8 @@ def _openblas_kernels() -> str:
 def _preamble(report: dict) -> list[str]:
     r = report["roofs"]
     return [f"CPU: {report.get('cpu', 'not recorded')}; kernel tuning {report.get('kernel_tuning', 'not recorded')}; "
-            f"NumPy's OpenBLAS kernels: {report.get('openblas', 'not recorded')}",
+            f"NumPy's OpenBLAS kernels: {report.get('openblas', 'not recorded')}; "
+            f"GNU OpenMP (MKL, oneDNN): {report.get('openmp', 'not recorded')}",
             f"roofs: matmul {r['gflops']:.0f} GFLOP/s, copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
             f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape"
             f"{_rechecked(report)}; heap: {report.get('heap', 'not recorded')}",

@@ -4,12 +4,13 @@ For each pool setting (one subprocess each, since OpenMP reads its settings
 when it loads; MKL and oneDNN both run on GNU OpenMP), rounds of: a block of the engine, then at once 20
 calls of the neighbour (naive at mlp b8 d256, on NumPy's OpenBLAS), then the
 neighbour alone for 0.4 s (longer than any pool spins) and 20 more calls as
-its reference. Printed per setting: the engine's time per call, the
-neighbour's right after the engine and after itself, and their ratio (the
-neighbour's cost). Medians over the rounds.
+its reference, then the engine alone for 0.4 s and a block of it as its
+reference. Printed per setting, both ways: the engine's time per call alone
+and right after the neighbour, and the neighbour's alone and right after the
+engine, each with its ratio (the cost). Medians over the rounds.
 
     python scripts/neighbour_cost.py                       # packed at mlp b32 d1024, every setting
-    python scripts/neighbour_cost.py --engine fused --shape 32x1024
+    python scripts/neighbour_cost.py --engine onednn --shape 8x256
 """
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ ENGINE_BLOCK_S = 0.02      # the engine's block
 NEIGHBOUR_CALLS = 20       # the neighbour's calls timed right after it
 QUIET_S = 0.4              # the neighbour alone this long before its reference calls
 SETTINGS = {                                   # name -> environment for the subprocess
-    "default (GNU OpenMP, OMP_WAIT_POLICY unset)": {},
+    "project's (GOMP_SPINCOUNT=3000)": {},
+    "GNU OpenMP's (GOMP_SPINCOUNT=300000)": {"GOMP_SPINCOUNT": "300000"},
     "OMP_WAIT_POLICY=passive": {"OMP_WAIT_POLICY": "passive"},
-    "OMP_WAIT_POLICY=active": {"OMP_WAIT_POLICY": "active"},
+    "GOMP_SPINCOUNT=100": {"GOMP_SPINCOUNT": "100"},
+    "GOMP_SPINCOUNT=1000": {"GOMP_SPINCOUNT": "1000"},
     "GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
 }
 
@@ -63,16 +66,19 @@ def child(engine: str, batch: int, dim: int, rounds: int) -> dict:
     nmodel = MODELS["mlp"](dim=256)
     naive = ENGINES["naive"](nmodel, 8)
     nx = nmodel.random_input(8, rng=0)
-    after_engine, after_self, engine_s = [], [], []
+    after_engine, after_self, engine_after, engine_alone = [], [], [], []
     for r in range(rounds):
-        engine_s.append(_block(eng.forward, x, ENGINE_BLOCK_S))
+        engine_after.append(_block(eng.forward, x, ENGINE_BLOCK_S))       # right after the neighbour's calls
         after_engine.append(_calls(naive.forward, nx, NEIGHBOUR_CALLS))    # at once, no settling
         _block(naive.forward, nx, QUIET_S)           # longer than any pool's spin: the engine's pool idle
         after_self.append(_calls(naive.forward, nx, NEIGHBOUR_CALLS))
+        _block(eng.forward, x, QUIET_S)              # the neighbour's pool idle in turn
+        engine_alone.append(_block(eng.forward, x, ENGINE_BLOCK_S))
     med = lambda v: float(np.median(v))                   # noqa: E731
-    ratios = [a / b for a, b in zip(after_engine, after_self)]
-    return {"engine_us": 1e6 * med(engine_s), "neighbour_after_engine_us": 1e6 * med(after_engine),
-            "neighbour_after_itself_us": 1e6 * med(after_self), "neighbour_cost": med(ratios)}
+    return {"engine_alone_us": 1e6 * med(engine_alone), "engine_after_neighbour_us": 1e6 * med(engine_after),
+            "neighbour_after_engine_us": 1e6 * med(after_engine), "neighbour_after_itself_us": 1e6 * med(after_self),
+            "neighbour_cost": med([a / b for a, b in zip(after_engine, after_self)]),
+            "engine_cost": med([a / b for a, b in zip(engine_after, engine_alone)])}
 
 
 def main() -> int:
@@ -90,15 +96,17 @@ def main() -> int:
     from engines.kernels import cpu_model
     print(f"CPU: {cpu_model()}; {args.engine} at mlp b{batch} d{dim}; neighbour naive mlp b8 d256; "
           f"{args.rounds} interleaved rounds")
-    print(f"{'setting':<36} {'engine µs':>10} {'nb after engine':>16} {'nb after itself':>16} {'cost':>6}")
+    print(f"{"setting":<38} {'engine alone':>12} {'after nb':>9} {'cost':>6} {'nb alone':>9} "
+          f"{'after engine':>12} {'cost':>6}   (µs a call)")
     for name in args.settings.split(","):
         env = {**os.environ, **SETTINGS[name], "PYTHONPATH": str(ROOT), "MLEXEC_TUNE": os.environ.get(
             "MLEXEC_TUNE", "0")}           # untuned by default: packed on MKL's packed GEMM, the pool asked about
         out = subprocess.run([sys.executable, __file__, "--child", "--engine", args.engine, "--shape", args.shape,
                               "--rounds", str(args.rounds)], env=env, capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.splitlines()[-1])
-        print(f"{name:<36} {r['engine_us']:>10.1f} {r['neighbour_after_engine_us']:>16.1f} "
-              f"{r['neighbour_after_itself_us']:>16.1f} {r['neighbour_cost']:>5.2f}x", flush=True)
+        print(f"{name:<38} {r['engine_alone_us']:>12.1f} {r['engine_after_neighbour_us']:>9.1f} "
+              f"{r['engine_cost']:>5.2f}x {r['neighbour_after_itself_us']:>9.1f} "
+              f"{r['neighbour_after_engine_us']:>12.1f} {r['neighbour_cost']:>5.2f}x", flush=True)
     return 0
 
 
