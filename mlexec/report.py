@@ -308,7 +308,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
             measured[case] = (times, wrong, model.flops(case.batch), model.weight_bytes)
             del model
         after = roofs if roofs is not None else calibrate()
-        roofs = Roofs(max(before.gflops, after.gflops), max(before.gbytes_per_s, after.gbytes_per_s))
+        roofs = before.best(after)
         rows = _rows(measured, roofs, names)
         # A fixed number of extra rounds wherever a verdict is a close call, whichever side its
         # median fell on (stopping when it looked good would bias the verdicts), judged on all.
@@ -340,7 +340,7 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
         "rounds": rounds, "recheck_rounds": recheck_rounds,
         "rechecked": [s.id for s in rechecked],
         "block_seconds": block_seconds, "settle_seconds": settle_seconds, "threads": used_threads,
-        "heap": heap_state, "roofs": {"gflops": roofs.gflops, "gbytes_per_s": roofs.gbytes_per_s},
+        "heap": heap_state, "roofs": asdict(roofs),
         "rows": rows, "kernels": kernels,
         "targets": targets.as_dicts(targets.check(rows)),
         "unavailable": [{"engine": n, "reason": unavailable[n]} for n in names if n in unavailable],
@@ -383,7 +383,7 @@ def _preamble(report: dict) -> list[str]:
     return [f"CPU: {report.get('cpu', 'not recorded')}; kernel tuning {report.get('kernel_tuning', 'not recorded')}; "
             f"NumPy's OpenBLAS kernels: {report.get('openblas', 'not recorded')}; "
             f"GNU OpenMP (MKL, oneDNN): {report.get('openmp', 'not recorded')}",
-            f"roofs: matmul {r['gflops']:.0f} GFLOP/s, copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
+            f"roofs: matmul {r['gflops']:.0f} GFLOP/s ({r.get('matmul_by', 'numpy')}), copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
             f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape"
             f"{_rechecked(report)}; heap: {report.get('heap', 'not recorded')}",
             "× naive, × onnxruntime: median (IQR) over rounds of their time over this engine's (> 1: faster); "
