@@ -96,7 +96,7 @@ def main() -> int:
     from engines.kernels import cpu_model
     print(f"CPU: {cpu_model()}; {args.engine} at mlp b{batch} d{dim}; neighbour naive mlp b8 d256; "
           f"{args.rounds} interleaved rounds")
-    print(f"{"setting":<38} {'engine alone':>12} {'after nb':>9} {'cost':>6} {'nb alone':>9} "
+    print(f"{'setting':<38} {'engine alone':>12} {'after nb':>9} {'cost':>6} {'nb alone':>9} "
           f"{'after engine':>12} {'cost':>6}   (µs a call)")
     for name in args.settings.split(","):
         env = {**os.environ, **SETTINGS[name], "PYTHONPATH": str(ROOT), "MLEXEC_TUNE": os.environ.get(
