@@ -62,8 +62,11 @@ from .ops import aligned, tile, tiled_calls
 from .threads import blas_threads
 
 TUNE_ENV = "MLEXEC_TUNE"
-# Settings that change which kernels a library runs on the same CPU: part of the cache's key
-KERNEL_ENV = ("OPENBLAS_CORETYPE", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+# Settings that change which kernels a library runs on the same CPU, or how its pool waits between
+# calls (passive OpenMP workers made two-thread kernels 10x slower at small products): part of the
+# cache's key
+KERNEL_ENV = ("OPENBLAS_CORETYPE", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+              "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 CACHE_ENV = "MLEXEC_CACHE_DIR"
 CACHE_VERSION = 3           # bump when a kernel's calls change: older choices are then ignored
                             # (3: choices measured while the cores were busy are no longer cached)
@@ -196,8 +199,9 @@ def _one_mkl_thread(set_local, calls: tuple) -> None:
 
 def _openmp_threads() -> tuple:
     """(set-threads, get-threads) over every OpenMP runtime oneDNN may be running on: the GNU
-    OpenMP its library links, and the one a library loaded earlier put in the process's global
-    scope (MKL's Intel OpenMP), which oneDNN's calls then bind to instead."""
+    OpenMP its library links, and any that a library loaded earlier put in the process's global
+    scope, which oneDNN's calls then bind to instead (MKL's Intel OpenMP did, before MKL ran on
+    GNU's; PyTorch's own copy of GNU OpenMP can)."""
     lib = onednn_library()
     if lib is None:
         raise ImportError(_WHY["libdnnl"])
