@@ -408,14 +408,20 @@ def bind(name: str, x2, y2, w, b, b_tiled, residual, state=None) -> list:
             raise RuntimeError(f"kernel {name!r} cannot run here: {_WHY.get(library)}")
     if kernel.one_thread is None:
         return kernel.calls(x2, y2, w, b, b_tiled, residual, state)
-    if kernel.one_thread == "mkl":
-        pinned, pool = _one_mkl_thread, (_LIBS["mkl"].MKL_Set_Num_Threads_Local,)
-    else:
-        pinned, pool = _one_thread, _LIBS[kernel.one_thread]
     # made on one thread too: oneDNN splits a primitive's work for the threads it sees when made
     made = []
-    pinned(*pool, ((lambda: made.extend(kernel.calls(x2, y2, w, b, b_tiled, residual, state)), ()),))
-    return [(pinned, (*pool, tuple(made)))]
+    _run(on_one_thread(kernel.one_thread, [(lambda: made.extend(kernel.calls(x2, y2, w, b, b_tiled, residual, state)), ())]))
+    return on_one_thread(kernel.one_thread, made)
+
+
+def on_one_thread(pool: str, calls: list) -> list:
+    """``calls`` as one bound call that runs them with ``pool`` (a ``one_thread`` name: "mkl",
+    "numpy-threads", "scipy-threads", "openmp-threads") at one thread, then gives its count back."""
+    if _load(pool) is None:
+        raise RuntimeError(f"cannot set {pool} to one thread here: {_WHY.get(pool)}")
+    if pool == "mkl":
+        return [(_one_mkl_thread, (_LIBS["mkl"].MKL_Set_Num_Threads_Local, tuple(calls)))]
+    return [(_one_thread, (*_LIBS[pool], tuple(calls)))]
 
 
 # ---------------------------------------------------------------- measuring
