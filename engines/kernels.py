@@ -410,7 +410,8 @@ def bind(name: str, x2, y2, w, b, b_tiled, residual, state=None) -> list:
         return kernel.calls(x2, y2, w, b, b_tiled, residual, state)
     # made on one thread too: oneDNN splits a primitive's work for the threads it sees when made
     made = []
-    _run(on_one_thread(kernel.one_thread, [(lambda: made.extend(kernel.calls(x2, y2, w, b, b_tiled, residual, state)), ())]))
+    make = (lambda: made.extend(kernel.calls(x2, y2, w, b, b_tiled, residual, state)), ())
+    _run(on_one_thread(kernel.one_thread, [make]))
     return on_one_thread(kernel.one_thread, made)
 
 

@@ -383,7 +383,8 @@ def _preamble(report: dict) -> list[str]:
     return [f"CPU: {report.get('cpu', 'not recorded')}; kernel tuning {report.get('kernel_tuning', 'not recorded')}; "
             f"NumPy's OpenBLAS kernels: {report.get('openblas', 'not recorded')}; "
             f"GNU OpenMP (MKL, oneDNN): {report.get('openmp', 'not recorded')}",
-            f"roofs: matmul {r['gflops']:.0f} GFLOP/s ({r.get('matmul_by', 'numpy')}), copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
+            f"roofs: matmul {r['gflops']:.0f} GFLOP/s ({r.get('matmul_by', 'numpy')}), "
+            f"copy {r['gbytes_per_s']:.1f} GB/s (read + write); "
             f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape"
             f"{_rechecked(report)}; heap: {report.get('heap', 'not recorded')}",
             "× naive, × onnxruntime: median (IQR) over rounds of their time over this engine's (> 1: faster); "

@@ -4,19 +4,23 @@ import sys
 
 import pytest
 
-from engines import openmp_spin
+from engines import kernels, openmp_spin
 from tests.conftest import ROOT, subprocess_env
 
 
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    """``code`` in a fresh process whose environment says nothing of OpenMP's wait but ``env``."""
+    full = {k: v for k, v in subprocess_env().items() if k not in (openmp_spin.ENV, openmp_spin.POLICY_ENV)}
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**full, **env}, capture_output=True,
+                          text=True, check=True)
+
+
 def _spin(**env) -> tuple[str, str]:
-    """(CHOICE, GOMP_SPINCOUNT) in a fresh process that imports engines with ``env`` set."""
-    code = "import os, engines; from engines import openmp_spin; print(openmp_spin.CHOICE); print(os.environ.get('GOMP_SPINCOUNT'))"
-    full = subprocess_env()
-    for k in (openmp_spin.ENV, openmp_spin.POLICY_ENV):
-        full.pop(k, None)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**full, **env}, capture_output=True,
-                         text=True, check=True).stdout.splitlines()
-    return out[0], out[1]
+    """(CHOICE, GOMP_SPINCOUNT) once ``engines`` is imported."""
+    out = _run("import os, engines; from engines import openmp_spin; "
+               "print(openmp_spin.CHOICE); print(os.environ.get('GOMP_SPINCOUNT'))", **env)
+    said, spin = out.stdout.splitlines()
+    return said, spin
 
 
 def test_the_spin_is_bounded_unless_the_environment_says_how_to_wait():
@@ -32,13 +36,7 @@ def test_the_spin_is_bounded_unless_the_environment_says_how_to_wait():
 def test_gnu_openmp_reads_the_setting(env):
     """The setting reaches the runtime: GNU OpenMP reads it when oneDNN's library loads it, after
     ``engines`` set it (``OMP_DISPLAY_ENV=VERBOSE`` prints what the runtime took)."""
-    from engines import kernels
     if kernels.onednn_library() is None:
         pytest.skip("needs oneDNN's library (the onednn extra), which loads GNU OpenMP")
-    full = subprocess_env()
-    for k in (openmp_spin.ENV, openmp_spin.POLICY_ENV):
-        full.pop(k, None)
-    out = subprocess.run([sys.executable, "-c", "import engines; from engines import kernels; kernels.onednn_library()"],
-                         cwd=ROOT, env={**full, **env, "OMP_DISPLAY_ENV": "VERBOSE"}, capture_output=True, text=True,
-                         check=True)
+    out = _run("import engines; from engines import kernels; kernels.onednn_library()", OMP_DISPLAY_ENV="VERBOSE", **env)
     assert f"GOMP_SPINCOUNT = '{env.get('GOMP_SPINCOUNT', openmp_spin.SPINCOUNT)}'" in out.stderr
