@@ -653,7 +653,7 @@ class Linears:
         unit = x2.strides[1] == y2.strides[1] == x2.itemsize
         candidates = self.candidates if unit else ("numpy",)
         choice = choose(gemm, candidates, self.default(gemm) if unit else "numpy")
-        self.choices[gemm.key] = choice
+        self.choices.setdefault(gemm.key, choice)      # a second linear of that shape: the memo, 0 s
         kernel = KERNELS[choice.kernel]
         state = None
         if kernel.prepare is not None:
