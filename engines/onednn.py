@@ -34,7 +34,7 @@ import numpy as np
 from .base import EngineUnavailable
 from .conv import _conv_attrs, _pool_window, _split_pool
 from .fused import BIND, FusedEngine, FusedStep, _Lowering
-from .kernels import candidates, onednn_library
+from .kernels import candidates, on_one_thread, onednn_library
 from .onnx_passes import fuse_conv_activation, fuse_conv_add
 from .ops import aligned_empty
 
@@ -357,6 +357,18 @@ class OneDnnEngine(FusedEngine):
         """Without tuning: oneDNN's matmul, where it allocates nothing per call; else SciPy's
         gemm on one thread (SciPy is fused's own requirement)."""
         return "onednn-matmul" if matmul_fits(gemm) else "scipy-1t"
+
+    # NumPy's products (attention's per-head products, layernorm's and softmax's matvecs, an op's
+    # own matmuls) on one OpenBLAS thread: on NumPy's two-thread pool they alternated with
+    # OpenMP's and waited on its spinning workers
+    def _matvec_call(self, x, col, out):
+        return on_one_thread("numpy-threads", [super()._matvec_call(x, col, out)])[0]
+
+    def _batched_matmul_calls(self, a, b, out) -> list:
+        return on_one_thread("numpy-threads", super()._batched_matmul_calls(a, b, out))
+
+    def _matmul_calls(self, a, b, out) -> list:
+        return on_one_thread("numpy-threads", super()._matmul_calls(a, b, out))
 
     # --- lowering: which tensors are native, and the reorders between layouts --------------
 

@@ -140,3 +140,18 @@ def test_below_avx512_the_matmul_that_would_allocate_is_not_chosen(tmp_path):
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "MLEXEC_CACHE_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_numpys_products_run_on_one_openblas_thread():
+    """Attention's per-head products and the row reductions' matvecs stay off NumPy's two-thread
+    pool, which alternating with OpenMP's waited on its spinning workers: every NumPy matmul of a
+    transformer's forward runs inside a one-thread call, and the answer is still right."""
+    from engines import MODELS, kernels
+    model = MODELS["transformer"](dim=64, seed=1)
+    engine = ENGINES["onednn"](model, 2)
+    x = model.random_input(2, rng=4)
+    np.testing.assert_allclose(np.asarray(engine.forward(x), np.float64), model.reference(x), atol=1e-4, rtol=1e-4)
+    calls = engine._bound[2][1]
+    pinned = [c for fn, args in calls if fn is kernels._one_thread for c in args[-1]]
+    assert not any(fn is np.matmul for fn, _ in calls)
+    assert sum(fn is np.matmul for fn, _ in pinned) >= 2          # the scores' and the context's products
