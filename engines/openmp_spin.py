@@ -2,16 +2,15 @@
 
 MKL (``packed``) and oneDNN (``onednn``, and ``onednn-matmul`` in any engine) run on GNU OpenMP.
 Its workers spin 300,000 rounds after a parallel region before they sleep (``GOMP_SPINCOUNT``'s
-default when ``OMP_WAIT_POLICY`` is unset): milliseconds during which the code that runs next in
-the process, on two cores, waits for one. Measured on an idle AMD EPYC with
-``scripts/neighbour_cost.py`` (naive at mlp b8 d256 on NumPy's OpenBLAS, its first 20 calls right
-after a block of the ``onednn`` engine, against 20 calls after itself): 831 µs a call against 29.5
-after onednn at mlp b8 d256, 645 against 38 after it at b32 d1024. With ``GOMP_SPINCOUNT=3000`` the
-neighbour paid 1.30x, and the engine ran as fast as with the default (9.6 µs, 284 µs); at 100 its
-workers slept between the two linears of one forward (91 µs); ``OMP_WAIT_POLICY=passive`` made
-every region wake them (95 µs). docs/kernels.md has the tables. ``choose()`` sets
+default when ``OMP_WAIT_POLICY`` is unset): long enough here that the code run next in the
+process, on two cores, waits for one. ``scripts/neighbour_cost.py`` on an idle AMD EPYC (naive at
+mlp b8 d256 on NumPy's OpenBLAS, its first 20 calls right after a block of the ``onednn``
+engine, against 20 after itself): 5.6-30x slower after it with GNU's default, 1.25-1.5x with
+1,000-10,000 rounds (one run of 3.05x), the engine as fast as with the default (its own time
+moved 9.4-16 µs between processes of any setting). At 100 rounds, or ``OMP_WAIT_POLICY=passive``,
+its workers slept between the two linears of one forward: 78-95 µs. ``choose()`` sets
 ``SPINCOUNT`` unless ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` is already set (the switch: set
-either to keep another behaviour); ``CHOICE`` says what was done.
+either to keep another behaviour); ``CHOICE`` says what was done. docs/kernels.md has the tables.
 """
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ import os
 
 ENV = "GOMP_SPINCOUNT"
 POLICY_ENV = "OMP_WAIT_POLICY"
-SPINCOUNT = "3000"
+SPINCOUNT = "10000"         # the margin above 1,000 is for longer gaps between a forward's regions
 CHOICE = "not chosen yet"
 
 

@@ -27,13 +27,15 @@ sys.path.insert(0, str(ROOT))
 ENGINE_BLOCK_S = 0.02      # the engine's block
 NEIGHBOUR_CALLS = 20       # the neighbour's calls timed right after it
 QUIET_S = 0.4              # the neighbour alone this long before its reference calls
+WAIT_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")   # how OpenMP waits: only what a setting names
 SETTINGS = {                                   # name -> environment for the subprocess
-    "project's (GOMP_SPINCOUNT=3000)": {},
-    "GNU OpenMP's (GOMP_SPINCOUNT=300000)": {"GOMP_SPINCOUNT": "300000"},
+    "project's (engines.openmp_spin)": {},
+    "GNU's (GOMP_SPINCOUNT=300000)": {"GOMP_SPINCOUNT": "300000"},
     "OMP_WAIT_POLICY=passive": {"OMP_WAIT_POLICY": "passive"},
     "GOMP_SPINCOUNT=100": {"GOMP_SPINCOUNT": "100"},
     "GOMP_SPINCOUNT=1000": {"GOMP_SPINCOUNT": "1000"},
-    "GOMP_SPINCOUNT=10000": {"GOMP_SPINCOUNT": "10000"},
+    "GOMP_SPINCOUNT=3000": {"GOMP_SPINCOUNT": "3000"},
+    "GOMP_SPINCOUNT=30000": {"GOMP_SPINCOUNT": "30000"},
 }
 
 
@@ -99,7 +101,8 @@ def main() -> int:
     print(f"{'setting':<38} {'engine alone':>12} {'after nb':>9} {'cost':>6} {'nb alone':>9} "
           f"{'after engine':>12} {'cost':>6}   (µs a call)")
     for name in args.settings.split(","):
-        env = {**os.environ, **SETTINGS[name], "PYTHONPATH": str(ROOT), "MLEXEC_TUNE": os.environ.get(
+        inherited = {k: v for k, v in os.environ.items() if k not in WAIT_ENV}   # engines set one here
+        env = {**inherited, **SETTINGS[name], "PYTHONPATH": str(ROOT), "MLEXEC_TUNE": os.environ.get(
             "MLEXEC_TUNE", "0")}           # untuned by default: packed on MKL's packed GEMM, the pool asked about
         out = subprocess.run([sys.executable, __file__, "--child", "--engine", args.engine, "--shape", args.shape,
                               "--rounds", str(args.rounds)], env=env, capture_output=True, text=True, check=True)
