@@ -58,7 +58,8 @@ def _matmul_seconds(n: int, repeats: int) -> dict[str, float]:
 
 def calibrate(n: int = 2048, copy_mib: int = 64, repeats: int = 5) -> Roofs:
     """Best of a few runs: roofs are what the machine can do, so take its best moment. The copy
-    is one thread's: split over two threads it measured the same on an AMD EPYC (46-50 GB/s)."""
+    is one thread's: split over two threads it measured the same on an AMD EPYC in three
+    of four tries (46-50 GB/s; once 88)."""
     matmul = _matmul_seconds(n, repeats)
     by = min(matmul, key=matmul.get)
     src = np.ones(copy_mib * 2**20 // 4, dtype=np.float32)
