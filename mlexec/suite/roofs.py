@@ -36,8 +36,8 @@ def _matmul_seconds(n: int, repeats: int) -> dict[str, float]:
     """Best seconds of an n x n x n float32 GEMM by each multi-thread kernel that runs here
     without allocating (``engines.kernels``: NumPy's matmul, SciPy's and MKL's gemm, oneDNN's
     matmul), each timed on its own: the roof is what the fastest library reaches on this CPU.
-    NumPy's OpenBLAS alone set it at 275 GFLOP/s on an AMD EPYC where oneDNN's matmul ran the
-    engines' GEMMs at 490 (docs/kernels.md)."""
+    NumPy's OpenBLAS alone set it at 272-275 GFLOP/s on an AMD EPYC where oneDNN's matmul ran
+    this GEMM at 502-535 (docs/kernels.md)."""
     from engines import kernels
     from engines.ops import tile
 
