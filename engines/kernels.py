@@ -25,7 +25,8 @@ the fastest.
   A candidate whose fastest block is 2x slower than the best median after two
   rounds is dropped; past 0.6 s of timing the rounds stop at three.
 - **One pool per engine** (``candidates``): an engine is offered the kernels
-  of one multi-thread pool (NumPy's OpenBLAS, or MKL's for ``packed``) and
+  of one multi-thread pool (NumPy's OpenBLAS; OpenMP's, shared by MKL and oneDNN, for
+  ``packed`` and ``onednn``: ``POOLS``) and
   any kernel on one thread, plus its own default, which it keeps unless
   another is KEEP_DEFAULT faster. Two pools alternating on two cores wait for
   each other's spinning workers: timed that way, two-thread kernels lost 2-10x

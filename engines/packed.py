@@ -10,9 +10,9 @@ once into its blocked layout, for the linears where each measured fastest on
 this machine (``engines.kernels``: MKL's packed GEMM and plain ``sgemm``,
 oneDNN's matmul, each also on one thread, against NumPy's and SciPy's on one
 thread; with ``MLEXEC_TUNE=0`` the fixed rule: MKL's packed GEMM for more than
-one row above ``fused.blas_max_work`` multiply-adds). MKL runs on a CPU that
-is not Intel's at a fraction of its speed there (AMD EPYC: its GEMMs 2-4x
-slower than oneDNN's, docs/kernels.md), which oneDNN does not. Attention's
+one row above ``fused.blas_max_work`` multiply-adds). On CPUs that are not
+Intel's, MKL runs at a fraction of its speed and oneDNN does not (AMD EPYC:
+MKL's GEMMs 2-4x slower than oneDNN's, docs/kernels.md). Attention's
 per-head products, layernorm's and softmax's row reductions, the convolutions'
 GEMMs, and erf and GELU (MKL's vector math) run on MKL. MKL runs on GNU OpenMP,
 the runtime oneDNN's CPU build links, so that one thread pool (sized like

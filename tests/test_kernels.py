@@ -143,10 +143,13 @@ def test_libraries_on_two_pools_are_refused():
 @pytest.mark.skipif("onednn-matmul-1t" not in AVAILABLE, reason="needs oneDNN (the onednn extra)")
 def test_onednn_on_one_thread_runs_on_one_thread():
     """oneDNN splits a primitive's work for the OpenMP threads it sees when the primitive is made,
-    and its calls bind to the OpenMP runtime MKL loaded when that came first: the -1t kernel makes
-    and runs its primitive on one thread, and no OpenMP worker starts for it."""
+    and its calls bind to whichever OpenMP runtime reached the process's global scope first (MKL
+    loads before it in an engine's build): the -1t kernel makes and runs its primitive on one
+    thread, and no OpenMP worker starts for it."""
     import subprocess
     import sys
+
+    from tests.conftest import ROOT, subprocess_env
     code = """if True:
         import os, numpy as np
         from engines import kernels
@@ -160,8 +163,8 @@ def test_onednn_on_one_thread_runs_on_one_thread():
             kernels._run(kernels.bind("onednn-matmul-1t", x, y, w, b, tile(b, 64), None, k.prepare(w)))
         print(before, len(os.listdir("/proc/self/task")), float(y[0, 0]))
     """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "2"}).stdout.split()
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                         env={**subprocess_env(), "OMP_NUM_THREADS": "2"}).stdout.split()
     assert out[0] == out[1] and float(out[2]) == 257.0, out
 
 
