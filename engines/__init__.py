@@ -1,38 +1,26 @@
 """Execution engines for the model zoo, behind one interface and one registry.
 
-A new engine is one module with one ``Engine`` subclass and one line below.
+The public API: ``ENGINES`` (name -> class), ``MODELS`` (the zoo), ``load_onnx``, ``Engine`` and
+its errors, ``EnginePool``. The subpackages are layers, each importing only those below it
+(``docs/architecture.md``; a test checks it):
+
+    pool, registry          the engines by name; a pool of workers
+    planned | peers         the project's engines (one per module) | other runtimes
+    base | importer | kernels   the Engine interface | ONNX -> IR | kernel choice per GEMM
+    ir | native             model IR and op tables | MKL, oneDNN, OpenBLAS, OpenMP bindings
+    planner                 static memory planning
+    memory | errors         aligned buffers | the errors engines raise
 """
-from . import openblas_core, openmp_spin
+from .native import openblas, openmp
 
-openblas_core.choose()      # before anything below loads NumPy, and with it OpenBLAS
-openmp_spin.choose()        # before MKL or oneDNN load GNU OpenMP
+openblas.choose()      # before anything below loads NumPy, and with it OpenBLAS
+openmp.choose()        # before MKL or oneDNN load GNU OpenMP
 
-from .arena import ArenaEngine
-from .base import Engine, EngineBusy, EngineUnavailable
-from .fused import FusedEngine
-from .models import MODELS, Model, Op
-from .naive import NaiveEngine
-from .onnx_import import OnnxImportError, load_onnx
-from .onednn import OneDnnEngine
-from .onnxrt import OnnxRuntimeEngine
-from .packed import PackedEngine
-from .pool import EnginePool
-from .static import StaticEngine
-from .torch_compile import TorchCompileEngine
-from .torch_eager import TorchEngine
-
-ENGINES: dict[str, type[Engine]] = {
-    "naive": NaiveEngine,
-    "static": StaticEngine,
-    "arena": ArenaEngine,
-    "fused": FusedEngine,       # optional extra "fast" (SciPy BLAS)
-    "packed": PackedEngine,     # optional extras "fast" and "mkl" (MKL's packed GEMM)
-    "onednn": OneDnnEngine,     # optional extras "fast" and "onednn" (oneDNN's convolutions)
-    # peers (optional extra "peers"): raise EngineUnavailable when their package is missing
-    "onnxruntime": OnnxRuntimeEngine,
-    "torch": TorchEngine,
-    "torch-compile": TorchCompileEngine,
-}
+from .base import Engine, EngineBusy, EngineUnavailable  # noqa: E402  (after the two choices above)
+from .importer.load import OnnxImportError, load_onnx  # noqa: E402
+from .ir.models import MODELS, Model, Op  # noqa: E402
+from .pool import EnginePool  # noqa: E402
+from .registry import ENGINES  # noqa: E402
 
 __all__ = ["ENGINES", "MODELS", "Engine", "EngineBusy", "EnginePool", "EngineUnavailable", "Model",
            "OnnxImportError", "Op", "load_onnx"]

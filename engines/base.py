@@ -3,17 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .models import Model
+from .errors import EngineBusy, EngineUnavailable
+from .ir.models import Model
+
+__all__ = ["Engine", "EngineBusy", "EngineUnavailable"]
 
 _F32 = np.dtype(np.float32)
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine's optional dependency is missing; the message says what to install."""
-
-
-class EngineBusy(RuntimeError):
-    """A thread called ``forward`` on an engine another thread owns; the message names the remedies."""
 
 
 class Engine:

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Mapping, Sequence
 
-ALIGNMENT = 64  # cache-line aligned offsets
+from .memory import ALIGNMENT
+
 # Orders tried when no fixed order reaches the lower bound. SqueezeNet and Inception v2 with
 # their first convs and pools fused, at 1.0625x by every fixed order, reach it within 17 tries
 # of the size order with each size scaled by a seeded random factor in [0.5, 1.5); DenseNet-121

@@ -22,13 +22,12 @@ from typing import Iterator
 import numpy as np
 
 from .base import Engine
-from .models import Model
+from .ir.models import Model
+from .registry import ENGINES
 
 
 class EnginePool:
     def __init__(self, name: str, model: Model, max_batch: int, size: int):
-        from . import ENGINES
-
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size must be an integer >= 1, got {size!r}")
         first = ENGINES[name](model, max_batch)

@@ -40,7 +40,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from engines import ENGINES, MODELS, EngineUnavailable, Model, OnnxImportError, load_onnx
-from engines.models import ABS_TOL
+from engines.ir.models import ABS_TOL
 
 from . import heap
 from .case import Case

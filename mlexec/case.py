@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 
 from engines import MODELS
-from engines.models import Model
+from engines.ir.models import Model
 
 # An id with a prefix (a test's ``engine-model-bB-dD[-sS]``): ``head`` is everything before the batch.
 ID_PATTERN = re.compile(r"^(?P<head>.+?)-b(?P<batch>\d+)-d(?P<dim>\d+)(?:-s(?P<seq>\d+))?$")

@@ -33,7 +33,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from engines import ENGINES, EngineUnavailable, OnnxImportError, load_onnx, openmp_spin
+from engines import ENGINES, EngineUnavailable, OnnxImportError, load_onnx
+from engines.native import openmp
 from engines.kernels import TUNE_ENV, cpu_model, tuning_enabled
 
 from . import heap, targets
@@ -330,12 +331,12 @@ def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = 
             rows = _rows(measured, roofs, names)
         if progress is not None:
             progress(len(cases) + len(again), len(cases) + len(again), None)
-        from engines.threads import blas_threads
+        from engines.native.threads import blas_threads
         used_threads = blas_threads()
     return {
         "cpu": cpu_model(), "kernel_tuning": "on (the default)" if tuning_enabled() else f"off ({TUNE_ENV}=0)",
         "openblas": _openblas_kernels(),
-        "openmp": openmp_spin.CHOICE,
+        "openmp": openmp.CHOICE,
         "engines": names, "models": list(grid), "cases": [asdict(s) for s in cases],
         "rounds": rounds, "recheck_rounds": recheck_rounds,
         "rechecked": [s.id for s in rechecked],
@@ -373,9 +374,9 @@ def _openblas_kernels() -> str:
     except ImportError:
         return "not known (threadpoolctl is not installed)"
 
-    from engines import openblas_core
+    from engines.native import openblas
     arch = [i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"]
-    return f"{arch[0] if arch else 'none loaded'} ({openblas_core.CHOICE})"
+    return f"{arch[0] if arch else 'none loaded'} ({openblas.CHOICE})"
 
 
 def _preamble(report: dict) -> list[str]:

@@ -19,9 +19,11 @@ import time
 
 import numpy as np
 
-from engines import conv
-from engines.conv import Window, tap_calls
-from engines.ops import OPS, aligned, tile, tiled_calls
+from engines.ir import conv
+from engines.ir.conv import Window, tap_calls
+from engines.ir.ops import OPS
+from engines.memory import aligned
+from engines.ir.calls import tile, tiled_calls
 
 # (name, C, O, H, kernel, stride, pad): ResNet-50 layers at 224x224
 LAYERS = [

@@ -24,7 +24,7 @@ import tempfile
 import numpy as np
 
 from engines import ENGINES, load_onnx
-from engines.threads import blas_threads
+from engines.native.threads import blas_threads
 
 
 def light_models() -> list[str]:

@@ -29,7 +29,7 @@ NEIGHBOUR_CALLS = 20       # the neighbour's calls timed right after it
 QUIET_S = 0.4              # the neighbour alone this long before its reference calls
 WAIT_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")   # how OpenMP waits: only what a setting names
 SETTINGS = {                                   # name -> environment for the subprocess
-    "project's (engines.openmp_spin)": {},
+    "project's (engines.native.openmp)": {},
     "GNU's (GOMP_SPINCOUNT=300000)": {"GOMP_SPINCOUNT": "300000"},
     "OMP_WAIT_POLICY=passive": {"OMP_WAIT_POLICY": "passive"},
     "GOMP_SPINCOUNT=100": {"GOMP_SPINCOUNT": "100"},

@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engines import ENGINES  # noqa: E402
-from engines.models import mlp  # noqa: E402
+from engines.ir.models import mlp  # noqa: E402
 from mlexec.timing import round_order, settle, time_block  # noqa: E402
 
 

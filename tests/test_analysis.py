@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from engines import ENGINES, MODELS, Engine, EngineUnavailable
-from engines.models import ABS_TOL
+from engines.ir.models import ABS_TOL
 from mlexec.analysis import LIMITS, AnalysisError, _model_size, estimate_bytes, parse_values, run_analysis, tile_values
 
 

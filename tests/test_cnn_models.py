@@ -35,8 +35,8 @@ ort = pytest.importorskip("onnxruntime", reason="the comparison runs ONNX Runtim
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from engines import ENGINES  # noqa: E402
-from engines.onnx_import import load_onnx  # noqa: E402
-from engines.onnx_passes import _rebuild, live_ops  # noqa: E402
+from engines.importer.load import load_onnx  # noqa: E402
+from engines.importer.passes import _rebuild, live_ops  # noqa: E402
 from tests.test_zero_alloc import BOOKKEEPING_BYTES, memray_peak, tracemalloc_peak  # noqa: E402
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
@@ -183,7 +183,7 @@ def test_no_array_allocation_per_warm_forward(engine, name):
 def test_refusals_are_listed_at_once_with_node_names():
     from onnx import TensorProto, helper
 
-    from engines.onnx_import import OnnxImportError
+    from engines.importer.load import OnnxImportError
     rng = np.random.default_rng(0)
     w = onnx.numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w")
     dw = onnx.numpy_helper.from_array(rng.standard_normal((16, 1, 3, 3)).astype(np.float32), "dw")

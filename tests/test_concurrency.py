@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, make_engine, subprocess_env
 from engines import ENGINES, MODELS, EngineBusy, EnginePool
-from engines.models import ABS_TOL
+from engines.ir.models import ABS_TOL
 
 PLANNED = sorted(name for name, cls in ENGINES.items() if cls.returns_view)
 

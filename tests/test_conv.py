@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from threadpoolctl import threadpool_limits
 
 from conftest import make_engine
-from engines import conv
-from engines.conv import CONV_OPS, POOL_PREFIX, Window, fold_batchnorm
-from engines.models import Model, Op
-from engines.ops import OPS
+from engines.ir import conv
+from engines.ir.conv import CONV_OPS, POOL_PREFIX, Window, fold_batchnorm
+from engines.ir.models import Model, Op
+from engines.ir.ops import OPS
 
 onnx = pytest.importorskip("onnx", reason="ONNX models are built with the onnx package (extra peers)")
 ort = pytest.importorskip("onnxruntime", reason="ONNX Runtime is the peer these kinds are checked against")
@@ -223,8 +223,8 @@ def test_conv_then_maxpool_holds_a_band_not_the_conv_output():
     (dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), group=2), "im2col"),
 ])
 def test_conv_takes_the_lowering_its_shape_allows(attrs, path):
-    from engines.conv import _conv_attrs, conv_path
-    win, group, _ = _conv_attrs(attrs)
+    from engines.ir.conv import conv_attrs, conv_path
+    win, group, _ = conv_attrs(attrs)
     assert conv_path(8, win, group) == path
     if path != "im2col":      # no im2col workspace: at most a per-channel block or one tap
         kk = win.kernel[0] * win.kernel[1]

@@ -3,11 +3,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engines import ENGINES, MODELS, fused, ops
+from engines import ENGINES, MODELS
+from engines.planned import fused
+from engines.ir import ops
 from conftest import SMALL_MODELS, make_engine
-from engines.ops import aligned, aligned_empty
-from engines.models import ABS_TOL, REL_TOL
-from engines.planner import ALIGNMENT
+from engines.memory import aligned, aligned_empty
+from engines.ir.models import ABS_TOL, REL_TOL
+from engines.memory import ALIGNMENT
 
 MAX_BATCH = 6
 

@@ -6,8 +6,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from engines import ENGINES, MODELS, EngineUnavailable, ops
-from engines.models import ABS_TOL, REL_TOL
+from engines import ENGINES, MODELS, EngineUnavailable
+from engines.ir import ops
+from engines.ir.models import ABS_TOL, REL_TOL
 
 MAX_BATCH = 9
 CASES = {

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from engines import ENGINES, MODELS, kernels
-from engines.models import ABS_TOL, REL_TOL
-from engines.ops import aligned, tile
+from engines.ir.models import ABS_TOL, REL_TOL
+from engines.memory import aligned
+from engines.ir.calls import tile
 
 AVAILABLE = [name for name in kernels.KERNELS if name not in kernels.unavailable()]
 
@@ -20,10 +21,10 @@ def tuned(monkeypatch, tmp_path):
     """Tuning on, a fresh cache folder, no choices remembered from earlier tests, short timing."""
     monkeypatch.setenv(kernels.TUNE_ENV, "1")
     monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(kernels, "_MEMO", {})
-    monkeypatch.setattr(kernels, "ROUND_BUDGET_S", 0.005)
-    monkeypatch.setattr(kernels, "MIN_ROUNDS", 3)
-    monkeypatch.setattr(kernels, "PARK_S", 0.001)
+    monkeypatch.setattr(kernels.choice, "_MEMO", {})
+    monkeypatch.setattr(kernels.timing, "ROUND_BUDGET_S", 0.005)
+    monkeypatch.setattr(kernels.timing, "MIN_ROUNDS", 3)
+    monkeypatch.setattr(kernels.timing, "PARK_S", 0.001)
     return tmp_path
 
 
@@ -51,7 +52,7 @@ def test_every_kernel_matches_float64(name, rows, transposed, residual):
     y = aligned(np.full((rows, 40), np.nan))
     calls = bound(name, x, w, b, b_tiled, res, y)
     for _ in range(2):                           # a second run must not accumulate onto the first
-        kernels._run(calls)
+        kernels.table._run(calls)
     np.testing.assert_allclose(y, expected, atol=ABS_TOL, rtol=REL_TOL)
 
 
@@ -65,7 +66,7 @@ def test_every_kernel_allocates_no_arrays(name):
         y = aligned(np.zeros((rows, 64)))
         calls = bound(name, x, w, b, b_tiled, res, y)
         for _ in range(3):
-            kernels._run(calls)
+            kernels.table._run(calls)
         # the least of 3 warm calls: a temporary shows in every call, a one-off of Python's own
         # bookkeeping (seen once in CI: 2,060 B at 256 rows) in one
         tracemalloc.start()
@@ -74,7 +75,7 @@ def test_every_kernel_allocates_no_arrays(name):
             for _ in range(3):
                 base = tracemalloc.get_traced_memory()[0]
                 tracemalloc.reset_peak()
-                kernels._run(calls)
+                kernels.table._run(calls)
                 each.append(tracemalloc.get_traced_memory()[1] - base)
             peaks.append(min(each))
         finally:
@@ -95,19 +96,21 @@ def test_native_allocations_are_what_the_kernel_declares(name):
     calls = bound(name, x, w, b, b_tiled, res, aligned(np.zeros((64, 256))))
     with threadpool_limits(1), tempfile.TemporaryDirectory() as tmp:
         for _ in range(3):
-            kernels._run(calls)
+            kernels.table._run(calls)
         peaks = []
         for session in range(3):
             path = os.path.join(tmp, f"calls{session}.bin")
             with memray.Tracker(path):
                 for _ in range(3):
-                    kernels._run(calls)
+                    kernels.table._run(calls)
             peaks.append(memray.FileReader(path).metadata.peak_memory)
         peak = min(peaks)
     if kernels.KERNELS[name].allocates:
         assert peak > 16 * 1024, peak
     else:
-        assert peak <= 1024, peak                  # NumPy's matmul keeps 96 B of its own
+        # NumPy's matmul keeps 96 B of its own; MKL on one thread opens a GNU OpenMP parallel region
+        # whose team (1,568 B, freed on return) is allocated per call on an Intel Xeon
+        assert peak <= 2048, peak
 
 
 def test_zero_allocation_engines_never_offer_an_allocating_kernel():
@@ -120,7 +123,7 @@ def test_a_kernel_that_would_allocate_for_a_gemm_is_no_candidate_for_it(tuned, m
     scipy = kernels.KERNELS["scipy"]
     monkeypatch.setitem(kernels.KERNELS, "scipy", kernels.Kernel(scipy.library, scipy.calls, fits=lambda g: g.rows < 8))
     seen = []
-    monkeypatch.setattr(kernels, "measure", lambda gemm, names, *a, **k: seen.append(names) or dict.fromkeys(names, 1e-6))
+    monkeypatch.setattr(kernels.timing, "measure", lambda gemm, names, *a, **k: seen.append(names) or dict.fromkeys(names, 1e-6))
     assert kernels.choose(kernels.Gemm(4, 32, 32), ("numpy", "scipy"), "numpy").kernel == "numpy"
     assert kernels.choose(kernels.Gemm(16, 32, 32), ("numpy", "scipy"), "numpy").kernel == "numpy"
     assert seen == [["numpy", "scipy"]]              # at 16 rows numpy alone: nothing to measure
@@ -153,14 +156,15 @@ def test_onednn_on_one_thread_runs_on_one_thread():
     code = """if True:
         import os, numpy as np
         from engines import kernels
-        from engines.ops import aligned, tile
+        from engines.memory import aligned
+        from engines.ir.calls import tile
         kernels.unavailable()                      # MKL first, as an engine's build loads them
         before = len(os.listdir("/proc/self/task"))
         x, w, b = aligned(np.ones((64, 256))), aligned(np.ones((256, 256))), aligned(np.ones(256))
         y = aligned(np.zeros((64, 256)))
         k = kernels.KERNELS["onednn-matmul-1t"]
         for _ in range(3):
-            kernels._run(kernels.bind("onednn-matmul-1t", x, y, w, b, tile(b, 64), None, k.prepare(w)))
+            kernels.table._run(kernels.bind("onednn-matmul-1t", x, y, w, b, tile(b, 64), None, k.prepare(w)))
         print(before, len(os.listdir("/proc/self/task")), float(y[0, 0]))
     """
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
@@ -183,7 +187,7 @@ def test_the_default_is_measured_and_kept_unless_another_is_clearly_faster(tuned
     def measure(gemm, names, *a, **k):
         seen.extend(names)
         return {"numpy": numpy_us * 1e-6, "scipy": 1e-6}
-    monkeypatch.setattr(kernels, "measure", measure)
+    monkeypatch.setattr(kernels.timing, "measure", measure)
     choice = kernels.choose(kernels.Gemm(4, 32, 32), ("numpy",), "scipy")
     assert seen == ["numpy", "scipy"] and (choice.kernel, choice.default) == (chosen, "scipy")
 
@@ -197,8 +201,8 @@ def test_choice_is_measured_once_then_read_from_the_cache(tuned, monkeypatch):
     saved = json.loads(path.read_text())
     assert saved["machine"]["cpu"] == kernels.cpu_model()
     assert not list(tuned.glob("*.tmp"))             # written by rename, nothing left behind
-    monkeypatch.setattr(kernels, "_MEMO", {})        # as a new process would
-    monkeypatch.setattr(kernels, "measure", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr(kernels.choice, "_MEMO", {})        # as a new process would
+    monkeypatch.setattr(kernels.timing, "measure", lambda *a, **k: pytest.fail("measured again"))
     again = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
     assert again.how == "cached" and again.kernel == first.kernel and again.times_s == first.times_s
 
@@ -206,8 +210,8 @@ def test_choice_is_measured_once_then_read_from_the_cache(tuned, monkeypatch):
 def test_a_second_build_in_the_same_process_reports_no_tuning_time(tuned, monkeypatch):
     """The memo's choice is the first build's, with none of its seconds (a fake clock: 2 s measured)."""
     clock = iter([0.0, 2.0])
-    monkeypatch.setattr(kernels.time, "perf_counter", lambda: next(clock))
-    monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 2e-6, "scipy": 1e-6})
+    monkeypatch.setattr(kernels.timing.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(kernels.timing, "measure", lambda *a, **k: {"numpy": 2e-6, "scipy": 1e-6})
     gemm = kernels.Gemm(4, 32, 32)
     first = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
     again = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
@@ -220,15 +224,15 @@ def test_a_choice_measured_while_the_cores_were_busy_is_used_but_not_cached(tune
     """Threads that waited for a core while measuring (another process) make the choice this
     process's only: the next build measures again."""
     waited = iter([10.0, 10.5, 20.0, 20.0])          # 0.5 s waited over the first measurement, none over the second
-    monkeypatch.setattr(kernels, "waiting_seconds", lambda: next(waited))
+    monkeypatch.setattr(kernels.timing, "waiting_seconds", lambda: next(waited))
     clock = iter([0.0, 1.0, 5.0, 6.0])
-    monkeypatch.setattr(kernels.time, "perf_counter", lambda: next(clock))
-    monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 2e-6, "scipy": 1e-6})
+    monkeypatch.setattr(kernels.timing.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(kernels.timing, "measure", lambda *a, **k: {"numpy": 2e-6, "scipy": 1e-6})
     gemm = kernels.Gemm(4, 32, 32)
     busy = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
     assert busy.kernel == "scipy" and busy.how.startswith("measured while busy (threads waited 0.50 s/s")
     assert not list(tuned.glob("kernels-*.json"))
-    monkeypatch.setattr(kernels, "_MEMO", {})
+    monkeypatch.setattr(kernels.choice, "_MEMO", {})
     idle = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
     assert idle.how == "measured" and list(tuned.glob("kernels-*.json"))
 
@@ -241,7 +245,7 @@ def test_large_weights_are_timed_cold_cycling_through_copies(monkeypatch):
     made = []
     monkeypatch.setattr(kernels, "COLD_WEIGHT_BYTES", 1)
     monkeypatch.setattr(kernels, "COLD_BYTES", 3 * 4 * 64 * 64)
-    monkeypatch.setattr(kernels, "PARK_S", 0.001)
+    monkeypatch.setattr(kernels.timing, "PARK_S", 0.001)
     real = kernels.bind
     monkeypatch.setattr(kernels, "bind", lambda name, x, y, w, *a: made.append((name, id(w))) or real(name, x, y, w, *a))
     times = kernels.measure(kernels.Gemm(4, 64, 64), ["numpy", "numpy-1t"], budget_s=0.002)
@@ -252,20 +256,20 @@ def test_large_weights_are_timed_cold_cycling_through_copies(monkeypatch):
 def test_only_a_measurement_right_after_one_of_the_same_candidates_skips_the_idle(monkeypatch):
     """One build's GEMMs back to back: the pools that may spin are the candidates' own."""
     slept = []
-    monkeypatch.setattr(kernels.time, "sleep", slept.append)
+    monkeypatch.setattr(kernels.timing.time, "sleep", slept.append)
     monkeypatch.setattr(kernels, "_last_measured", [None, 0.0])
     for names in (["numpy", "numpy-1t"], ["numpy", "numpy-1t"], ["scipy", "numpy-1t"]):
         kernels.measure(kernels.Gemm(4, 32, 32), names, budget_s=0.001)
-    assert slept == [kernels.PARK_S, kernels.PARK_S]
+    assert slept == [kernels.timing.PARK_S, kernels.timing.PARK_S]
     monkeypatch.setattr(kernels, "BACK_TO_BACK_S", -1.0)        # as if the last one ended long ago
     kernels.measure(kernels.Gemm(4, 32, 32), ["scipy", "numpy-1t"], budget_s=0.001)
     assert len(slept) == 3
 
 
 def test_a_candidate_dropped_early_is_cached_and_reported_as_not_measured(tuned, monkeypatch):
-    monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 1e-6, "scipy": float("inf")})
+    monkeypatch.setattr(kernels.timing, "measure", lambda *a, **k: {"numpy": 1e-6, "scipy": float("inf")})
     kernels.choose(kernels.Gemm(4, 32, 32), ("numpy", "scipy"), "scipy")
-    monkeypatch.setattr(kernels, "_MEMO", {})
+    monkeypatch.setattr(kernels.choice, "_MEMO", {})
     linears = kernels.Linears(("numpy", "scipy"), lambda gemm: "scipy")
     x, w, b, b_tiled, res, _ = operands(4, 32, 32, False, False)
     linears.calls(x, aligned(np.zeros((4, 32))), w, b, b_tiled, res)
@@ -290,7 +294,7 @@ def test_capping_a_librarys_instruction_set_is_another_machine(monkeypatch):
 
 def test_switch_off_measures_nothing_and_takes_the_default(tuned, monkeypatch):
     monkeypatch.setenv(kernels.TUNE_ENV, "0")
-    monkeypatch.setattr(kernels, "measure", lambda *a, **k: pytest.fail("measured with tuning off"))
+    monkeypatch.setattr(kernels.timing, "measure", lambda *a, **k: pytest.fail("measured with tuning off"))
     choice = kernels.choose(kernels.Gemm(4, 32, 32), ("numpy", "scipy"), "scipy")
     assert (choice.kernel, choice.how) == ("scipy", "default (MLEXEC_TUNE off)")
     assert not list(tuned.iterdir())
@@ -324,11 +328,11 @@ def test_tuned_engine_is_right_and_reports_every_linear(engine, tuned):
 def test_again_measures_afresh_and_overwrites(tuned, monkeypatch):
     gemm = kernels.Gemm(4, 32, 32)
     kernels.choose(gemm, ("numpy", "scipy"), "numpy")
-    monkeypatch.setattr(kernels, "_MEMO", {})
+    monkeypatch.setattr(kernels.choice, "_MEMO", {})
     monkeypatch.setenv(kernels.TUNE_ENV, "again")
-    monkeypatch.setattr(kernels, "measure", lambda *a, **k: {"numpy": 2e-6, "scipy": 1e-6})
+    monkeypatch.setattr(kernels.timing, "measure", lambda *a, **k: {"numpy": 2e-6, "scipy": 1e-6})
     assert kernels.choose(gemm, ("numpy", "scipy"), "numpy").how == "measured"
-    monkeypatch.setattr(kernels, "_MEMO", {})
+    monkeypatch.setattr(kernels.choice, "_MEMO", {})
     monkeypatch.setenv(kernels.TUNE_ENV, "1")
     assert kernels.choose(gemm, ("numpy", "scipy"), "numpy").kernel == "scipy"
 
@@ -341,5 +345,5 @@ def test_one_thread_kernels_give_back_a_callers_thread_limit():
     x, w, b, b_tiled, res, _ = operands(4, 32, 32, False, False)
     with threadpool_limits(1):
         for name in one_thread:
-            kernels._run(bound(name, x, w, b, b_tiled, res, aligned(np.zeros((4, 32)))))
+            kernels.table._run(bound(name, x, w, b, b_tiled, res, aligned(np.zeros((4, 32)))))
         assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {1}

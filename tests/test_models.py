@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from engines import MODELS
-from engines import ops
-from engines.models import Model, Op
+from engines.ir import ops
+from engines.ir.models import Model, Op
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

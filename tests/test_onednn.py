@@ -12,7 +12,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 
 from engines import ENGINES, EngineUnavailable, load_onnx  # noqa: E402
-from engines import onednn  # noqa: E402
+from engines.planned import onednn  # noqa: E402
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
@@ -152,6 +152,6 @@ def test_numpys_products_run_on_one_openblas_thread():
     x = model.random_input(2, rng=4)
     np.testing.assert_allclose(np.asarray(engine.forward(x), np.float64), model.reference(x), atol=1e-4, rtol=1e-4)
     calls = engine._bound[2][1]
-    pinned = [c for fn, args in calls if fn is kernels._one_thread for c in args[-1]]
+    pinned = [c for fn, args in calls if fn is kernels.table._one_thread for c in args[-1]]
     assert not any(fn is np.matmul for fn, _ in calls)
     assert sum(fn is np.matmul for fn, _ in pinned) >= 2          # the scores' and the context's products

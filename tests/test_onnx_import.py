@@ -14,8 +14,8 @@ onnx = pytest.importorskip("onnx", reason="importing ONNX files needs the peers 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from engines import ENGINES, EngineUnavailable, OnnxImportError, load_onnx  # noqa: E402
-from engines import onnx_passes  # noqa: E402
-from engines.onnx_import import file_workload, workload_version  # noqa: E402
+from engines.importer import passes as onnx_passes  # noqa: E402
+from engines.importer.load import file_workload, workload_version  # noqa: E402
 from tests.test_zero_alloc import memray_peak, tracemalloc_peak  # noqa: E402  (one way to measure)
 
 OWN = ["naive", "static", "arena", "fused", "packed", "onednn"]
@@ -562,7 +562,7 @@ def test_erf_and_gelu_run_as_a_polynomial_in_row_blocks_without_allocating():
     """Erf and the GELU pattern run Abramowitz-Stegun 7.1.26 in NumPy passes (SciPy's float32 erf
     took 6-7 ms on 512 x 1024): within 1e-6 of float64 erf over -6..6 and at 0, -0, ±inf and NaN,
     over more rows than one scratch block, allocating nothing per warm forward."""
-    from engines.ops import OPS, erf_scratch
+    from engines.ir.ops import OPS, erf_scratch
     from scipy.special import erf
     rows, width = 40, 900                           # 18 rows a block per sample: three blocks
     assert erf_scratch([(rows, width)]) == ((16384 // width, width),)

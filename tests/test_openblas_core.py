@@ -1,26 +1,26 @@
-"""engines.openblas_core: OpenBLAS's kernels chosen for the CPU before NumPy loads them."""
+"""engines.native.openblas: OpenBLAS's kernels chosen for the CPU before NumPy loads them."""
 import subprocess
 import sys
 
 from conftest import ROOT, subprocess_env
-from engines import openblas_core
+from engines.native import openblas
 
 ZEN4 = {"fma", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}
 
 
 def test_avx512_on_amd_asks_for_skylakex_and_nothing_else_does():
-    assert openblas_core.decide("AuthenticAMD", ZEN4) == "SkylakeX"
-    assert openblas_core.decide("AuthenticAMD", {"fma", "avx2"}) is None            # Zen 3 and older
-    assert openblas_core.decide("AuthenticAMD", ZEN4 - {"avx512bw"}) is None        # a subset missing
-    assert openblas_core.decide("GenuineIntel", ZEN4) is None       # OpenBLAS picks Intel's itself
+    assert openblas.decide("AuthenticAMD", ZEN4) == "SkylakeX"
+    assert openblas.decide("AuthenticAMD", {"fma", "avx2"}) is None            # Zen 3 and older
+    assert openblas.decide("AuthenticAMD", ZEN4 - {"avx512bw"}) is None        # a subset missing
+    assert openblas.decide("GenuineIntel", ZEN4) is None       # OpenBLAS picks Intel's itself
 
 
 def _choice(env_core: str | None, numpy_first: bool) -> tuple[str, str]:
     code = ("import sys, os\n" + ("import numpy\n" if numpy_first else "")
-            + "from engines import openblas_core\n"
-            + "openblas_core._cpu = lambda: ('AuthenticAMD', %r)\n" % ZEN4
+            + "from engines.native import openblas\n"
+            + "openblas._cpu = lambda: ('AuthenticAMD', %r)\n" % ZEN4
             + "os.environ.pop('OPENBLAS_CORETYPE', None) if %r is None else None\n" % env_core
-            + "print(openblas_core.choose()); print(os.environ.get('OPENBLAS_CORETYPE'))")
+            + "print(openblas.choose()); print(os.environ.get('OPENBLAS_CORETYPE'))")
     env = subprocess_env()
     env.pop("OPENBLAS_CORETYPE", None)
     if env_core:
@@ -40,13 +40,13 @@ def test_choose_sets_the_core_only_before_numpy_and_never_over_the_environment()
 
 def test_importing_engines_first_loads_the_chosen_kernels():
     """On this machine's CPU, with the variable unset: what threadpoolctl sees NumPy's OpenBLAS run."""
-    code = ("import engines\nfrom engines import openblas_core\nfrom threadpoolctl import threadpool_info\n"
+    code = ("import engines\nfrom engines.native import openblas\nfrom threadpoolctl import threadpool_info\n"
             "print([i.get('architecture') for i in threadpool_info() if i['internal_api'] == 'openblas'][0])")
     env = subprocess_env()
     env.pop("OPENBLAS_CORETYPE", None)
     arch = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           check=True).stdout.strip()
-    wanted = openblas_core.decide(*openblas_core._cpu())
+    wanted = openblas.decide(*openblas._cpu())
     if wanted is not None:
         assert arch == wanted
     else:

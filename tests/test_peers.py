@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from engines import ENGINES, MODELS, EngineUnavailable
-from engines.models import ABS_TOL, REL_TOL
+from engines.ir.models import ABS_TOL, REL_TOL
 
 MAX_BATCH = 4
 SMALL = {"mlp": dict(dim=64), "mlp-deep": dict(dim=64), "transformer": dict(dim=64, seq=16)}

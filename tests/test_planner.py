@@ -3,7 +3,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from engines import ENGINES, MODELS
-from engines.planner import ALIGNMENT, Step, plan_memory
+from engines.memory import ALIGNMENT
+from engines.planner import Step, plan_memory
 
 
 @st.composite

@@ -21,7 +21,7 @@ FAKE = '''
 import os, time
 import numpy as np
 from engines import ENGINES
-from engines.static import StaticEngine
+from engines.planned.static import StaticEngine
 
 
 class FakeEngine(StaticEngine):

@@ -18,8 +18,9 @@ import pytest
 import tracemalloc
 from threadpoolctl import threadpool_limits
 
-from engines import ENGINES, MODELS, ops
-from engines.static import StaticEngine
+from engines import ENGINES, MODELS
+from engines.ir import ops
+from engines.planned.static import StaticEngine
 
 BOOKKEEPING_BYTES = 4096
 # Engines may pick kernels by shape (fused: sgemv for one row, SciPy sgemm for small work,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from engines.models import ABS_TOL, REL_TOL
+from engines.ir.models import ABS_TOL, REL_TOL
 
 from . import session
 from .memory import BLAS_THREADS, MEMORY_CALLS, limit_bytes, warm_up

@@ -16,7 +16,7 @@ import os
 import time
 
 from engines import ENGINES
-from engines.static import StaticEngine
+from engines.planned.static import StaticEngine
 
 SLOWDOWN = float(os.environ.get("MLEXEC_PLANT_SLOWDOWN", "0.25"))
 

@@ -39,7 +39,7 @@ def _matmul_seconds(n: int, repeats: int) -> dict[str, float]:
     NumPy's OpenBLAS alone set it at 272-275 GFLOP/s on an AMD EPYC where oneDNN's matmul ran
     this GEMM at 502-535 (docs/kernels.md)."""
     from engines import kernels
-    from engines.ops import tile
+    from engines.ir.calls import tile
 
     gemm = kernels.Gemm(n, n, n)
     rng = np.random.default_rng(0)

@@ -1,7 +1,7 @@
 """The table that ends a benchmark run: naive vs every other engine, case by case."""
 from __future__ import annotations
 
-from engines.models import ABS_TOL
+from engines.ir.models import ABS_TOL
 
 from .grid import HEADLINE
 from ..units import fmt_bytes, fmt_time

@@ -26,14 +26,13 @@ from functools import partial
 
 import numpy as np
 
-from .base import EngineUnavailable
+from ..base import EngineUnavailable
 from .compiled import BoundEngine, arena_storage
-from .kernels import Gemm, Linears, candidates, cpu_model
-from .models import Model
-from .ops import (GELU_C, OPS, gather_keys, head_columns, keys_per_head, keys_scratch, maximum,
-                  mean_column, ones_column, rows2d, rowwise_scratch, softmax_rows, split_heads, standardize_calls,
-                  tile, tiled_calls, weight_layout, zero_rows)
-from .planner import Step
+from ..kernels import Gemm, Linears, candidates, cpu_model
+from ..ir.models import Model
+from ..ir.ops import GELU_C, OPS, gather_keys, head_columns, keys_per_head, keys_scratch, mean_column, rowwise_scratch, softmax_rows, split_heads, standardize_calls
+from ..ir.calls import maximum, ones_column, rows2d, tile, tiled_calls, weight_layout, zero_rows
+from ..planner import Step
 
 
 def _import_blas():
@@ -58,7 +57,7 @@ class FusedStep:
     attrs: Mapping = field(default_factory=dict)
 
 
-class _Lowering:
+class Lowering:
     """What lowering one model keeps between ops: where each model tensor lives, what was folded
     where, and the steps so far. Each ``LOWER`` entry reads and extends it."""
 
@@ -102,7 +101,7 @@ class _Lowering:
 
 # --- lowering: one entry per op kind fused's own way; False falls back to the op's calls ----------
 
-def _lower_layernorm(lw: _Lowering, i: int, op) -> bool:
+def _lower_layernorm(lw: Lowering, i: int, op) -> bool:
     """Standardize only: gamma and beta fold into the one linear that reads it."""
     nxt = lw.next_reader(op)
     if nxt is None or nxt.kind != "linear":
@@ -115,7 +114,7 @@ def _lower_layernorm(lw: _Lowering, i: int, op) -> bool:
     return True
 
 
-def _lower_linear(lw: _Lowering, i: int, op) -> bool:
+def _lower_linear(lw: Lowering, i: int, op) -> bool:
     """Folds what earlier steps deferred into the weights; a relu or a residual add right after
     it that alone reads it joins the step."""
     model, ops = lw.model, lw.ops
@@ -158,7 +157,7 @@ def _lower_linear(lw: _Lowering, i: int, op) -> bool:
     return True
 
 
-def _lower_attn_scores(lw: _Lowering, i: int, op) -> bool:
+def _lower_attn_scores(lw: Lowering, i: int, op) -> bool:
     """Scores on keys gathered once per forward; the 1/sqrt(d) is already in q's weights."""
     if op.inputs[0] not in lw.scaled:
         return False
@@ -169,13 +168,13 @@ def _lower_attn_scores(lw: _Lowering, i: int, op) -> bool:
     return True
 
 
-def _lower_attn_context(lw: _Lowering, i: int, op) -> bool:
+def _lower_attn_context(lw: Lowering, i: int, op) -> bool:
     out = lw.output(op.output, lw.model.shapes[op.output])
     lw.steps.append(FusedStep("attn_context", out, tuple(lw.where[t] for t in op.inputs), attrs=dict(op.attrs)))
     return True
 
 
-def _lower_gelu(lw: _Lowering, i: int, op) -> bool:
+def _lower_gelu(lw: Lowering, i: int, op) -> bool:
     """In place; when a linear reads it, stored as 2·gelu and the 0.5 goes into its weights."""
     if not lw.in_place(op):
         return False
@@ -189,7 +188,7 @@ def _lower_gelu(lw: _Lowering, i: int, op) -> bool:
     return True
 
 
-def _lower_softmax(lw: _Lowering, i: int, op) -> bool:
+def _lower_softmax(lw: Lowering, i: int, op) -> bool:
     """In place, its row sums on the engine's matvec."""
     if not lw.in_place(op):
         return False
@@ -198,7 +197,7 @@ def _lower_softmax(lw: _Lowering, i: int, op) -> bool:
     return True
 
 
-def _lower_calls(lw: _Lowering, i: int, op) -> bool:
+def _lower_calls(lw: Lowering, i: int, op) -> bool:
     """Any other op: its own ``engines.ops`` calls, its operands prepared once."""
     kind, model = OPS[op.kind], lw.model
     max_rows = lw.engine.max_batch * math.prod(model.shapes[model.input][:-1])
@@ -211,7 +210,7 @@ def _lower_calls(lw: _Lowering, i: int, op) -> bool:
     return True
 
 
-LOWER: dict[str, Callable[[_Lowering, int, object], bool]] = {
+LOWER: dict[str, Callable[[Lowering, int, object], bool]] = {
     "layernorm": _lower_layernorm, "linear": _lower_linear, "attn_scores": _lower_attn_scores,
     "attn_context": _lower_attn_context, "gelu": _lower_gelu, "softmax": _lower_softmax,
 }
@@ -330,14 +329,14 @@ class FusedEngine(BoundEngine):
 
     def _lower(self, model: Model) -> list[FusedStep]:
         """Ops -> fused steps (``LOWER``, else the op's own calls), weights folded once."""
-        lw = _Lowering(self, model)
+        lw = Lowering(self, model)
         for i, op in enumerate(model.ops):
             if i not in lw.skip:
                 self._lower_op(lw, i, op)
         self._output = lw.where[model.output]
         return lw.steps
 
-    def _lower_op(self, lw: _Lowering, i: int, op) -> None:
+    def _lower_op(self, lw: Lowering, i: int, op) -> None:
         """Op i as steps: its ``LOWER`` entry, else its own calls. An engine with steps of its own
         for some kinds extends this."""
         if not LOWER.get(op.kind, _lower_calls)(lw, i, op):

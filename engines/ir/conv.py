@@ -44,7 +44,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .ops import TILE_BYTES, Calls, OpKind, aligned, maximum
+from .calls import TILE_BYTES, Calls, OpKind, maximum
+from ..memory import aligned
 
 
 def split_view(a: np.ndarray, shape) -> np.ndarray:
@@ -204,7 +205,7 @@ COL_COLUMNS = 2048
 CONV_ATTRS = ("kernel_shape", "strides", "pads", "dilations", "group", "activation", "clip_min", "clip_max")
 
 
-def _conv_attrs(attrs):
+def conv_attrs(attrs):
     unknown = set(attrs) - set(CONV_ATTRS)
     if unknown:
         raise ValueError(f"conv: unknown attributes {sorted(unknown)}; expected some of {CONV_ATTRS}")
@@ -226,7 +227,7 @@ def conv_path(channels: int, win: Window, group: int) -> str:
 
 def conv_lowering(channels: int, attrs) -> str:
     """``conv_path`` of a conv op with these (ONNX) attributes on this many input channels."""
-    win, group, _ = _conv_attrs(attrs)
+    win, group, _ = conv_attrs(attrs)
     return conv_path(channels, win, group)
 
 
@@ -240,7 +241,7 @@ def conv_eager(x, w, b, **attrs):
     """Tap by tap: y += W[:, :, i, j] @ (the inputs under tap (i, j)), per group. Not an einsum over
     every window: that builds the whole im2col (15 MB for one 3x3 64-channel layer at 56 x 56,
     whose output is 0.8 MB); this holds the padded input, one tap and two outputs."""
-    win, group, act = _conv_attrs(attrs)
+    win, group, act = conv_attrs(attrs)
     batch, channels = x.shape[:2]
     out_ch, cg, kh, kw = w.shape
     if (kh, kw) != win.kernel or cg * group != channels:
@@ -265,7 +266,7 @@ def conv_prepare(w, b, max_rows):
 
 
 def conv_scratch(in_shapes, **attrs):
-    (channels, h, w_), (win, group, _) = in_shapes[0], _conv_attrs(attrs)
+    (channels, h, w_), (win, group, _) = in_shapes[0], conv_attrs(attrs)
     oh, ow = win.out_size(h, w_)
     path = conv_path(channels, win, group)
     if path == "gemm":
@@ -289,7 +290,7 @@ def col_rows(channels: int, win: Window, oh: int, ow: int) -> int:
 
 
 def conv_calls(out, x, wb, *scratch, **attrs) -> Calls:
-    win, group, act = _conv_attrs(attrs)
+    win, group, act = conv_attrs(attrs)
     batch, channels, h, w_ = x.shape
     out_ch, oh, ow = out.shape[1:]
     cg, kk = channels // group, win.kernel[0] * win.kernel[1]
@@ -356,7 +357,7 @@ def _im2col_calls(dst, x, wb, col, win: Window, group: int, lo: int = 0) -> Call
 
 
 def conv_flops(in_shapes, out_shape, **attrs):
-    win, group, _ = _conv_attrs(attrs)
+    win, group, _ = conv_attrs(attrs)
     out_ch, oh, ow = out_shape
     return out_ch * oh * ow * (2 * in_shapes[0][0] // group * win.kernel[0] * win.kernel[1] + 1)
 
@@ -379,7 +380,7 @@ def fold_batchnorm(w, b, scale, bias, mean, var, eps):
 POOL_ATTRS = ("kernel_shape", "strides", "pads", "dilations", "ceil_mode", "count_include_pad")
 
 
-def _pool_window(attrs) -> Window:
+def pool_window(attrs) -> Window:
     unknown = set(attrs) - set(POOL_ATTRS)
     if unknown:
         raise ValueError(f"pool: unknown attributes {sorted(unknown)}; expected some of {POOL_ATTRS}")
@@ -388,7 +389,7 @@ def _pool_window(attrs) -> Window:
 
 def pool_scratch(in_shapes, **attrs):
     channels, h, w = in_shapes[0]
-    return ((channels, *_pool_window(attrs).out_size(h, w)),)        # one gathered tap
+    return ((channels, *pool_window(attrs).out_size(h, w)),)        # one gathered tap
 
 
 def _pool_calls(ufunc, fill, out, x, tap, win) -> Calls:
@@ -401,15 +402,15 @@ def _pool_calls(ufunc, fill, out, x, tap, win) -> Calls:
 
 
 def maxpool_eager(x, **attrs):
-    return _pool_window(attrs).windows(x, -np.inf).max(axis=(-2, -1))
+    return pool_window(attrs).windows(x, -np.inf).max(axis=(-2, -1))
 
 
 def maxpool_calls(out, x, tap, **attrs) -> Calls:
-    return _pool_calls(maximum, -np.inf, out, x, tap, _pool_window(attrs))
+    return _pool_calls(maximum, -np.inf, out, x, tap, pool_window(attrs))
 
 
 def avgpool_eager(x, count_include_pad=0, **attrs):
-    win = _pool_window(attrs)
+    win = pool_window(attrs)
     total = win.windows(x, 0.0).sum(axis=(-2, -1))
     return total / _pool_counts(x.shape[-2:], win, bool(count_include_pad)).astype(x.dtype)
 
@@ -437,7 +438,7 @@ def _pool_counts(hw, win: Window, count_include_pad: bool) -> np.ndarray:
 
 
 def avgpool_calls(out, x, tap, count_include_pad=0, **attrs) -> Calls:
-    win = _pool_window(attrs)
+    win = pool_window(attrs)
     calls = _pool_calls(np.add, 0.0, out, x, tap, win)
     counts = _pool_counts(x.shape[-2:], win, bool(count_include_pad))
     if np.all(counts == counts.flat[0]):
@@ -447,7 +448,7 @@ def avgpool_calls(out, x, tap, count_include_pad=0, **attrs) -> Calls:
 
 
 def pool_flops(in_shapes, out_shape, **attrs):
-    win = _pool_window(attrs)
+    win = pool_window(attrs)
     return math.prod(out_shape) * win.kernel[0] * win.kernel[1]
 
 
@@ -472,7 +473,7 @@ def globalavgpool_calls(out, x) -> Calls:
 # --- a 1x1 conv and the residual added to it, one op ----------------------------------------
 
 def conv_add_eager(x, r, w, b, **attrs):
-    _, _, act = _conv_attrs(attrs)
+    _, _, act = conv_attrs(attrs)
     plain = {k: v for k, v in attrs.items() if k not in ("activation", "clip_min", "clip_max")}
     return activation_eager(conv_eager(x, w, b, **plain) + r, **act)
 
@@ -495,7 +496,7 @@ def conv_add_calls(out, x, r, wb, gemm, bias_block, **attrs) -> Calls:
     # Per block of output channels and sample: the GEMM into a contiguous block, the bias added
     # there, then out = residual + block (out may be the residual's own storage: in place, the
     # element read before it is written). NumPy's matmul cannot accumulate onto the residual.
-    _, _, act = _conv_attrs(attrs)
+    _, _, act = conv_attrs(attrs)
     batch, channels, h, w_ = x.shape
     out_ch, plane = out.shape[1], h * w_
     x3, r3, y3 = (split_view(a, (a.shape[0], a.shape[1], plane)) for a in (x, r, out))
@@ -529,7 +530,7 @@ POOL_PREFIX = "pool_"
 BAND_BYTES = 512 * 1024
 
 
-def _split_pool(attrs) -> tuple[dict, dict]:
+def split_pool(attrs) -> tuple[dict, dict]:
     """A conv_maxpool's attributes as (the conv's, the pool's)."""
     conv = {k: v for k, v in attrs.items() if not k.startswith(POOL_PREFIX) and k != "out_channels"}
     return conv, {k[len(POOL_PREFIX):]: v for k, v in attrs.items() if k.startswith(POOL_PREFIX)}
@@ -537,8 +538,8 @@ def _split_pool(attrs) -> tuple[dict, dict]:
 
 def _conv_pool_attrs(attrs):
     """(conv window, group, activation attrs, output channels, pool window) of a conv_maxpool."""
-    conv, pool = _split_pool(attrs)
-    return (*_conv_attrs(conv), int(attrs["out_channels"]), _pool_window(pool))
+    conv, pool = split_pool(attrs)
+    return (*conv_attrs(conv), int(attrs["out_channels"]), pool_window(pool))
 
 
 def _pool_band(out_ch: int, conv_hw: tuple[int, int], pool: Window) -> tuple[int, int]:
@@ -552,7 +553,7 @@ def _pool_band(out_ch: int, conv_hw: tuple[int, int], pool: Window) -> tuple[int
 
 
 def conv_maxpool_eager(x, w, b, **attrs):
-    conv, pool = _split_pool(attrs)
+    conv, pool = split_pool(attrs)
     return maxpool_eager(conv_eager(x, w, b, **conv), **pool)
 
 
@@ -597,7 +598,7 @@ def conv_maxpool_calls(out, x, wb, col, band, acc, tap, **attrs) -> Calls:
 
 def conv_maxpool_flops(in_shapes, out_shape, **attrs):
     win, _, _, out_ch, pool = _conv_pool_attrs(attrs)
-    conv = conv_flops(in_shapes, (out_ch, *win.out_size(*in_shapes[0][1:])), **_split_pool(attrs)[0])
+    conv = conv_flops(in_shapes, (out_ch, *win.out_size(*in_shapes[0][1:])), **split_pool(attrs)[0])
     return conv + math.prod(out_shape) * pool.kernel[0] * pool.kernel[1]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Engine
+from ..base import Engine
 
 
 class NaiveEngine(Engine):

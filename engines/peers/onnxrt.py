@@ -15,9 +15,9 @@ import math
 
 import numpy as np
 
-from .base import Engine, EngineUnavailable
-from .models import Model
-from .threads import blas_threads
+from ..base import Engine, EngineUnavailable
+from ..ir.models import Model
+from ..native.threads import blas_threads
 
 OPSET = 20   # LayerNormalization (17) and Gelu with approximate="tanh" (20)
 

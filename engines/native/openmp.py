@@ -14,6 +14,7 @@ either to keep another behaviour); ``CHOICE`` says what was done. docs/kernels.m
 """
 from __future__ import annotations
 
+import ctypes
 import os
 
 ENV = "GOMP_SPINCOUNT"
@@ -33,3 +34,28 @@ def choose() -> str:
         os.environ[ENV] = SPINCOUNT
         CHOICE = f"{ENV}={SPINCOUNT} (idle workers spin briefly, then sleep)"
     return CHOICE
+
+
+def threads(lib: ctypes.CDLL) -> tuple:
+    """(set-threads, get-threads) over every OpenMP runtime oneDNN may be running on: the GNU
+    OpenMP its library links, and any that a library loaded earlier put in the process's global
+    scope, which oneDNN's calls then bind to instead (MKL's Intel OpenMP did, before MKL ran on
+    GNU's; PyTorch's own copy of GNU OpenMP can). ``lib``: oneDNN's library handle."""
+    runtimes = []
+    for handle in (lib, ctypes.CDLL(None)):
+        try:
+            fns = handle.omp_set_num_threads, handle.omp_get_max_threads
+        except AttributeError:
+            continue
+        if all(ctypes.cast(fns[0], ctypes.c_void_p).value != ctypes.cast(r[0], ctypes.c_void_p).value
+               for r in runtimes):
+            fns[0].restype = None
+            runtimes.append(fns)
+    if len(runtimes) == 1:
+        return runtimes[0]
+
+    def set_threads(n: int) -> None:
+        for set_one, _ in runtimes:
+            set_one(n)
+    return set_threads, runtimes[0][1]
+

@@ -12,8 +12,8 @@ returns a read-only view of the output buffer, valid until the next call.
 from __future__ import annotations
 
 from .compiled import CompiledEngine
-from .ops import aligned_empty
-from .planner import end_to_end
+from ..memory import aligned_empty
+from ..planner import end_to_end
 
 
 class StaticEngine(CompiledEngine):

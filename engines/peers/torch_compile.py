@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from .models import Model
+from ..ir.models import Model
 from .torch_eager import TorchEngine
 
 

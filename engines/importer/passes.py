@@ -13,9 +13,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from .models import Model, Op
-from .ops import OPS, split_heads
-from .conv import POOL_PREFIX, conv_lowering, fold_batchnorm as fold_conv_batchnorm, residual_fusable
+from ..ir.models import Model, Op
+from ..ir.ops import OPS, split_heads
+from ..ir.conv import POOL_PREFIX, conv_lowering, fold_batchnorm as fold_conv_batchnorm, residual_fusable
 
 
 def live_ops(ops, output: str) -> list[Op]:

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import Engine, EngineBusy
-from .models import Model
-from .kernels import Linears, candidates
-from .ops import OPS, aligned_empty, linear_calls, rows2d
-from .planner import Plan, Step, end_to_end, plan_memory
+from ..base import Engine, EngineBusy
+from ..ir.models import Model
+from ..kernels import Linears, candidates
+from ..ir.ops import OPS, linear_calls
+from ..memory import aligned_empty
+from ..ir.calls import rows2d
+from ..planner import Plan, Step, end_to_end, plan_memory
 
 
 def arena_storage(sizes: dict[str, int], steps: list[Step], keep: list[str]) \

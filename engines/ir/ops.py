@@ -29,102 +29,15 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import numpy as np
 
-from .planner import ALIGNMENT
+from ..memory import aligned
+from .calls import (Calls, OpKind, maximum, minimum, ones_column, rows2d, tile, tiled_calls,
+                    weight_layout, zero_rows)
+from .conv import CONV_OPS
 
 GELU_C = math.sqrt(2.0 / math.pi)
-# Rows of a pre-tiled bias/gamma/beta: enough to cover small batches in one
-# call, small enough (<= 256 KiB) to stay in cache while larger batches are
-# swept in chunks.
-TILE_BYTES = 256 * 1024
-
-
-def rows2d(a: np.ndarray) -> np.ndarray:
-    """View a (batch, ..., width) array as (rows, width)."""
-    return a.reshape(-1, a.shape[-1])
-
-
-def aligned_empty(shape, dtype=np.float32) -> np.ndarray:
-    """An uninitialised C-contiguous array starting on a cache line (NumPy promises only 16 bytes)."""
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(np.atleast_1d(shape)) * dtype.itemsize
-    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGNMENT
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
-
-
-def aligned(a) -> np.ndarray:
-    """A float32 copy of a on a cache line. OpenBLAS's sgemm ran an 8 x 256 x 256 product in
-    24 us with the weights 64-byte aligned against 32 us 16 bytes off, where NumPy may put them."""
-    out = aligned_empty(np.shape(a))
-    out[...] = a
-    return out
-
-
-# Weight matrices from this size up keep the placement NumPy's allocator gives them (the model's
-# own array when it is float32 and C-contiguous: no second copy), the placement naive's x @ w runs
-# on. Measured on an Intel Xeon (OpenBLAS's SkylakeX kernels), interleaved, docs/kernels.md: a
-# 64-byte aligned copy ran 3-11 % slower than NumPy's placement (16 bytes past a page) at 8-128
-# rows for 2048^2 and 4096^2 weights, 3-5 % faster at one row; below, as fast or faster (0.75-0.82x
-# the time at 1-8 x 256 x 256). Storing large weights transposed, (out, in), measured 1.10-1.32x
-# faster at 4096^2 on the first host, ran 1.05-1.18x slower at 1-32 rows there (0.89x at 128) and
-# slower on an AMD EPYC (planned engines 0.78-0.83x naive at mlp b8 d4096): no longer done.
-# At 1024^2 (4 MiB) the aligned copy ran 1.07x slower at 8 rows, 1.02x at 32, 0.96x at one row
-# (Intel Xeon): static and arena were then shown slower than naive at 8 x 1024 (an imported MLP)
-# and 32 x 1024, so the threshold is 4 MiB, not 16.
-NUMPY_PLACEMENT_MIN_BYTES = 4 << 20
-
-
-def weight_layout(w) -> np.ndarray:
-    """w (in, out) as an engine holds it: float32 C-contiguous, on a cache line below
-    NUMPY_PLACEMENT_MIN_BYTES, where NumPy put it from there up."""
-    if 4 * np.size(w) >= NUMPY_PLACEMENT_MIN_BYTES:
-        return np.ascontiguousarray(w, dtype=np.float32)
-    return aligned(w)
-
-
-def tile(vector: np.ndarray, max_rows: int) -> np.ndarray:
-    rows = max(1, min(max_rows, TILE_BYTES // (4 * vector.shape[-1])))
-    return aligned(np.broadcast_to(vector, (rows, vector.shape[-1])))
-
-
-Calls = list  # [(fn, args), ...]
-
-
-def tiled_calls(ufunc, y: np.ndarray, tiled: np.ndarray, x: np.ndarray | None = None) -> Calls:
-    """Calls doing y[r] = ufunc(x[r], v) for every row r (x defaults to y), over row blocks the
-    pre-tiled vector covers: no broadcast operand."""
-    x = y if x is None else x
-    step = tiled.shape[0]
-    return [(ufunc, (x[i:i + step], tiled[:len(y[i:i + step])], y[i:i + step])) for i in range(0, len(y), step)]
-
-
-def maximum(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    np.maximum(a, b, out=out)    # a positional out is deprecated for np.maximum
-
-
-def minimum(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    np.minimum(a, b, out=out)
-
-
-@functools.lru_cache(maxsize=None)
-def zero_rows(width: int) -> np.ndarray:
-    """A read-only block of zero rows of this width, as many as fit in TILE_BYTES."""
-    zeros = tile(np.zeros(width), TILE_BYTES)
-    zeros.flags.writeable = False
-    return zeros
-
-
-@functools.lru_cache(maxsize=None)
-def ones_column(width: int) -> np.ndarray:
-    """A read-only (width, 1) column of ones, made once per width."""
-    col = aligned(np.ones((width, 1)))
-    col.flags.writeable = False
-    return col
 
 
 # --- linear: x @ W + b ------------------------------------------------------
@@ -584,46 +497,6 @@ def reduce_sum_calls(out, x) -> Calls:
     return [(np.matmul, (rows2d(x), ones_column(x.shape[-1]), rows2d(out)))]
 
 
-@dataclass(frozen=True)
-class OpKind:
-    eager: Callable
-    calls: Callable
-    prepare: Callable | None = None          # (*params, max_rows) -> operands of the calls
-    scratch: Callable | None = None          # (in_shapes, **attrs) -> per-sample scratch shapes
-    inplace: tuple[int, ...] = ()            # inputs the output may overwrite
-    flops_per_element: int = 1               # for elementwise ops
-    flops: Callable | None = None            # (in_shapes, out_shape, **attrs) -> FLOPs per sample
-    # What ``eager`` holds at its peak besides its output, measured with memray:
-    eager_temps: int = 0                     # output-sized temporaries (x @ W before + b)
-    eager_row_stats: int = 0                 # (rows, 1) statistics (means, maxima)
-    eager_broadcast: bool = False            # a broadcast ufunc call: NumPy's ufunc buffer
-    # The output is the input reinterpreted in another shape: an engine that plans memory gives
-    # it the input's storage and runs no call; ``calls`` copy, for engines that do not.
-    view: bool = False
-
-    def eager_extra_bytes(self, out_shape: tuple[int, ...]) -> int:
-        """Bytes ``eager`` allocates beyond its output, for a full (batch, ...) output shape."""
-        elements = math.prod(out_shape)
-        rows = elements // out_shape[-1]
-        extra = 4 * (self.eager_temps * elements + self.eager_row_stats * rows)
-        if self.eager_broadcast and rows > 1:   # a single row broadcasts without buffering
-            extra += 4 * min(elements, np.getbufsize())
-        return extra
-
-    def operands(self, params, max_rows: int) -> tuple:
-        """What the calls read for these parameters: prepared once, or the parameters as they are."""
-        return tuple(self.prepare(*params, max_rows)) if self.prepare else tuple(params)
-
-    def scratch_shapes(self, in_shapes, attrs: Mapping = {}) -> tuple[tuple[int, ...], ...]:
-        """The op's attributes too: a convolution's workspace depends on its kernel, strides, pads."""
-        return tuple(tuple(s) for s in self.scratch(in_shapes, **attrs)) if self.scratch else ()
-
-    def flop_count(self, in_shapes, out_shape, attrs: Mapping = {}) -> int:
-        if self.flops is not None:
-            return self.flops(in_shapes, out_shape, **attrs)
-        return self.flops_per_element * math.prod(out_shape)
-
-
 OPS: dict[str, OpKind] = {
     "linear": OpKind(linear_eager, linear_calls, prepare=linear_prepare, flops=linear_flops,
                      eager_temps=1, eager_broadcast=True),
@@ -662,5 +535,4 @@ OPS: dict[str, OpKind] = {
     "reduce_sum": OpKind(lambda x: x.sum(axis=-1, keepdims=True), reduce_sum_calls,
                          flops=lambda ins, out, **_attrs: math.prod(ins[0])),
 }
-
-from .conv import CONV_OPS; OPS.update(CONV_OPS)  # noqa: E402,E702  (conv.py imports this module)
+OPS.update(CONV_OPS)

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from .models import Op
+from ..ir.models import Op
 
 @dataclass(frozen=True)
 class Act:

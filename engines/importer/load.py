@@ -35,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .models import Model, Op
-from .onnx_lower import LOWER, Act, lower
-from .onnx_passes import PASSES, live_ops
+from ..ir.models import Model, Op
+from .lower import LOWER, Act, lower
+from .passes import PASSES, live_ops
 
 # Refused before anything is built: a graph this large is not what this project's engines
 # are for, and the web page must not spend minutes on an upload.
@@ -230,7 +230,7 @@ def _evaluator_ops() -> list:
     from onnx.reference.op_run import OpRun
     from onnx.reference.ops.op_max_pool import MaxPool as ReferenceMaxPool
 
-    from .conv import avgpool_eager, batchnorm_eager, maxpool_eager
+    from ..ir.conv import avgpool_eager, batchnorm_eager, maxpool_eager
 
     def plain(node, x, auto_pad, kernel_shape, storage_order=None):
         return (np.ndim(x) == 4 and len(kernel_shape or ()) == 2 and auto_pad in (None, "NOTSET", b"NOTSET")

@@ -12,6 +12,7 @@ choice), on other CPUs, or when NumPy was imported first (too late: OpenBLAS has
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 
@@ -49,3 +50,21 @@ def choose() -> str:
         os.environ[ENV] = core
         CHOICE = f"{ENV}={core} (AVX-512 on an AMD CPU; OpenBLAS would take its AVX2 kernels)"
     return CHOICE
+
+
+def threads(package: str) -> tuple:
+    """(set-threads, get-threads) of the OpenBLAS that ``package`` (numpy or scipy) loaded: the
+    one in its wheel's ``<package>.libs`` folder, else the only OpenBLAS loaded."""
+    from threadpoolctl import threadpool_info
+    pools = [p for p in threadpool_info() if p.get("internal_api") == "openblas"]
+    mine = [p for p in pools if f"{os.sep}{package}.libs{os.sep}" in p["filepath"]]
+    for pool in mine or (pools if len(pools) == 1 else []):
+        lib = ctypes.CDLL(pool["filepath"])
+        for prefix in ("", "scipy_"):
+            for suffix in ("", "64_", "_64"):
+                if hasattr(lib, f"{prefix}openblas_set_num_threads{suffix}"):
+                    set_threads = lib[f"{prefix}openblas_set_num_threads{suffix}"]
+                    set_threads.restype = None
+                    return set_threads, lib[f"{prefix}openblas_get_num_threads{suffix}"]
+    raise ImportError(f"cannot tell which OpenBLAS {package} uses")
+

@@ -16,9 +16,9 @@ import operator
 
 import numpy as np
 
-from .base import Engine, EngineUnavailable
-from .models import Model
-from .threads import blas_threads
+from ..base import Engine, EngineUnavailable
+from ..ir.models import Model
+from ..native.threads import blas_threads
 
 
 def import_torch():

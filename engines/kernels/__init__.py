@@ -1,0 +1,53 @@
+"""kernels: each linear's GEMM chosen by measuring on the machine at hand, and remembered.
+
+Why: no BLAS wins every product on every CPU. On an AMD EPYC host (AVX2),
+NumPy's OpenBLAS took 28 us for 8 x 256 x 256 where oneDNN took 14, yet
+oneDNN lost at 8 x 4096 x 4096; MKL's packed GEMM that wins on an Intel Xeon
+ran at 0.46x naive there (docs/kernels.md). So an engine times the
+candidates below for every GEMM-shaped step, at the rows it binds, and keeps
+the fastest.
+
+- **Candidates** (``KERNELS``, one entry per kernel): each computes
+  ``y = x @ w + b (+ residual)`` into caller-owned memory as a list of bound
+  calls ``(fn, args)``, allocating nothing per call. A BLAS gemm starts the
+  output as the bias (``np.copyto``, no ufunc buffer) and accumulates with
+  beta=1; NumPy's matmul writes ``out=`` and adds a pre-tiled bias. The
+  ``-1t`` variants run the same call on one thread (the library's own
+  set-threads call around it, ~0.1 us): at small products the pool's wake-up
+  costs more than the second core gives. A candidate whose library is missing
+  is left out, with the reason in ``unavailable()``.
+- **Timing** (``measure``): after PARK_S idle (another engine's pool parks
+  its workers; skipped right after a measurement of the same candidates)
+  and a few untimed calls each, the candidates run on scratch arrays of the
+  step's shape, in blocks of calls, interleaved in rotating
+  order round after round as ``mlexec report`` interleaves engines, so a slow
+  spell of the host falls on all of them; the median per candidate decides.
+  A candidate whose fastest block is 2x slower than the best median after two
+  rounds is dropped; past 0.6 s of timing the rounds stop at three.
+- **One pool per engine** (``candidates``): an engine is offered the kernels
+  of one multi-thread pool (NumPy's OpenBLAS; OpenMP's, shared by MKL and oneDNN, for
+  ``packed`` and ``onednn``: ``POOLS``) and
+  any kernel on one thread, plus its own default, which it keeps unless
+  another is KEEP_DEFAULT faster. Two pools alternating on two cores wait for
+  each other's spinning workers: timed that way, two-thread kernels lost 2-10x
+  and one-thread ones were chosen that lost in the forward (docs/kernels.md).
+- **Cache**: the choices are kept per machine (CPU model and flags, library
+  versions, thread count) in ``$MLEXEC_CACHE_DIR`` or
+  ``$XDG_CACHE_HOME/mlexec`` (``~/.cache/mlexec``), one JSON file per machine,
+  written atomically; a second build on the same machine measures nothing.
+  A measurement during which this process's threads waited for a core
+  (``BUSY_SHARE``: another process held one) is used but not cached.
+- **Switch**: on by default. ``MLEXEC_TUNE=0`` measures nothing and uses each
+  engine's fixed default (the choices made before tuning existed);
+  ``MLEXEC_TUNE=again`` measures every GEMM afresh and overwrites the cache.
+"""
+from __future__ import annotations
+
+from .cache import CACHE_ENV, cache_path, cpu_model, machine
+from .choice import TUNE_ENV, Choice, Linears, choose, tuning_enabled
+from .timing import measure, weight_copies
+from .table import KERNELS, PACK_ROWS, POOLS, Gemm, Kernel, bind, candidates, on_one_thread, unavailable
+
+__all__ = ["CACHE_ENV", "KERNELS", "PACK_ROWS", "POOLS", "TUNE_ENV", "Choice", "Gemm", "Kernel", "Linears", "bind",
+           "cache_path", "candidates", "choose", "cpu_model", "machine", "measure", "on_one_thread",
+           "tuning_enabled", "unavailable", "weight_copies"]

@@ -1,0 +1,123 @@
+"""Timing the candidates for one GEMM: interleaved blocks on scratch arrays of its shape, after
+the pools of whatever ran before have parked (the rules are in ``engines.kernels``' docstring)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..memory import aligned
+from ..ir.calls import tile
+from .table import KERNELS, Gemm, _run, bind
+
+BLOCK_SECONDS = 2e-4        # one timed block: long enough that perf_counter's cost is noise
+ROUND_BUDGET_S = 0.12       # total timing per GEMM, spread over the rounds
+MIN_ROUNDS, MAX_ROUNDS = 5, 41
+CAP_S = 0.6                 # past this much timing per GEMM, stop after CAP_ROUNDS (large products)
+CAP_ROUNDS = 3
+PARK_S = 0.25               # idle before timing: longer than MKL's (200 ms) and OpenBLAS's (~0.1 s) spin
+BACK_TO_BACK_S = 0.05       # no idle before a measurement of the same candidates that follows another
+                            # this closely (one build's GEMMs): only their own pools can be spinning
+SETTLE_CALLS, SETTLE_S = 2, 0.005   # untimed calls of each candidate after that (``_settle``)
+DROP_AFTER, DROP_RATIO = 2, 2.0  # after this many rounds, drop candidates this much slower than the best
+# Weights from COLD_WEIGHT_BYTES up are timed cycling through copies making COLD_BYTES. With one
+# 8 x 4096 x 4096 weight (64 MiB) reused, MKL's plain sgemm measured 3.0 ms against 3.4 for its
+# packed GEMM and was chosen; in the forward, two such layers read from memory, it ran the MLP in
+# 7.66 ms where the packed GEMM took 6.10 (Intel Xeon, docs/kernels.md).
+COLD_WEIGHT_BYTES = 16 << 20
+COLD_BYTES = 128 << 20
+
+
+def _settle(calls) -> None:
+    """Untimed calls: SETTLE_CALLS, and for SETTLE_S at least."""
+    end = time.perf_counter() + SETTLE_S
+    for _ in range(SETTLE_CALLS):
+        _run(calls)
+    while time.perf_counter() < end:
+        _run(calls)
+
+
+def waiting_seconds() -> float | None:
+    """Seconds this process's threads have been ready to run but waiting for a core (Linux's
+    /proc/self/task/*/schedstat), or None where that cannot be read. Unlike the host's CPU
+    counters it sees only contention for the cores this process runs on."""
+    total, seen = 0, False
+    for task in Path("/proc/self/task").glob("*/schedstat") if Path("/proc/self/task").is_dir() else ():
+        try:
+            total += int(task.read_text().split()[1])
+            seen = True
+        except (OSError, ValueError, IndexError):
+            pass                                    # a thread that ended meanwhile
+    return total / 1e9 if seen else None
+
+
+def weight_copies(gemm: Gemm) -> int:
+    """How many weight matrices a measurement cycles through: one, or from COLD_WEIGHT_BYTES up
+    enough to make COLD_BYTES, so that each call reads its weights from memory as a forward
+    over a large model's layers does, not from the cache the previous call warmed."""
+    nbytes = 4 * gemm.k * gemm.n
+    return 1 if nbytes < COLD_WEIGHT_BYTES else -(-COLD_BYTES // nbytes)
+
+
+_last_measured: list = [None, 0.0]                  # [candidates, when] of this process's last measurement
+
+
+def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> dict[str, float]:
+    """Median seconds per call of each candidate on scratch arrays shaped like ``gemm`` (large
+    weights cold: ``weight_copies``), timed in blocks interleaved in rotating order after PARK_S
+    idle and each candidate's settling calls; a candidate far behind is dropped early (inf)."""
+    rng = np.random.default_rng(0)
+    def normal(*shape):
+        return aligned(rng.standard_normal(shape, dtype=np.float32))
+    x, b = normal(gemm.rows, gemm.k), normal(gemm.n)
+    b_tiled = tile(b, gemm.rows)
+    residual = normal(gemm.rows, gemm.n) if gemm.residual else None
+    y = aligned(np.zeros((gemm.rows, gemm.n)))
+    w = normal(gemm.n, gemm.k).T if gemm.transposed else normal(gemm.k, gemm.n)
+    weights = [w] + [aligned(w.T).T if gemm.transposed else aligned(w) for _ in range(weight_copies(gemm) - 1)]
+    # per prepare: one state per weight (MKL's packs), shared by a kernel and its one-thread
+    # variant as Linears shares them
+    states = {None: [None] * len(weights)}
+    bound = {}                                      # name -> calls (their pointers hold the states)
+    for name in names:
+        kernel = KERNELS[name]
+        if kernel.prepare not in states:
+            states[kernel.prepare] = [kernel.prepare(m) for m in weights]
+        bound[name] = [c for m, state in zip(weights, states[kernel.prepare])
+                       for c in bind(name, x, y, m, b, b_tiled, residual, state)]
+    one = {}
+    for name, calls in bound.items():               # warm up, and size the blocks
+        _run(calls)
+        t0 = time.perf_counter()
+        _run(calls)
+        one[name] = max(time.perf_counter() - t0, 1e-7)
+    per_call = max(one.values())
+    reps = max(1, int(BLOCK_SECONDS / per_call))
+    rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, budget_s / (reps * sum(one.values())))))
+    times: dict[str, list[float]] = {name: [] for name in bound}
+    alive = list(bound)
+    if _last_measured[0] != alive or time.perf_counter() - _last_measured[1] > BACK_TO_BACK_S:
+        time.sleep(PARK_S)                          # what ran before (another engine) parks its pool
+    for calls in bound.values():
+        _settle(calls)                              # then every candidate warm, the pool spinning again
+    start = time.perf_counter()
+    for r in range(rounds):
+        if r >= CAP_ROUNDS and time.perf_counter() - start > CAP_S:
+            break
+        order = alive[r % len(alive):] + alive[:r % len(alive)]
+        for name in (order if r % 2 == 0 else order[::-1]):
+            calls = bound[name]
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                _run(calls)
+            times[name].append((time.perf_counter() - t0) / reps)
+        if r + 1 == DROP_AFTER and len(alive) > 2:
+            # by its fastest block: one block that waited for a core (another process, say)
+            # must not drop the candidate that wins everywhere else
+            best = min(np.median(times[n]) for n in alive)
+            alive = [n for n in alive if min(times[n]) <= DROP_RATIO * best]
+    _last_measured[:] = [list(bound), time.perf_counter()]
+    copies = len(weights)
+    return {name: float(np.median(t)) / copies if name in alive else float("inf") for name, t in times.items()}
+

@@ -1,0 +1,386 @@
+"""onednn: fused's steps, with a CNN's convolutions, pools, LRN, channel concats and shuffles, and
+the batchnorms and ReLUs between them, run as oneDNN primitives on activations held in the
+layout oneDNN's convolutions take on this CPU, and the linears on oneDNN's matmul primitive
+(``kernels``' ``onednn-matmul``, ``matmul_calls``).
+
+im2col and one GEMM per conv (``packed``) ran ResNet-50 at 1.9x ONNX Runtime's time: MKL's
+GEMMs alone, at 230-320 GFLOP/s on its shapes, took longer than ONNX Runtime's whole forward,
+and the im2col copies, bias, residual and ReLU passes added 18 ms to them. oneDNN's direct
+convolutions (``brgconv``) on activations in their own layout ran the same layers at 280-370
+GFLOP/s, with the bias, the residual sum and the activation applied as each output block is
+written (post-ops); on NCHW they fell back to an im2col GEMM (docs/engines.md).
+
+Layout ("native" below). Asked of oneDNN once per process: a probe conv with format "any", and
+the layout it picks (NHWC, or ``[N][C/b][H][W][b]`` with b = 16 or 8, channels padded to b). A
+tensor a oneDNN step writes stays native; any other op that reads it reads an NCHW twin written
+by a reorder step, and a conv that reads an NCHW tensor reads a native twin, except a conv on
+fewer channels than a block (an RGB stem), which reads NCHW itself. Twins are planned buffers.
+
+Memory. Every primitive's scratchpad is user-managed: one buffer per engine (and worker), the
+largest any of its primitives asks; weights are reordered into each primitive's layout once.
+Nothing is allocated per forward. Threads: oneDNN's CPU build on GNU OpenMP (the ``onednn``
+extra, ``onednn-cpu-gomp``). A linear runs on oneDNN's matmul where that allocates nothing
+(``matmul_fits``), else on a one-thread kernel, so that no second pool spins beside OpenMP's;
+which is measured at build time (``engines.kernels``).
+"""
+from __future__ import annotations
+
+import ctypes
+import weakref
+
+import numpy as np
+
+from ..ir.conv import conv_attrs, pool_window, split_pool
+from ..importer.passes import fuse_conv_activation, fuse_conv_add
+from ..kernels import candidates, on_one_thread
+from ..memory import aligned_empty
+from ..native.onednn import (ANY, BIAS, CLIP, DST, GLOBAL_STATS, MEAN, MULTIPLE_SRC, NORM_RELU, Owned, P, PLAIN, POOL_AVG_EXCLUDE, POOL_AVG_INCLUDE, POOL_MAX, Q_IMPL, RELU, SCALE, SHIFT, SRC, USE_SCALE, USE_SHIFT, VARIANCE, WEIGHTS, Weights, library, matmul_fits)
+from .fused import BIND, FusedEngine, FusedStep, Lowering
+
+
+class OneDnnEngine(FusedEngine):
+    name = "onednn"
+    # The linears on oneDNN's matmul, on the OpenMP pool that runs the convolutions, or on one
+    # thread: a second pool (OpenBLAS's, MKL's) alternating with OpenMP's waits on its spinning
+    # workers (engines.kernels)
+    kernel_candidates = candidates("onednn-primitives")
+
+    def __init__(self, model, max_batch: int):
+        self._dnnl = library()
+        self._channels: dict[str, int] = {}      # native buffer -> the tensor's channels
+        self._twins: dict[tuple[str, bool], str] = {}   # (tensor, native) -> its buffer in that layout
+        self._weights = Weights(self._dnnl)     # shared with workers
+        # oneDNN's conv takes a residual sum and an activation after any conv (engines.conv's
+        # conv_add only after a 1x1 one): ShuffleNet's grouped 1x1 convs then their Sum and ReLU
+        model = fuse_conv_activation(fuse_conv_add(model, fusable=lambda channels, attrs: True))
+        super().__init__(model, max_batch)
+
+    def _default_kernel(self, gemm) -> str:
+        """Without tuning: oneDNN's matmul, where it allocates nothing per call; else SciPy's
+        gemm on one thread (SciPy is fused's own requirement)."""
+        return "onednn-matmul" if matmul_fits(gemm) else "scipy-1t"
+
+    # NumPy's products (attention's per-head products, layernorm's and softmax's matvecs, an op's
+    # own matmuls) on one OpenBLAS thread: on NumPy's two-thread pool they alternated with
+    # OpenMP's and waited on its spinning workers
+    def _matvec_call(self, x, col, out):
+        return on_one_thread("numpy-threads", [super()._matvec_call(x, col, out)])[0]
+
+    def _batched_matmul_calls(self, a, b, out) -> list:
+        return on_one_thread("numpy-threads", super()._batched_matmul_calls(a, b, out))
+
+    def _matmul_calls(self, a, b, out) -> list:
+        return on_one_thread("numpy-threads", super()._matmul_calls(a, b, out))
+
+    # --- lowering: which tensors are native, and the reorders between layouts --------------
+
+    def _lower_op(self, lw, i: int, op) -> None:
+        """oneDNN's steps where the op has them; else fused's, on NCHW inputs. The model's output
+        in NCHW."""
+        lower = _LOWER_DNNL.get(op.kind)
+        if lower is None or not lower(self, lw, i, op):
+            for reader in lw.ops[i:i + 2]:                 # the op, and a next op it may take in
+                for t in reader.inputs:
+                    if t in lw.where:
+                        lw.where[t] = self._layout(lw, t, native=False)
+            super()._lower_op(lw, i, op)
+        elif op.output == lw.model.output:
+            lw.where[op.output] = self._layout(lw, op.output, native=False)
+
+    def _native_shape(self, shape) -> tuple[int, ...]:
+        b = self._dnnl.block
+        return (-(-shape[0] // b) * b, *shape[1:])
+
+    def _new_native(self, name: str, shape) -> str:
+        buffer = self._buffer(name, self._native_shape(shape))
+        self._channels[buffer] = shape[0]
+        return buffer
+
+    def _layout(self, lw, tensor: str, native: bool) -> str:
+        """The buffer holding ``tensor`` in the layout asked: where it is, or its twin, written by a
+        reorder step the first time one is asked."""
+        buffer = lw.where[tensor]
+        if (buffer in self._channels) == native:
+            return buffer
+        if (tensor, native) not in self._twins:
+            shape = lw.model.shapes[tensor]
+            twin = (self._new_native(tensor + ".dnnl", shape) if native
+                    else self._buffer(tensor + ".nchw", shape))
+            self._twins[tensor, native], self._twins[tensor, not native] = twin, buffer
+            lw.steps.append(FusedStep("dnnl_reorder", twin, (buffer,)))
+        return self._twins[tensor, native]
+
+    def _md(self, buffer: str, batch: int) -> P:
+        if buffer in self._channels:
+            shape = (self._channels[buffer], *self.shapes[buffer][1:])
+            return self._owned.md((batch, *shape), self._dnnl.layout)
+        return self._owned.md((batch, *self.shapes[buffer]), PLAIN[len(self.shapes[buffer]) + 1])
+
+    def report(self) -> dict:
+        """fused's report, with the activation layout and, per primitive, the implementation
+        oneDNN chose on this CPU (``brgconv:avx512_core``, ``jit:avx2``, ...; ``ref`` is its
+        slow reference code)."""
+        layout = {PLAIN[4]: "NCHW", 22: "NHWC"}.get(self._dnnl.layout, f"nChw{self._dnnl.block}c")
+        return {**super().report(), "layout": layout, "primitives": list(self._primitives)}
+
+    # --- binding ---------------------------------------------------------------------------
+
+    def _own_memory(self) -> None:
+        super()._own_memory()
+        self._owned = Owned(self._dnnl)             # this engine's (or worker's) primitives
+        weakref.finalize(self, self._owned.release)
+        self._scratchpad = aligned_empty(0)
+        self._scratchpad_mems: list[tuple[P, int]] = []   # (memory, bytes) of this engine's primitives
+        self._primitives: list[dict] = []
+
+    def _bind(self, batch: int):
+        self._primitives = [p for p in self._primitives if p["batch"] != batch]
+        bound = super()._bind(batch)
+        need = max((n for _, n in self._scratchpad_mems), default=0)
+        if need > self._scratchpad.nbytes:
+            self._scratchpad = aligned_empty(-(-need // 4))
+        for mem, _ in self._scratchpad_mems:
+            self._dnnl.check(self._dnnl.lib.dnnl_memory_set_data_handle(mem, P(self._scratchpad.ctypes.data)),
+                             "scratchpad handle")
+        return bound
+
+    def _execute(self, pd, args: dict[int, tuple], step) -> tuple:
+        """The call that runs the primitive of ``pd`` on ``args`` (argument -> (md, array)), its
+        scratchpad on the engine's. The implementation oneDNN chose goes into ``report()``."""
+        lib = self._dnnl.lib
+        impl = ctypes.c_char_p()
+        self._dnnl.check(lib.dnnl_primitive_desc_query(pd, Q_IMPL, 0, ctypes.byref(impl)), "implementation query")
+        batch = next(iter(args.values()))[1].shape[0]
+        self._primitives.append({"step": step.out, "kind": step.kind.removeprefix("dnnl_"), "batch": batch,
+                                 "implementation": impl.value.decode()})
+        call, pad = self._dnnl.call(self._owned, pd, args, None)
+        self._scratchpad_mems.append((pad, lib.dnnl_memory_desc_get_size(self._dnnl.scratchpad_md(pd))))
+        return call
+
+
+# --- lowering entries: True when the op became oneDNN steps -----------------------------------
+
+def _activation(attrs) -> tuple | None:
+    act = attrs.get("activation", "none")
+    if act == "relu":
+        return (RELU, 0.0, 0.0)
+    if act == "clip":
+        return (CLIP, float(attrs.get("clip_min", -np.inf)), float(attrs.get("clip_max", np.inf)))
+    return None
+
+
+def _lower_conv(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
+    """conv, conv_add (the residual summed into the output by a post-op: in the residual's own
+    buffer when this is its last reader) and conv_maxpool (the conv into a native scratch, then the pool)."""
+    shapes = lw.model.shapes
+    channels = shapes[op.inputs[0]][0]
+    conv, pool = split_pool(op.attrs) if op.kind == "conv_maxpool" else (dict(op.attrs), None)
+    src = eng._layout(lw, op.inputs[0], native=channels >= eng._dnnl.block)
+    w, b = (lw.model.params[p] for p in op.params)
+    w32 = np.ascontiguousarray(w, dtype=np.float32)
+    b32 = np.ascontiguousarray(b, dtype=np.float32)
+    reads, scratch, residual = [src], (), None
+    out_shape = shapes[op.output]
+    if op.kind == "conv_add":
+        residual = op.inputs[1]
+        reads.append(eng._layout(lw, residual, native=True))
+    if residual is not None and lw.readers[residual][-1] == i and residual != lw.model.input:
+        out = lw.where[op.output] = reads[1]               # summed in place: the residual's last read
+    else:
+        out = lw.where[op.output] = eng._new_native(op.output, out_shape)
+    if pool is not None:
+        win = conv_attrs(conv)[0]
+        scratch = (eng._new_native(op.output + ".conv", (w.shape[0], *win.out_size(*shapes[op.inputs[0]][1:]))),)
+    attrs = {"conv": conv, "pool": pool, "residual": residual is not None}
+    lw.steps.append(FusedStep("dnnl_conv", out, tuple(reads), scratch, (w32, b32), attrs))
+    return True
+
+
+def _lower_pool(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
+    """A max or average pool, or an LRN, of a tensor in oneDNN's layout; of an NCHW one it stays
+    the ``engines.conv`` op, as does an average pool that counts pads in ceil_mode (oneDNN would
+    count the overhang too) and an LRN of even size (its window is not centred)."""
+    src = lw.where[op.inputs[0]]
+    if src not in eng._channels:
+        return False
+    attrs = dict(op.attrs)
+    if op.kind == "averagepool" and attrs.get("count_include_pad") and attrs.get("ceil_mode"):
+        return False
+    if op.kind == "lrn" and attrs["size"] % 2 == 0:
+        return False
+    out = lw.where[op.output] = eng._new_native(op.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_pool", out, (src,), attrs={"kind": op.kind, **attrs}))
+    return True
+
+
+def _lower_concat(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
+    """A channel concat of tensors all in oneDNN's layout (a fire or inception module's branches)."""
+    srcs = [lw.where[t] for t in op.inputs]
+    if op.attrs.get("axis") != 0 or set(op.attrs.get("order", "")) != {"t"} or not all(b in eng._channels for b in srcs):
+        return False
+    out = lw.where[op.output] = eng._new_native(op.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_concat", out, tuple(srcs)))
+    return True
+
+
+def _lower_shuffle(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
+    """A channel shuffle of a tensor in oneDNN's layout: Reshape (C, H, W) -> (g, C/g, H, W),
+    Transpose (1, 0, 2, 3), Reshape back (ShuffleNet's), each read only by the next."""
+    src = lw.where[op.inputs[0]]
+    if src not in eng._channels or i + 2 >= len(lw.ops):
+        return False
+    t, back = lw.ops[i + 1], lw.ops[i + 2]
+    shapes = lw.model.shapes
+    chw, grouped = shapes[op.inputs[0]], shapes[op.output]
+    if not (t.kind == "transpose" and back.kind == "reshape" and lw.next_reader(op) is t and lw.next_reader(t) is back
+            and tuple(t.attrs.get("perm", ())) == (1, 0, 2, 3) and len(chw) == 3 and len(grouped) == 4
+            and grouped[0] * grouped[1] == chw[0] and tuple(grouped[2:]) == tuple(chw[1:]) and shapes[back.output] == chw):
+        return False
+    lw.skip.update((i + 1, i + 2))
+    out = lw.where[back.output] = eng._new_native(back.output, chw)
+    lw.steps.append(FusedStep("dnnl_shuffle", out, (src,), attrs={"group_size": grouped[1]}))
+    return True
+
+
+def _lower_batchnorm(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
+    """A batchnorm (one no conv took in: after a concat, DenseNet's) of a tensor in oneDNN's
+    layout, and the ReLU right after it that alone reads it, as one primitive."""
+    src = lw.where[op.inputs[0]]
+    if src not in eng._channels:
+        return False
+    nxt = lw.next_reader(op)
+    relu = nxt is not None and nxt.kind == "relu" and i + 1 < len(lw.ops) and lw.ops[i + 1] is nxt
+    if relu:
+        lw.skip.add(i + 1)
+    out = lw.where[(nxt if relu else op).output] = eng._new_native(op.output, lw.model.shapes[op.output])
+    stats = tuple(np.ascontiguousarray(lw.model.params[p], dtype=np.float32) for p in op.params)
+    lw.steps.append(FusedStep("dnnl_batchnorm", out, (src,), operands=stats,
+                              attrs={"epsilon": float(op.attrs.get("epsilon", 1e-5)), "relu": relu}))
+    return True
+
+
+def _lower_relu(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
+    """A ReLU of a tensor in oneDNN's layout (one no conv took in: after a concat)."""
+    src = lw.where[op.inputs[0]]
+    if src not in eng._channels:
+        return False
+    out = lw.where[op.output] = eng._new_native(op.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_relu", out, (src,)))
+    return True
+
+
+_LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
+               "maxpool": _lower_pool, "averagepool": _lower_pool, "lrn": _lower_pool, "concat": _lower_concat,
+               "reshape": _lower_shuffle, "relu": _lower_relu, "batchnorm": _lower_batchnorm}
+
+
+# --- binding entries -----------------------------------------------------------------------
+
+def _pool_call(eng: OneDnnEngine, step, attrs, src_md, src: np.ndarray, dst_md, dst: np.ndarray, hw) -> tuple:
+    kind = attrs.pop("kind", "maxpool")
+    include = bool(attrs.pop("count_include_pad", 0))
+    win = pool_window(attrs)
+    alg = POOL_MAX if kind == "maxpool" else (POOL_AVG_INCLUDE if include else POOL_AVG_EXCLUDE)
+    o = eng._owned
+    # oneDNN floors the output size: the right pads grown to reach a ceil_mode window
+    pd = o.pool_pd(alg, src_md, dst_md, win.strides, win.kernel, tuple(d - 1 for d in win.dilations),
+                   win.pads[:2], win.end_pads(*hw), o.attr())
+    return eng._execute(pd, {SRC: (src_md, src), DST: (dst_md, dst)}, step)
+
+
+def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    batch, attrs, o = y.shape[0], step.attrs, eng._owned
+    w, b = step.operands
+    win, group, _ = conv_attrs(attrs["conv"])
+    hw = ins[0].shape[-2:]
+    out_ch = w.shape[0]
+    pooled = attrs["pool"] is not None                         # the conv into the scratch, then the pool
+    dst_buffer, dst = (step.scratch[0], scratch[0]) if pooled else (step.out, y)
+    dst_md = eng._md(dst_buffer, batch)
+    src_md = eng._md(step.reads[0], batch)
+    w_dims = (group, out_ch // group, *w.shape[1:]) if group > 1 else w.shape
+    w_plain = o.md(w_dims, PLAIN[len(w_dims)])
+    b_md = o.md((out_ch,), PLAIN[1])
+    pd = o.conv_pd(src_md, o.md(w_dims, ANY), b_md, dst_md, win.strides, tuple(d - 1 for d in win.dilations),
+                   win.pads[:2], win.end_pads(*hw), o.attr(attrs["residual"], _activation(attrs["conv"])))
+    w_md, w_native = eng._weights.take(pd, w_plain, w)
+    calls = []
+    if attrs["residual"] and step.reads[1] != step.out:       # the residual, copied into the output first
+        calls.append((np.copyto, (y, ins[1])))
+    calls.append(eng._execute(pd, {SRC: (src_md, ins[0]), WEIGHTS: (w_md, w_native), BIAS: (b_md, b),
+                                   DST: (dst_md, dst)}, step))
+    if pooled:
+        calls.append(_pool_call(eng, step, dict(attrs["pool"]), dst_md, dst, eng._md(step.out, batch), y,
+                                win.out_size(*hw)))
+    return calls
+
+
+def _one_input(eng: OneDnnEngine, step, y, ins, make_pd, src=None, dst=None, more=None) -> list:
+    """The call of a primitive from the step's one input to its output: ``make_pd(owned, src md,
+    dst md)``; the descriptors are the buffers' own unless given, ``more`` other arguments."""
+    batch, o = y.shape[0], eng._owned
+    src = eng._md(step.reads[0], batch) if src is None else src
+    dst = eng._md(step.out, batch) if dst is None else dst
+    return [eng._execute(make_pd(o, src, dst), {SRC: (src, ins[0]), DST: (dst, y), **(more or {})}, step)]
+
+
+def _bind_pool(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    attrs = dict(step.attrs)
+    if attrs["kind"] == "lrn":
+        return _one_input(eng, step, y, ins, lambda o, src, dst: o.lrn_pd(
+            src, dst, int(attrs["size"]), float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75)),
+            float(attrs.get("bias", 1.0)), o.attr()))
+    batch = y.shape[0]
+    return [_pool_call(eng, step, attrs, eng._md(step.reads[0], batch), ins[0], eng._md(step.out, batch), y,
+                       ins[0].shape[-2:])]
+
+
+def _reorder_pd(o: Owned, src, dst) -> P:
+    return o.reorder_pd(src, dst, o.attr())
+
+
+def _bind_reorder(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    return _one_input(eng, step, y, ins, _reorder_pd)
+
+
+def _bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    batch = y.shape[0]
+    srcs = [eng._md(b, batch) for b in step.reads]
+    dst = eng._md(step.out, batch)
+    pd = eng._owned.concat_pd(dst, srcs, eng._owned.attr())
+    return [eng._execute(pd, {DST: (dst, y), **{MULTIPLE_SRC + i: (md, x) for i, (md, x) in enumerate(zip(srcs, ins))}}, step)]
+
+
+def _bind_shuffle(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    """oneDNN's shuffle primitive on a blocked layout; on NHWC, where it has only its reference
+    code, a reorder between two strided views of the pixels' channels: source channel i·m + j
+    goes to j·g + i (m = C/g, the group size)."""
+    m = step.attrs["group_size"]
+    if eng._dnnl.block == 1:
+        c, h, w = eng.shapes[step.out]
+        g, o = c // m, eng._owned
+        dims, outer = (y.shape[0], m, g, h, w), (h * w * c, w * c, c)    # NHWC strides of n, then h, w
+        src = o.with_strides(dims, (outer[0], 1, m, *outer[1:]))
+        dst = o.with_strides(dims, (outer[0], g, 1, *outer[1:]))
+        return _one_input(eng, step, y, ins, _reorder_pd, src, dst)
+    # oneDNN sees the channels as (C / G, G) and transposes them: ONNX's (g, C/g) is G = C/g
+    return _one_input(eng, step, y, ins, lambda o, src, dst: o.shuffle_pd(src, dst, m, o.attr()))
+
+
+def _bind_relu(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    return _one_input(eng, step, y, ins, lambda o, src, dst: o.eltwise_pd(RELU, src, dst, 0.0, 0.0, o.attr()))
+
+
+def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    scale, bias, mean, var = step.operands
+    flags = GLOBAL_STATS | USE_SCALE | USE_SHIFT | (NORM_RELU if step.attrs["relu"] else 0)
+    per_channel = eng._owned.md(scale.shape, PLAIN[1])
+    stats = {MEAN: (per_channel, mean), VARIANCE: (per_channel, var), SCALE: (per_channel, scale),
+             SHIFT: (per_channel, bias)}
+    return _one_input(eng, step, y, ins, lambda o, src, dst: o.batchnorm_pd(src, dst, step.attrs["epsilon"], flags,
+                                                                            o.attr()), more=stats)
+
+
+OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": _bind_pool, "dnnl_reorder": _bind_reorder,
+                        "dnnl_concat": _bind_concat, "dnnl_shuffle": _bind_shuffle, "dnnl_relu": _bind_relu,
+                        "dnnl_batchnorm": _bind_batchnorm}
