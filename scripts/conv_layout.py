@@ -1,6 +1,6 @@
 """NCHW against NHWC for a convolution lowered to im2col + one GEMM, interleaved in one process.
 
-NCHW is ``engines.conv``'s conv kind as engines bind it, with one whole workspace (no row
+NCHW is ``engines.ir.conv``'s conv kind as engines bind it, with one whole workspace (no row
 blocks). NHWC is the same lowering written for channels-last: one strided copy per kernel tap
 into a (batch·OH·OW, kh·kw·C + 1) workspace whose last column is ones, then one GEMM against
 (kh·kw·C + 1, O) weights; a 1x1 stride-1 conv is the input (batch·H·W, C) times the weights,

@@ -24,11 +24,11 @@ from engines import ENGINES, MODELS  # noqa: E402
 def unguarded(cls):
     class Unguarded(cls):
         def _forward(self, x):
-            bound = self._bound.get(x.shape[0]) or self._bind(x.shape[0])
-            np.copyto(bound[0], x)
-            for fn, args in bound[1]:
+            bound = self._bound.get(x.shape[0]) or self.bind(x.shape[0])
+            np.copyto(bound.input, x)
+            for fn, args in bound.calls:
                 fn(*args)
-            return bound[2]
+            return bound.output
     return Unguarded
 
 

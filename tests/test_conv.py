@@ -1,4 +1,4 @@
-"""The CNN op kinds (engines.conv): each kind's calls against its float64 eager form and against
+"""The CNN op kinds (engines.ir.conv): each kind's calls against its float64 eager form and against
 ONNX Runtime on a one-node ONNX model, no array allocation per warm call, and hand-built CNNs
 on every NumPy engine."""
 from __future__ import annotations
@@ -326,7 +326,7 @@ def test_other_kinds_match_reference_and_onnxruntime(batch, rng):
     check_kind("sum", [x, normal(rng, x.shape), normal(rng, x.shape), normal(rng, x.shape)])
 
 
-# Concat, Transpose, Sigmoid and Clip are the ONNX importer's kinds (engines.ops, per-sample axes):
+# Concat, Transpose, Sigmoid and Clip are the ONNX importer's kinds (engines.ir.ops, per-sample axes):
 # what CNNs need of them is checked here where they exist.
 IMPORTER_KINDS = ("concat", "transpose", "sigmoid", "clip")
 needs_importer_kinds = pytest.mark.skipif(not set(IMPORTER_KINDS) <= set(OPS),

@@ -206,9 +206,9 @@ def test_packed_weights_match_reference():
     except EngineUnavailable as exc:
         pytest.skip(f"packed unavailable: {exc}")
     linears = [s for s in eng.steps if s.kind.startswith("linear")]
-    packs = [key for key in eng._linears.states if key[0] == "mkl"]        # tests run untuned: MKL's packs
+    packs = [key for key in eng.linears.states if key[0] == "mkl"]        # tests run untuned: MKL's packs
     assert len(packs) == len(linears) == sum(op.kind == "linear" for op in model.ops)
-    calls = eng._bind(MAX_BATCH)[1]
+    calls = eng.bind(MAX_BATCH)[1]
     fns = [fn for fn, _ in calls]
     row_sums = [args[-1].func for fn, args in calls if fn is ops.softmax_rows]   # bound matvecs
     assert fns.count(eng._mkl.sgemm_compute) == len(linears)   # 144 rows: every linear on its packed weights

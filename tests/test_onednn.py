@@ -12,6 +12,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 
 from engines import ENGINES, EngineUnavailable, load_onnx  # noqa: E402
+from engines.native import onednn as native_onednn  # noqa: E402
 from engines.planned import onednn  # noqa: E402
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
@@ -76,7 +77,7 @@ def test_residual_sums_in_place_and_pools_fuse():
 
 def test_shufflenets_shuffles_are_one_step_and_its_sums_join_the_grouped_convs():
     """Reshape, Transpose, Reshape: one oneDNN step each; each Sum and its ReLU: post-ops of the
-    grouped 1x1 conv before it, summed into the residual's buffer (engines.conv's conv_add takes
+    grouped 1x1 conv before it, summed into the residual's buffer (engines.ir.conv's conv_add takes
     only one group)."""
     engine = ENGINES["onednn"](light("shufflenet"), 1)
     kinds = [s.kind for s in engine.steps]
@@ -96,9 +97,19 @@ def test_a_worker_outlives_the_engine_that_made_it():
     assert np.max(np.abs(got - model.reference(x))) <= 1e-4 * max(1.0, float(np.max(np.abs(got))))
 
 
-def test_without_onednn_the_engine_says_how_to_get_it(monkeypatch):
-    monkeypatch.setattr(onednn, "_DNNL", [])
-    monkeypatch.setattr(onednn, "onednn_library", lambda: None)
+@pytest.fixture
+def no_onednn(monkeypatch):
+    """As on a machine without oneDNN: its package and the system's library both absent."""
+    monkeypatch.setattr(native_onednn, "package_file", lambda *a: None)
+    monkeypatch.setattr(native_onednn.ctypes.util, "find_library", lambda name: None)
+    for cached in (native_onednn.load, native_onednn.library):
+        cached.cache_clear()
+    yield
+    for cached in (native_onednn.load, native_onednn.library):
+        cached.cache_clear()                # the real library again for the tests after this one
+
+
+def test_without_onednn_the_engine_says_how_to_get_it(no_onednn):
     with pytest.raises(EngineUnavailable, match=r"pip install -e \.\[onednn\]"):
         ENGINES["onednn"](light("squeezenet"), 1)
 
@@ -114,7 +125,7 @@ def test_linears_run_on_onednns_matmul_where_it_allocates_nothing(model_name, mo
     engine = ENGINES["onednn"](model, 4)
     for entry in engine.report()["kernels"]:
         rows, k, n, residual = re.fullmatch(r"(\d+)x(\d+)x(\d+)T?(\+res)?", entry["gemm"]).groups()
-        fits = onednn.matmul_implementation(int(rows), int(k), int(n), bool(residual)).startswith("brg")
+        fits = native_onednn.matmul_implementation(int(rows), int(k), int(n), bool(residual)).startswith("brg")
         assert entry["kernel"] == ("onednn-matmul" if fits else "scipy-1t"), entry
     x = model.random_input(4, rng=2)
     worker = engine.worker()
@@ -129,7 +140,7 @@ def test_below_avx512_the_matmul_that_would_allocate_is_not_chosen(tmp_path):
     import subprocess
     import sys
     code = (
-        "from engines import ENGINES, MODELS, onednn\n"
+        "from engines import ENGINES, MODELS\nfrom engines.native import onednn\n"
         "assert onednn.matmul_implementation(8, 64, 64, False).startswith('gemm:jit'), "
         "onednn.matmul_implementation(8, 64, 64, False)\n"
         "model = MODELS['mlp'](dim=64, seed=3)\n"

@@ -217,7 +217,7 @@ def unsupported_nodes(proto, dynamic: set[str]) -> list[str]:
 
 
 def _evaluator_ops() -> list:
-    """Ops for ONNX's reference evaluator (onnx 1.x), through ``engines.conv``'s eager forms,
+    """Ops for ONNX's reference evaluator (onnx 1.x), through ``engines.ir.conv``'s eager forms,
     which tests/test_conv.py checks against ONNX Runtime:
 
     - 2-D MaxPool and AveragePool: the evaluator's own loop over every output in Python took

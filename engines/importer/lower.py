@@ -412,7 +412,7 @@ def lower_concat(L: Lowering):
     L.result(L.emit("concat", tensors, out.per_sample, params, axis=axis, order=order))
 
 
-# --- convolutional networks: onto engines.conv's kinds (docs/cnn.md has the mapping) ---------
+# --- convolutional networks: onto engines.ir.conv's kinds (docs/cnn.md has the mapping) ---------
 
 def _problems(found: list[str]) -> None:
     """Every reason a node cannot be lowered, at once."""

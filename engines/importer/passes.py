@@ -339,7 +339,7 @@ def _new_param(params: dict, hint: str, value) -> str:
 
 def fold_batchnorm(model: Model) -> Model:
     """``conv`` then ``batchnorm`` (read only there): one conv with the folded weights and bias
-    (``engines.conv.fold_batchnorm``, in float64)."""
+    (``engines.ir.conv.fold_batchnorm``, in float64)."""
     def merge(conv, bn, params):
         if conv.kind != "conv" or bn.kind != "batchnorm" or conv.attrs.get("activation", "none") != "none":
             return None
@@ -406,7 +406,7 @@ def fuse_conv_add(model: Model, fusable=residual_fusable) -> Model:
     """A 1x1 ``conv`` (no activation) then a two-input ``sum`` or tensor ``add`` (read only there):
     one ``conv_add`` whose output may take the other input's storage. ResNet's residual adds:
     the block's last conv then needs no buffer of its own beside the residual. ``fusable(channels,
-    attrs)``: which convs an engine's ``conv_add`` runs (``engines.conv``'s: 1x1, one group)."""
+    attrs)``: which convs an engine's ``conv_add`` runs (``engines.ir.conv``'s: 1x1, one group)."""
     def merge(conv, add, params):
         if conv.kind != "conv" or conv.attrs.get("activation", "none") != "none" or len(add.inputs) != 2:
             return None

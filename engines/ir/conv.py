@@ -1,4 +1,4 @@
-"""Convolutional-network op kinds, in ``engines.ops``' form: eager NumPy, and calls into planned memory.
+"""Convolutional-network op kinds, in ``engines.ir.ops``' form: eager NumPy, and calls into planned memory.
 
 Layout: NCHW, the ONNX files' own (docs/cnn.md has the measurement and the reasons). Every
 tensor is (batch, channels, height, width); per-sample shapes leave the batch out. Attribute
@@ -28,7 +28,7 @@ the buffer. So every kernel here is "gather with copyto, then compute on contigu
   and the max pool after it): the import passes' fusions, so that neither the conv's output
   beside the residual nor the conv's whole output before the pool is ever held.
 
-Concat, Transpose, Sigmoid and Clip are the ONNX importer's generic kinds in ``engines.ops``
+Concat, Transpose, Sigmoid and Clip are the ONNX importer's generic kinds in ``engines.ir.ops``
 (a copy per part, a strided copy, elementwise), not repeated here.
 
 ``scratch`` and ``flops`` read the op's attributes (a convolution's workspace depends on its

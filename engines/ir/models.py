@@ -25,7 +25,7 @@ REL_TOL = 1e-5
 
 @dataclass(frozen=True)
 class Op:
-    kind: str                    # a key of engines.ops.OPS
+    kind: str                    # a key of engines.ir.ops.OPS
     inputs: tuple[str, ...]      # tensor names read
     output: str                  # tensor name written (each tensor is written once)
     params: tuple[str, ...] = ()  # parameter names, in the order the op takes them
@@ -39,7 +39,7 @@ class Model:
     shapes: dict[str, tuple[int, ...]]   # per-sample shape of every tensor
     params: dict[str, np.ndarray]        # float32
     input: str = "x"
-    # Imported models (engines.onnx_import): the file's bytes, which the onnxruntime engine
+    # Imported models (engines.importer): the file's bytes, which the onnxruntime engine
     # runs as they are, and for each op's output the names of the file's nodes it came from.
     source: bytes | None = field(default=None, repr=False)
     origin: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)

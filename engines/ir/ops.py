@@ -270,7 +270,7 @@ def attn_flops(in_shapes, out_shape, **_attrs):
     return 2 * seq * seq * width
 
 
-# --- generic ops, for imported graphs (engines.onnx_import) -------------------
+# --- generic ops, for imported graphs (engines.importer) -------------------
 # Every attribute is per sample: axes count from the first axis after the batch.
 
 def _batch_axis(axis: int) -> int:

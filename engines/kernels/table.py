@@ -236,7 +236,7 @@ def bind(name: str, x2, y2, w, b, b_tiled, residual, state=None) -> list:
     # made on one thread too: oneDNN splits a primitive's work for the threads it sees when made
     made = []
     make = (lambda: made.extend(kernel.calls(x2, y2, w, b, b_tiled, residual, state)), ())
-    _run(on_one_thread(kernel.one_thread, [make]))
+    run_calls(on_one_thread(kernel.one_thread, [make]))
     return on_one_thread(kernel.one_thread, made)
 
 
@@ -250,7 +250,7 @@ def on_one_thread(pool: str, calls: list) -> list:
     return [(_one_thread, (*_LIBS[pool], tuple(calls)))]
 
 
-def _run(calls) -> None:
+def run_calls(calls) -> None:
     for fn, args in calls:
         fn(*args)
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..memory import aligned
 from ..ir.calls import tile
-from .table import KERNELS, Gemm, _run, bind
+from .table import KERNELS, Gemm, bind, run_calls
 
 BLOCK_SECONDS = 2e-4        # one timed block: long enough that perf_counter's cost is noise
 ROUND_BUDGET_S = 0.12       # total timing per GEMM, spread over the rounds
@@ -33,9 +33,9 @@ def _settle(calls) -> None:
     """Untimed calls: SETTLE_CALLS, and for SETTLE_S at least."""
     end = time.perf_counter() + SETTLE_S
     for _ in range(SETTLE_CALLS):
-        _run(calls)
+        run_calls(calls)
     while time.perf_counter() < end:
-        _run(calls)
+        run_calls(calls)
 
 
 def waiting_seconds() -> float | None:
@@ -88,9 +88,9 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
                        for c in bind(name, x, y, m, b, b_tiled, residual, state)]
     one = {}
     for name, calls in bound.items():               # warm up, and size the blocks
-        _run(calls)
+        run_calls(calls)
         t0 = time.perf_counter()
-        _run(calls)
+        run_calls(calls)
         one[name] = max(time.perf_counter() - t0, 1e-7)
     per_call = max(one.values())
     reps = max(1, int(BLOCK_SECONDS / per_call))
@@ -110,7 +110,7 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
             calls = bound[name]
             t0 = time.perf_counter()
             for _ in range(reps):
-                _run(calls)
+                run_calls(calls)
             times[name].append((time.perf_counter() - t0) / reps)
         if r + 1 == DROP_AFTER and len(alive) > 2:
             # by its fastest block: one block that waited for a core (another process, say)

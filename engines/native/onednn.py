@@ -320,19 +320,15 @@ def matmul_calls(x2, y2, w, b, b_tiled, residual, weights: Weights) -> list:
     return [(fn, call_args)]
 
 
-DNNL: list = []
-
-
+@functools.lru_cache(maxsize=None)
 def library() -> Dnnl:
-    """oneDNN, loaded and probed once per process."""
-    if not DNNL:
-        try:
-            lib = load()
-        except (ImportError, OSError) as exc:
-            raise EngineUnavailable(f"the onednn engine needs oneDNN's CPU library ({exc}); "
-                                    "pip install -e .[onednn]") from exc
-        try:
-            DNNL.append(Dnnl(lib))
-        except (DnnlError, AttributeError) as exc:
-            raise EngineUnavailable(f"the onednn engine could not start oneDNN: {exc}") from exc
-    return DNNL[0]
+    """oneDNN, loaded and probed once per process; EngineUnavailable saying how to get it."""
+    try:
+        lib = load()
+    except (ImportError, OSError) as exc:
+        raise EngineUnavailable(f"the onednn engine needs oneDNN's CPU library ({exc}); "
+                                "pip install -e .[onednn]") from exc
+    try:
+        return Dnnl(lib)
+    except (DnnlError, AttributeError) as exc:
+        raise EngineUnavailable(f"the onednn engine could not start oneDNN: {exc}") from exc

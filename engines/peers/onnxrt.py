@@ -1,6 +1,6 @@
 """onnxruntime: the model exported to an ONNX graph and run by ONNX Runtime, a peer to compare with.
 
-Strategy: an imported model (``engines.onnx_import``) runs its original file.
+Strategy: an imported model (``engines.importer``) runs its original file.
 For the zoo, at construction, write the op list as an ONNX graph with the onnx
 helper API (Gemm or MatMul+Add, Relu, Gelu (tanh), LayerNormalization,
 Softmax, attention as Reshape/Transpose/MatMul), weights as initializers and

@@ -70,7 +70,7 @@ _BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div":
 
 
 def _generic_functions(torch, F):
-    """The generic op kinds of imported graphs (engines.onnx_import), attributes per sample."""
+    """The generic op kinds of imported graphs (engines.importer), attributes per sample."""
     def binary(a, *rest, fn, scalar=None, width=None, swap=False):
         f = _BINARY[fn]
         if scalar is not None:

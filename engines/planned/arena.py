@@ -19,7 +19,7 @@ from .compiled import CompiledEngine, arena_storage
 class ArenaEngine(CompiledEngine):
     name = "arena"
 
-    def _storage(self, sizes):
+    def storage(self, sizes):
         self.plan, arena, store = arena_storage(sizes, self.steps, keep=[self.root(self.model.output)])
         self.activation_bytes = arena.nbytes
         return store

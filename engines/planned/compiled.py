@@ -1,6 +1,6 @@
 """What static and arena share: the model lowered to one flat list of NumPy calls over engine-owned buffers.
 
-A subclass decides only where each tensor lives (``_storage``). This class
+A subclass decides only where each tensor lives (``storage``). This class
 prepares parameters once (weights copied onto cache lines, the largest
 left where NumPy put them: ``ops.weight_layout``), and, once per batch size, binds
 every op's calls (``OpKind.calls``) to views of those buffers. The caller's
@@ -19,6 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,9 +48,20 @@ def arena_storage(sizes: dict[str, int], steps: list[Step], keep: list[str]) \
     return plan, arena, {t: arena[offsets[t] // 4:(offsets[t] + n) // 4] for t, n in sizes.items()}
 
 
+class Bound(NamedTuple):
+    """A forward at one batch size, made once: copy the input into ``input``, run ``calls``
+    (``fn(*args)`` pairs) in order, return ``output``."""
+    input: np.ndarray                 # the engine buffer the caller's input is copied into
+    calls: tuple                      # (fn, args) pairs, every array bound in advance
+    output: np.ndarray                # a read-only view of the result, valid until the next call
+
+
 class BoundEngine(Engine):
-    """An engine whose forward is a flat list of calls, bound once per batch size by ``_bind``:
-    (the engine buffer the input is copied into, the calls, the read-only output view).
+    """An engine whose forward is a flat list of calls, bound once per batch size (``Bound``).
+
+    A subclass provides ``own_memory()`` (allocate this engine's activation buffers; ``worker()``
+    calls it on a copy) and ``bind(batch)`` (every call of a forward at that batch, on views of
+    those buffers, stored in ``self._bound``).
 
     One thread at a time: the buffers, and so the view forward returns, are the engine's.
     The first thread to call forward owns the engine; a forward from any other thread
@@ -63,25 +75,26 @@ class BoundEngine(Engine):
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
-        self._bound: dict[int, tuple] = {}
+        self._bound: dict[int, Bound] = {}
         self._owner: int | None = None            # thread id of the one thread that may call forward
         self._claim_lock = threading.Lock()
 
-    def _bind(self, batch: int) -> tuple[np.ndarray, tuple, np.ndarray]:
+    def bind(self, batch: int) -> Bound:
+        """Every call of a forward at ``batch``, bound to this engine's buffers; kept for later calls."""
         raise NotImplementedError
 
-    def _own_memory(self) -> None:
+    def own_memory(self) -> None:
         """Allocate this engine's own activation buffers (``worker`` calls it on a copy)."""
         raise NotImplementedError
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
         if self._owner != _get_ident():
             self._claim()
-        bound = self._bound.get(x.shape[0]) or self._bind(x.shape[0])
-        np.copyto(bound[0], x)
-        for fn, args in bound[1]:
+        bound = self._bound.get(x.shape[0]) or self.bind(x.shape[0])
+        np.copyto(bound.input, x)
+        for fn, args in bound.calls:
             fn(*args)
-        return bound[2]
+        return bound.output
 
     def _claim(self) -> None:
         with self._claim_lock:
@@ -103,7 +116,7 @@ class BoundEngine(Engine):
     def worker(self) -> "BoundEngine":
         clone = copy.copy(self)                     # prepared weights and plans: shared, read-only
         clone._bound, clone._owner, clone._claim_lock = {}, None, threading.Lock()
-        clone._own_memory()
+        clone.own_memory()
         return clone
 
 
@@ -156,39 +169,39 @@ class CompiledEngine(BoundEngine):
         self.weight_bytes = prepared_bytes
         self.sizes = {t: 4 * max_batch * math.prod(shape) for t, shape in self.shapes.items()
                       if t not in self._root}
-        self._own_memory()
+        self.own_memory()
         # Kernel choices and their per-weight state are shared with workers.
-        self._linears = Linears(self.kernel_candidates, lambda gemm: "numpy")
-        self._bind(max_batch)                     # chooses every linear's kernel now
+        self.linears = Linears(self.kernel_candidates, lambda gemm: "numpy")
+        self.bind(max_batch)                     # chooses every linear's kernel now
 
-    def _own_memory(self) -> None:
-        self._store = self._storage(self.sizes)   # name -> flat float32 array for max_batch
+    def own_memory(self) -> None:
+        self._store = self.storage(self.sizes)   # name -> flat float32 array for max_batch
 
     def report(self) -> dict:
         """What each linear runs on (``engines.kernels.Linears.report``)."""
-        return {"kernels": self._linears.report()}
+        return {"kernels": self.linears.report()}
 
-    def _storage(self, sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    def storage(self, sizes: dict[str, int]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
     def root(self, name: str) -> str:
         """The tensor whose storage ``name`` lives in: itself, or what a view op reinterprets."""
         return self._root.get(name, name)
 
-    def _view(self, name: str, batch: int) -> np.ndarray:
+    def view(self, name: str, batch: int) -> np.ndarray:
         shape = (batch, *self.shapes[name])
         return self._store[self.root(name)][:math.prod(shape)].reshape(shape)
 
-    def _bind(self, batch: int):
+    def bind(self, batch: int):
         calls = []
         for op in self._ops:
-            views = [self._view(t, batch) for t in (op.out, *op.inputs)]
+            views = [self.view(t, batch) for t in (op.out, *op.inputs)]
             if op.calls is linear_calls:          # y = x @ w + b on the kernel measured fastest
                 (y, x), (w, b_tiled) = views, op.operands
-                calls += self._linears.calls(rows2d(x), rows2d(y), w, b_tiled[0], b_tiled, None)
+                calls += self.linears.calls(rows2d(x), rows2d(y), w, b_tiled[0], b_tiled, None)
                 continue
-            calls += op.calls(*views, *op.operands, *(self._view(s, batch) for s in op.scratch), **op.attrs)
-        result = self._view(self.model.output, batch)
+            calls += op.calls(*views, *op.operands, *(self.view(s, batch) for s in op.scratch), **op.attrs)
+        result = self.view(self.model.output, batch)
         result.flags.writeable = False
-        self._bound[batch] = (self._view(self.model.input, batch), tuple(calls), result)
+        self._bound[batch] = Bound(self.view(self.model.input, batch), tuple(calls), result)
         return self._bound[batch]

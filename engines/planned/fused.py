@@ -27,7 +27,7 @@ from functools import partial
 import numpy as np
 
 from ..base import EngineUnavailable
-from .compiled import BoundEngine, arena_storage
+from .compiled import Bound, BoundEngine, arena_storage
 from ..kernels import Gemm, Linears, candidates, cpu_model
 from ..ir.models import Model
 from ..ir.ops import GELU_C, OPS, gather_keys, head_columns, keys_per_head, keys_scratch, mean_column, rowwise_scratch, softmax_rows, split_heads, standardize_calls
@@ -48,7 +48,7 @@ class FusedStep:
     """One step of the fused forward. ``kind`` names its entry in ``BIND``; it writes the engine
     buffer ``out``, reads the buffers ``reads`` and uses ``scratch`` buffers of its own, all per
     sample shapes in ``FusedEngine.shapes``; ``operands`` are arrays prepared once (folded weights,
-    tiled biases) or, for ``calls``, the ``engines.ops`` calls function of the op."""
+    tiled biases) or, for ``calls``, the ``engines.ir.ops`` calls function of the op."""
     kind: str
     out: str
     reads: tuple[str, ...]
@@ -68,7 +68,7 @@ class Lowering:
             for t in op.inputs:
                 self.readers.setdefault(t, []).append(i)
         self.only_reader = {t: self.ops[r[0]] if len(r) == 1 else None for t, r in self.readers.items()}
-        self.where = {model.input: engine._buffer("input", engine._sample_shape)}  # tensor -> buffer
+        self.where = {model.input: self.buffer("input", model.shapes[model.input])}  # tensor -> buffer
         self.folded_ln: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ln output -> (gamma, beta)
         self.qk_scale: dict[str, tuple[int, float]] = {}               # qkv tensor -> (q width, scale)
         for op in self.ops:
@@ -80,19 +80,25 @@ class Lowering:
         self.skip: set[int] = set()         # ops already lowered into an earlier step
         self.steps: list[FusedStep] = []
 
+    def buffer(self, name: str, shape) -> str:
+        """Declare engine buffer ``name`` of per-sample ``shape`` (planned into the arena with the
+        rest); returns the name, which steps use to read, write or scratch it."""
+        self.engine.shapes[name] = tuple(shape)
+        return name
+
     def next_reader(self, op):
         """The op that alone reads ``op``'s output, or None."""
         return self.only_reader.get(op.output)
 
     def output(self, tensor: str, shape) -> str:
         """A new engine buffer for model tensor ``tensor``."""
-        self.where[tensor] = self.engine._buffer(tensor, shape)
+        self.where[tensor] = self.buffer(tensor, shape)
         return self.where[tensor]
 
     def row_scratch(self, op) -> tuple[str, str]:
         """Buffers for a row-wise op's temporary and per-row statistic (``ops.rowwise_scratch``)."""
         tmp, stat = rowwise_scratch([self.model.shapes[op.output]])
-        return self.engine._buffer(op.output + ".tmp", tmp), self.engine._buffer(op.output + ".stat", stat)
+        return self.buffer(op.output + ".tmp", tmp), self.buffer(op.output + ".stat", stat)
 
     def in_place(self, op) -> bool:
         """Whether ``op`` may overwrite its input: it reads it alone, and it isn't the caller's input copy."""
@@ -164,7 +170,7 @@ def _lower_attn_scores(lw: Lowering, i: int, op) -> bool:
     (keys_shape,) = keys_scratch([lw.model.shapes[op.inputs[0]]])
     out = lw.output(op.output, lw.model.shapes[op.output])
     lw.steps.append(FusedStep("attn_scores", out, (lw.where[op.inputs[0]],),
-                              (lw.engine._buffer(op.output + ".keys", keys_shape),), attrs=dict(op.attrs)))
+                              (lw.buffer(op.output + ".keys", keys_shape),), attrs=dict(op.attrs)))
     return True
 
 
@@ -183,7 +189,7 @@ def _lower_gelu(lw: Lowering, i: int, op) -> bool:
     halve = nxt is None or nxt.kind != "linear"
     if not halve:
         lw.doubled.add(op.output)
-    lw.steps.append(FusedStep("gelu", buffer, (buffer,), (lw.engine._buffer(op.output + ".tmp", lw.model.shapes[op.output]),),
+    lw.steps.append(FusedStep("gelu", buffer, (buffer,), (lw.buffer(op.output + ".tmp", lw.model.shapes[op.output]),),
                               attrs={"halve": halve}))
     return True
 
@@ -198,10 +204,10 @@ def _lower_softmax(lw: Lowering, i: int, op) -> bool:
 
 
 def _lower_calls(lw: Lowering, i: int, op) -> bool:
-    """Any other op: its own ``engines.ops`` calls, its operands prepared once."""
+    """Any other op: its own ``engines.ir.ops`` calls, its operands prepared once."""
     kind, model = OPS[op.kind], lw.model
     max_rows = lw.engine.max_batch * math.prod(model.shapes[model.input][:-1])
-    scratch = tuple(lw.engine._buffer(f"{op.output}.scratch{j}", s) for j, s in
+    scratch = tuple(lw.buffer(f"{op.output}.scratch{j}", s) for j, s in
                     enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs], op.attrs)))
     out = lw.output(op.output, model.shapes[op.output])
     lw.steps.append(FusedStep("calls", out, tuple(lw.where[t] for t in op.inputs), scratch,
@@ -220,7 +226,7 @@ LOWER: dict[str, Callable[[Lowering, int, object], bool]] = {
 
 def _bind_linear(eng, step, y, ins, scratch) -> list:
     residual = rows2d(ins[1]) if step.kind == "linear_add" else None
-    calls = eng._linear_calls(rows2d(ins[0]), rows2d(y), *step.operands, residual)
+    calls = eng.linear_calls(rows2d(ins[0]), rows2d(y), *step.operands, residual)
     if step.kind == "linear_relu":                                 # NaN-propagating, against zero rows
         calls += tiled_calls(maximum, rows2d(y), zero_rows(y.shape[-1]))
     return calls
@@ -230,13 +236,13 @@ def _bind_standardize(eng, step, y, ins, scratch) -> list:
     (mean_col,) = step.operands
     tmp, stat = (rows2d(a) for a in scratch)
     return standardize_calls(rows2d(y), rows2d(ins[0]), tmp, stat, step.attrs["eps"],
-                             lambda a, out: [eng._matvec_call(a, mean_col, out)])
+                             lambda a, out: [eng.matvec_call(a, mean_col, out)])
 
 
 def _bind_softmax(eng, step, y, ins, scratch) -> list:
     """ops' softmax, its row sums on the engine's matvec."""
     x, (tmp, stat), y2 = rows2d(ins[0]), (rows2d(a) for a in scratch), rows2d(y)
-    fn, args = eng._matvec_call(y2, ones_column(x.shape[1]), stat)
+    fn, args = eng.matvec_call(y2, ones_column(x.shape[1]), stat)
     return [(softmax_rows, (y2, x, tmp, stat, partial(fn, *args)))]
 
 
@@ -244,14 +250,14 @@ def _bind_attn_scores(eng, step, y, ins, scratch) -> list:
     """The scale is already in q."""
     (qkv,), (keys,), heads = ins, scratch, step.attrs["heads"]
     q, k, _ = split_heads(qkv, heads)
-    return [(gather_keys, (keys, k)), *eng._batched_matmul_calls(q, keys_per_head(keys, heads), y)]
+    return [(gather_keys, (keys, k)), *eng.batched_matmul_calls(q, keys_per_head(keys, heads), y)]
 
 
 def _bind_attn_context(eng, step, y, ins, scratch) -> list:
     """Each head into its column block."""
     (probs, qkv), heads = ins, step.attrs["heads"]
     _, _, v = split_heads(qkv, heads)
-    return eng._batched_matmul_calls(probs, v, head_columns(y, heads))
+    return eng.batched_matmul_calls(probs, v, head_columns(y, heads))
 
 
 def _bind_gelu(eng, step, y, ins, scratch) -> list:
@@ -273,8 +279,8 @@ def _bind_calls(eng, step, y, ins, scratch) -> list:
     # the op's own calls (or the engine's kernel for the op), its matrix products on the engine's
     # GEMM (a convolution's, a pool's)
     op_calls, *prepared = step.operands
-    calls = eng._op_calls(op_calls, y, ins, prepared, scratch, step.attrs)
-    return [c for fn, args in calls for c in (eng._matmul_calls(*args) if fn is np.matmul else [(fn, args)])]
+    calls = eng.op_calls(op_calls, y, ins, prepared, scratch, step.attrs)
+    return [c for fn, args in calls for c in (eng.matmul_calls(*args) if fn is np.matmul else [(fn, args)])]
 
 
 BIND: dict[str, Callable] = {
@@ -285,6 +291,24 @@ BIND: dict[str, Callable] = {
 
 
 class FusedEngine(BoundEngine):
+    """Engines built on fused's steps extend it through this protocol, and only through it (the
+    free ``LOWER``/``BIND`` functions use only the public members named here; tests/test_extension.py
+    builds an engine from it alone):
+
+    - ``lowerings``: op kind -> ``lower(lw, i, op) -> bool`` appending ``FusedStep``s to the
+      ``Lowering`` (buffers by ``lw.buffer``/``lw.output``); False leaves the op to its own calls.
+      ``lower_op(lw, i, op)`` runs it; override it to decide per op before fused's table.
+    - ``binders``: step kind -> ``bind(engine, step, y, ins, scratch) -> [(fn, args), ...]``, the
+      calls of one step on views of one batch size. A new step kind needs an entry here.
+    - the kernels steps run on: ``kernel_candidates`` and ``default_kernel(gemm)`` (which library
+      a linear may run on, measured at build time), ``matvec_call``, ``batched_matmul_calls``,
+      ``matmul_calls`` (NumPy's products in other steps) and ``op_calls`` (an op's own calls).
+    - ``own_memory()`` / ``bind(batch)`` (``BoundEngine``): extend them with ``super()`` for
+      per-engine state allocated with the buffers, or made once per batch size.
+
+    ``shapes`` (buffer -> per-sample shape), ``view(buffer, batch)``, ``linears`` (the kernel
+    choices, shared with workers) and ``max_batch`` may be read.
+    """
     name = "fused"
     peak_slack_bytes = 1024       # measured: 0-96 B under memray
     # Up to this many multiply-adds (rows * in * out) a linear is one SciPy BLAS call with the bias
@@ -296,6 +320,7 @@ class FusedEngine(BoundEngine):
     # What each linear may run on, measured at build time (engines.kernels): NumPy's pool, or one
     # thread; not MKL, whose spinning pool is packed's to bring in
     kernel_candidates = candidates("numpy", exclude=("mkl",))
+    lowerings = LOWER                # op kind -> its lowering; an engine with lowerings of its own extends it
     binders = BIND                   # step kind -> its binding; an engine with step kinds of its own extends it
 
     def __init__(self, model: Model, max_batch: int):
@@ -304,21 +329,17 @@ class FusedEngine(BoundEngine):
         self.shapes: dict[str, tuple[int, ...]] = {}   # per-sample shape of every engine buffer
         self.steps = self._lower(model)
         self.weight_bytes = sum(a.nbytes for step in self.steps for a in step.operands if isinstance(a, np.ndarray))
-        self._own_memory()
+        self.own_memory()
         # Kernel choices and their per-weight state (MKL's packs) are shared with workers.
-        self._linears = Linears(self.kernel_candidates, self._default_kernel)
-        self._bind(self.max_batch)        # chooses every linear's kernel now (engines.kernels)
+        self.linears = Linears(self.kernel_candidates, self.default_kernel)
+        self.bind(self.max_batch)        # chooses every linear's kernel now (engines.kernels)
 
-    def _own_memory(self) -> None:
+    def own_memory(self) -> None:
         self.plan, arena, self._buffers = arena_storage(
             {t: 4 * self.max_batch * math.prod(s) for t, s in self.shapes.items()}, self._schedule(), [self._output])
         self.activation_bytes = arena.nbytes
 
     # --- lowering: ops -> fused steps, weights folded once --------------------
-
-    def _buffer(self, name: str, shape: tuple[int, ...]) -> str:
-        self.shapes[name] = tuple(shape)
-        return name
 
     def _schedule(self) -> list[Step]:
         """The steps as the planner sees them: the input copy first, then each step reading its
@@ -332,28 +353,28 @@ class FusedEngine(BoundEngine):
         lw = Lowering(self, model)
         for i, op in enumerate(model.ops):
             if i not in lw.skip:
-                self._lower_op(lw, i, op)
+                self.lower_op(lw, i, op)
         self._output = lw.where[model.output]
         return lw.steps
 
-    def _lower_op(self, lw: Lowering, i: int, op) -> None:
+    def lower_op(self, lw: Lowering, i: int, op) -> None:
         """Op i as steps: its ``LOWER`` entry, else its own calls. An engine with steps of its own
         for some kinds extends this."""
-        if not LOWER.get(op.kind, _lower_calls)(lw, i, op):
+        if not self.lowerings.get(op.kind, _lower_calls)(lw, i, op):
             _lower_calls(lw, i, op)
 
     # --- binding: every call of one batch size, made once -----------------------
 
-    def _view(self, name: str, batch: int) -> np.ndarray:
+    def view(self, name: str, batch: int) -> np.ndarray:
         shape = (batch, *self.shapes[name])
         return self._buffers[name][:math.prod(shape)].reshape(shape)
 
-    def _linear_calls(self, x2, y2, w, b, b_tiled, residual) -> list:
+    def linear_calls(self, x2, y2, w, b, b_tiled, residual) -> list:
         """The calls for y2 = x2 @ w + b (+ residual), every array a 2-D view bound in advance, on
         the kernel measured fastest here for this shape (``engines.kernels``)."""
-        return self._linears.calls(x2, y2, w, b, b_tiled, residual)
+        return self.linears.calls(x2, y2, w, b, b_tiled, residual)
 
-    def _default_kernel(self, gemm: Gemm) -> str:
+    def default_kernel(self, gemm: Gemm) -> str:
         """The kernel without tuning (MLEXEC_TUNE=0): SciPy's gemm/gemv with the bias fused up to
         blas_max_work, NumPy's matmul above it and for weights stored transposed."""
         if gemm.rows * gemm.k * gemm.n > self.blas_max_work or gemm.transposed:
@@ -363,32 +384,32 @@ class FusedEngine(BoundEngine):
     def report(self) -> dict:
         """What each linear runs on: per GEMM (rows x in x out, T: weights stored transposed) the
         kernel chosen, how (measured, cached, default) and what every candidate measured."""
-        return {"cpu": cpu_model(), "kernels": self._linears.report()}
+        return {"cpu": cpu_model(), "kernels": self.linears.report()}
 
-    def _matvec_call(self, x, col, out):
+    def matvec_call(self, x, col, out):
         """The call for out = x @ col, col a (n, 1) column."""
         return (np.matmul, (x, col, out))
 
-    def _batched_matmul_calls(self, a, b, out) -> list:
+    def batched_matmul_calls(self, a, b, out) -> list:
         """The calls for out[i, h] = a[i, h] @ b[i, h] over (batch, heads) views."""
         return [(np.matmul, (a, b, out))]
 
-    def _matmul_calls(self, a, b, out) -> list:
+    def matmul_calls(self, a, b, out) -> list:
         """The calls for ``np.matmul(a, b, out=out)`` in an op's own calls."""
         return [(np.matmul, (a, b, out))]
 
-    def _op_calls(self, op_calls, y, ins, prepared, scratch, attrs) -> list:
+    def op_calls(self, op_calls, y, ins, prepared, scratch, attrs) -> list:
         """The calls of a step that runs an op kind's own calls (``ops.OpKind.calls``): those
         calls here; an engine with a faster kernel for the kind returns that kernel's calls."""
         return op_calls(y, *ins, *prepared, *scratch, **attrs)
 
-    def _bind(self, batch: int):
+    def bind(self, batch: int):
         calls = []
         for step in self.steps:
-            calls += self.binders[step.kind](self, step, self._view(step.out, batch),
-                                     [self._view(t, batch) for t in step.reads],
-                                     [self._view(t, batch) for t in step.scratch])
-        result = self._view(self._output, batch)
+            calls += self.binders[step.kind](self, step, self.view(step.out, batch),
+                                     [self.view(t, batch) for t in step.reads],
+                                     [self.view(t, batch) for t in step.scratch])
+        result = self.view(self._output, batch)
         result.flags.writeable = False
-        self._bound[batch] = (self._view("input", batch), tuple(calls), result)
+        self._bound[batch] = Bound(self.view("input", batch), tuple(calls), result)
         return self._bound[batch]

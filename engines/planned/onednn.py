@@ -46,16 +46,16 @@ class OneDnnEngine(FusedEngine):
     kernel_candidates = candidates("onednn-primitives")
 
     def __init__(self, model, max_batch: int):
-        self._dnnl = library()
+        self.dnnl = library()
         self._channels: dict[str, int] = {}      # native buffer -> the tensor's channels
         self._twins: dict[tuple[str, bool], str] = {}   # (tensor, native) -> its buffer in that layout
-        self._weights = Weights(self._dnnl)     # shared with workers
-        # oneDNN's conv takes a residual sum and an activation after any conv (engines.conv's
+        self.weights = Weights(self.dnnl)       # shared with workers
+        # oneDNN's conv takes a residual sum and an activation after any conv (engines.ir.conv's
         # conv_add only after a 1x1 one): ShuffleNet's grouped 1x1 convs then their Sum and ReLU
         model = fuse_conv_activation(fuse_conv_add(model, fusable=lambda channels, attrs: True))
         super().__init__(model, max_batch)
 
-    def _default_kernel(self, gemm) -> str:
+    def default_kernel(self, gemm) -> str:
         """Without tuning: oneDNN's matmul, where it allocates nothing per call; else SciPy's
         gemm on one thread (SciPy is fused's own requirement)."""
         return "onednn-matmul" if matmul_fits(gemm) else "scipy-1t"
@@ -63,40 +63,45 @@ class OneDnnEngine(FusedEngine):
     # NumPy's products (attention's per-head products, layernorm's and softmax's matvecs, an op's
     # own matmuls) on one OpenBLAS thread: on NumPy's two-thread pool they alternated with
     # OpenMP's and waited on its spinning workers
-    def _matvec_call(self, x, col, out):
-        return on_one_thread("numpy-threads", [super()._matvec_call(x, col, out)])[0]
+    def matvec_call(self, x, col, out):
+        return on_one_thread("numpy-threads", [super().matvec_call(x, col, out)])[0]
 
-    def _batched_matmul_calls(self, a, b, out) -> list:
-        return on_one_thread("numpy-threads", super()._batched_matmul_calls(a, b, out))
+    def batched_matmul_calls(self, a, b, out) -> list:
+        return on_one_thread("numpy-threads", super().batched_matmul_calls(a, b, out))
 
-    def _matmul_calls(self, a, b, out) -> list:
-        return on_one_thread("numpy-threads", super()._matmul_calls(a, b, out))
+    def matmul_calls(self, a, b, out) -> list:
+        return on_one_thread("numpy-threads", super().matmul_calls(a, b, out))
 
     # --- lowering: which tensors are native, and the reorders between layouts --------------
 
-    def _lower_op(self, lw, i: int, op) -> None:
+    def lower_op(self, lw, i: int, op) -> None:
         """oneDNN's steps where the op has them; else fused's, on NCHW inputs. The model's output
         in NCHW."""
         lower = _LOWER_DNNL.get(op.kind)
-        if lower is None or not lower(self, lw, i, op):
+        if lower is None or not lower(lw, i, op):
             for reader in lw.ops[i:i + 2]:                 # the op, and a next op it may take in
                 for t in reader.inputs:
                     if t in lw.where:
-                        lw.where[t] = self._layout(lw, t, native=False)
-            super()._lower_op(lw, i, op)
+                        lw.where[t] = self.layout(lw, t, native=False)
+            super().lower_op(lw, i, op)
         elif op.output == lw.model.output:
-            lw.where[op.output] = self._layout(lw, op.output, native=False)
+            lw.where[op.output] = self.layout(lw, op.output, native=False)
 
     def _native_shape(self, shape) -> tuple[int, ...]:
-        b = self._dnnl.block
+        b = self.dnnl.block
         return (-(-shape[0] // b) * b, *shape[1:])
 
-    def _new_native(self, name: str, shape) -> str:
-        buffer = self._buffer(name, self._native_shape(shape))
+    def new_native(self, lw: Lowering, name: str, shape) -> str:
+        """A new buffer for a (C, H, W) tensor in oneDNN's layout, channels padded to its block."""
+        buffer = lw.buffer(name, self._native_shape(shape))
         self._channels[buffer] = shape[0]
         return buffer
 
-    def _layout(self, lw, tensor: str, native: bool) -> str:
+    def is_native(self, buffer: str) -> bool:
+        """Whether ``buffer`` holds its tensor in oneDNN's layout."""
+        return buffer in self._channels
+
+    def layout(self, lw, tensor: str, native: bool) -> str:
         """The buffer holding ``tensor`` in the layout asked: where it is, or its twin, written by a
         reorder step the first time one is asked."""
         buffer = lw.where[tensor]
@@ -104,57 +109,58 @@ class OneDnnEngine(FusedEngine):
             return buffer
         if (tensor, native) not in self._twins:
             shape = lw.model.shapes[tensor]
-            twin = (self._new_native(tensor + ".dnnl", shape) if native
-                    else self._buffer(tensor + ".nchw", shape))
+            twin = (self.new_native(lw, tensor + ".dnnl", shape) if native
+                    else lw.buffer(tensor + ".nchw", shape))
             self._twins[tensor, native], self._twins[tensor, not native] = twin, buffer
             lw.steps.append(FusedStep("dnnl_reorder", twin, (buffer,)))
         return self._twins[tensor, native]
 
-    def _md(self, buffer: str, batch: int) -> P:
+    def md(self, buffer: str, batch: int) -> P:
+        """oneDNN's memory descriptor of ``buffer`` at ``batch``, in the layout it is held in."""
         if buffer in self._channels:
             shape = (self._channels[buffer], *self.shapes[buffer][1:])
-            return self._owned.md((batch, *shape), self._dnnl.layout)
-        return self._owned.md((batch, *self.shapes[buffer]), PLAIN[len(self.shapes[buffer]) + 1])
+            return self.owned.md((batch, *shape), self.dnnl.layout)
+        return self.owned.md((batch, *self.shapes[buffer]), PLAIN[len(self.shapes[buffer]) + 1])
 
     def report(self) -> dict:
         """fused's report, with the activation layout and, per primitive, the implementation
         oneDNN chose on this CPU (``brgconv:avx512_core``, ``jit:avx2``, ...; ``ref`` is its
         slow reference code)."""
-        layout = {PLAIN[4]: "NCHW", 22: "NHWC"}.get(self._dnnl.layout, f"nChw{self._dnnl.block}c")
+        layout = {PLAIN[4]: "NCHW", 22: "NHWC"}.get(self.dnnl.layout, f"nChw{self.dnnl.block}c")
         return {**super().report(), "layout": layout, "primitives": list(self._primitives)}
 
     # --- binding ---------------------------------------------------------------------------
 
-    def _own_memory(self) -> None:
-        super()._own_memory()
-        self._owned = Owned(self._dnnl)             # this engine's (or worker's) primitives
-        weakref.finalize(self, self._owned.release)
+    def own_memory(self) -> None:
+        super().own_memory()
+        self.owned = Owned(self.dnnl)             # this engine's (or worker's) primitives
+        weakref.finalize(self, self.owned.release)
         self._scratchpad = aligned_empty(0)
         self._scratchpad_mems: list[tuple[P, int]] = []   # (memory, bytes) of this engine's primitives
         self._primitives: list[dict] = []
 
-    def _bind(self, batch: int):
+    def bind(self, batch: int):
         self._primitives = [p for p in self._primitives if p["batch"] != batch]
-        bound = super()._bind(batch)
+        bound = super().bind(batch)
         need = max((n for _, n in self._scratchpad_mems), default=0)
         if need > self._scratchpad.nbytes:
             self._scratchpad = aligned_empty(-(-need // 4))
         for mem, _ in self._scratchpad_mems:
-            self._dnnl.check(self._dnnl.lib.dnnl_memory_set_data_handle(mem, P(self._scratchpad.ctypes.data)),
+            self.dnnl.check(self.dnnl.lib.dnnl_memory_set_data_handle(mem, P(self._scratchpad.ctypes.data)),
                              "scratchpad handle")
         return bound
 
-    def _execute(self, pd, args: dict[int, tuple], step) -> tuple:
+    def execute(self, pd, args: dict[int, tuple], step) -> tuple:
         """The call that runs the primitive of ``pd`` on ``args`` (argument -> (md, array)), its
         scratchpad on the engine's. The implementation oneDNN chose goes into ``report()``."""
-        lib = self._dnnl.lib
+        lib = self.dnnl.lib
         impl = ctypes.c_char_p()
-        self._dnnl.check(lib.dnnl_primitive_desc_query(pd, Q_IMPL, 0, ctypes.byref(impl)), "implementation query")
+        self.dnnl.check(lib.dnnl_primitive_desc_query(pd, Q_IMPL, 0, ctypes.byref(impl)), "implementation query")
         batch = next(iter(args.values()))[1].shape[0]
         self._primitives.append({"step": step.out, "kind": step.kind.removeprefix("dnnl_"), "batch": batch,
                                  "implementation": impl.value.decode()})
-        call, pad = self._dnnl.call(self._owned, pd, args, None)
-        self._scratchpad_mems.append((pad, lib.dnnl_memory_desc_get_size(self._dnnl.scratchpad_md(pd))))
+        call, pad = self.dnnl.call(self.owned, pd, args, None)
+        self._scratchpad_mems.append((pad, lib.dnnl_memory_desc_get_size(self.dnnl.scratchpad_md(pd))))
         return call
 
 
@@ -169,13 +175,14 @@ def _activation(attrs) -> tuple | None:
     return None
 
 
-def _lower_conv(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
+def _lower_conv(lw: Lowering, i: int, op) -> bool:
     """conv, conv_add (the residual summed into the output by a post-op: in the residual's own
     buffer when this is its last reader) and conv_maxpool (the conv into a native scratch, then the pool)."""
+    eng = lw.engine
     shapes = lw.model.shapes
     channels = shapes[op.inputs[0]][0]
     conv, pool = split_pool(op.attrs) if op.kind == "conv_maxpool" else (dict(op.attrs), None)
-    src = eng._layout(lw, op.inputs[0], native=channels >= eng._dnnl.block)
+    src = eng.layout(lw, op.inputs[0], native=channels >= eng.dnnl.block)
     w, b = (lw.model.params[p] for p in op.params)
     w32 = np.ascontiguousarray(w, dtype=np.float32)
     b32 = np.ascontiguousarray(b, dtype=np.float32)
@@ -183,51 +190,54 @@ def _lower_conv(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
     out_shape = shapes[op.output]
     if op.kind == "conv_add":
         residual = op.inputs[1]
-        reads.append(eng._layout(lw, residual, native=True))
+        reads.append(eng.layout(lw, residual, native=True))
     if residual is not None and lw.readers[residual][-1] == i and residual != lw.model.input:
         out = lw.where[op.output] = reads[1]               # summed in place: the residual's last read
     else:
-        out = lw.where[op.output] = eng._new_native(op.output, out_shape)
+        out = lw.where[op.output] = eng.new_native(lw, op.output, out_shape)
     if pool is not None:
         win = conv_attrs(conv)[0]
-        scratch = (eng._new_native(op.output + ".conv", (w.shape[0], *win.out_size(*shapes[op.inputs[0]][1:]))),)
+        scratch = (eng.new_native(lw, op.output + ".conv", (w.shape[0], *win.out_size(*shapes[op.inputs[0]][1:]))),)
     attrs = {"conv": conv, "pool": pool, "residual": residual is not None}
     lw.steps.append(FusedStep("dnnl_conv", out, tuple(reads), scratch, (w32, b32), attrs))
     return True
 
 
-def _lower_pool(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
+def _lower_pool(lw: Lowering, i: int, op) -> bool:
     """A max or average pool, or an LRN, of a tensor in oneDNN's layout; of an NCHW one it stays
-    the ``engines.conv`` op, as does an average pool that counts pads in ceil_mode (oneDNN would
+    the ``engines.ir.conv`` op, as does an average pool that counts pads in ceil_mode (oneDNN would
     count the overhang too) and an LRN of even size (its window is not centred)."""
+    eng = lw.engine
     src = lw.where[op.inputs[0]]
-    if src not in eng._channels:
+    if not eng.is_native(src):
         return False
     attrs = dict(op.attrs)
     if op.kind == "averagepool" and attrs.get("count_include_pad") and attrs.get("ceil_mode"):
         return False
     if op.kind == "lrn" and attrs["size"] % 2 == 0:
         return False
-    out = lw.where[op.output] = eng._new_native(op.output, lw.model.shapes[op.output])
+    out = lw.where[op.output] = eng.new_native(lw, op.output, lw.model.shapes[op.output])
     lw.steps.append(FusedStep("dnnl_pool", out, (src,), attrs={"kind": op.kind, **attrs}))
     return True
 
 
-def _lower_concat(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
+def _lower_concat(lw: Lowering, i: int, op) -> bool:
     """A channel concat of tensors all in oneDNN's layout (a fire or inception module's branches)."""
+    eng = lw.engine
     srcs = [lw.where[t] for t in op.inputs]
-    if op.attrs.get("axis") != 0 or set(op.attrs.get("order", "")) != {"t"} or not all(b in eng._channels for b in srcs):
+    if op.attrs.get("axis") != 0 or set(op.attrs.get("order", "")) != {"t"} or not all(map(eng.is_native, srcs)):
         return False
-    out = lw.where[op.output] = eng._new_native(op.output, lw.model.shapes[op.output])
+    out = lw.where[op.output] = eng.new_native(lw, op.output, lw.model.shapes[op.output])
     lw.steps.append(FusedStep("dnnl_concat", out, tuple(srcs)))
     return True
 
 
-def _lower_shuffle(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
+def _lower_shuffle(lw: Lowering, i: int, op) -> bool:
     """A channel shuffle of a tensor in oneDNN's layout: Reshape (C, H, W) -> (g, C/g, H, W),
     Transpose (1, 0, 2, 3), Reshape back (ShuffleNet's), each read only by the next."""
+    eng = lw.engine
     src = lw.where[op.inputs[0]]
-    if src not in eng._channels or i + 2 >= len(lw.ops):
+    if not eng.is_native(src) or i + 2 >= len(lw.ops):
         return False
     t, back = lw.ops[i + 1], lw.ops[i + 2]
     shapes = lw.model.shapes
@@ -237,34 +247,36 @@ def _lower_shuffle(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
             and grouped[0] * grouped[1] == chw[0] and tuple(grouped[2:]) == tuple(chw[1:]) and shapes[back.output] == chw):
         return False
     lw.skip.update((i + 1, i + 2))
-    out = lw.where[back.output] = eng._new_native(back.output, chw)
+    out = lw.where[back.output] = eng.new_native(lw, back.output, chw)
     lw.steps.append(FusedStep("dnnl_shuffle", out, (src,), attrs={"group_size": grouped[1]}))
     return True
 
 
-def _lower_batchnorm(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
+def _lower_batchnorm(lw: Lowering, i: int, op) -> bool:
     """A batchnorm (one no conv took in: after a concat, DenseNet's) of a tensor in oneDNN's
     layout, and the ReLU right after it that alone reads it, as one primitive."""
+    eng = lw.engine
     src = lw.where[op.inputs[0]]
-    if src not in eng._channels:
+    if not eng.is_native(src):
         return False
     nxt = lw.next_reader(op)
     relu = nxt is not None and nxt.kind == "relu" and i + 1 < len(lw.ops) and lw.ops[i + 1] is nxt
     if relu:
         lw.skip.add(i + 1)
-    out = lw.where[(nxt if relu else op).output] = eng._new_native(op.output, lw.model.shapes[op.output])
+    out = lw.where[(nxt if relu else op).output] = eng.new_native(lw, op.output, lw.model.shapes[op.output])
     stats = tuple(np.ascontiguousarray(lw.model.params[p], dtype=np.float32) for p in op.params)
     lw.steps.append(FusedStep("dnnl_batchnorm", out, (src,), operands=stats,
                               attrs={"epsilon": float(op.attrs.get("epsilon", 1e-5)), "relu": relu}))
     return True
 
 
-def _lower_relu(eng: OneDnnEngine, lw: Lowering, i: int, op) -> bool:
+def _lower_relu(lw: Lowering, i: int, op) -> bool:
     """A ReLU of a tensor in oneDNN's layout (one no conv took in: after a concat)."""
+    eng = lw.engine
     src = lw.where[op.inputs[0]]
-    if src not in eng._channels:
+    if not eng.is_native(src):
         return False
-    out = lw.where[op.output] = eng._new_native(op.output, lw.model.shapes[op.output])
+    out = lw.where[op.output] = eng.new_native(lw, op.output, lw.model.shapes[op.output])
     lw.steps.append(FusedStep("dnnl_relu", out, (src,)))
     return True
 
@@ -281,36 +293,36 @@ def _pool_call(eng: OneDnnEngine, step, attrs, src_md, src: np.ndarray, dst_md, 
     include = bool(attrs.pop("count_include_pad", 0))
     win = pool_window(attrs)
     alg = POOL_MAX if kind == "maxpool" else (POOL_AVG_INCLUDE if include else POOL_AVG_EXCLUDE)
-    o = eng._owned
+    o = eng.owned
     # oneDNN floors the output size: the right pads grown to reach a ceil_mode window
     pd = o.pool_pd(alg, src_md, dst_md, win.strides, win.kernel, tuple(d - 1 for d in win.dilations),
                    win.pads[:2], win.end_pads(*hw), o.attr())
-    return eng._execute(pd, {SRC: (src_md, src), DST: (dst_md, dst)}, step)
+    return eng.execute(pd, {SRC: (src_md, src), DST: (dst_md, dst)}, step)
 
 
 def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    batch, attrs, o = y.shape[0], step.attrs, eng._owned
+    batch, attrs, o = y.shape[0], step.attrs, eng.owned
     w, b = step.operands
     win, group, _ = conv_attrs(attrs["conv"])
     hw = ins[0].shape[-2:]
     out_ch = w.shape[0]
     pooled = attrs["pool"] is not None                         # the conv into the scratch, then the pool
     dst_buffer, dst = (step.scratch[0], scratch[0]) if pooled else (step.out, y)
-    dst_md = eng._md(dst_buffer, batch)
-    src_md = eng._md(step.reads[0], batch)
+    dst_md = eng.md(dst_buffer, batch)
+    src_md = eng.md(step.reads[0], batch)
     w_dims = (group, out_ch // group, *w.shape[1:]) if group > 1 else w.shape
     w_plain = o.md(w_dims, PLAIN[len(w_dims)])
     b_md = o.md((out_ch,), PLAIN[1])
     pd = o.conv_pd(src_md, o.md(w_dims, ANY), b_md, dst_md, win.strides, tuple(d - 1 for d in win.dilations),
                    win.pads[:2], win.end_pads(*hw), o.attr(attrs["residual"], _activation(attrs["conv"])))
-    w_md, w_native = eng._weights.take(pd, w_plain, w)
+    w_md, w_native = eng.weights.take(pd, w_plain, w)
     calls = []
     if attrs["residual"] and step.reads[1] != step.out:       # the residual, copied into the output first
         calls.append((np.copyto, (y, ins[1])))
-    calls.append(eng._execute(pd, {SRC: (src_md, ins[0]), WEIGHTS: (w_md, w_native), BIAS: (b_md, b),
+    calls.append(eng.execute(pd, {SRC: (src_md, ins[0]), WEIGHTS: (w_md, w_native), BIAS: (b_md, b),
                                    DST: (dst_md, dst)}, step))
     if pooled:
-        calls.append(_pool_call(eng, step, dict(attrs["pool"]), dst_md, dst, eng._md(step.out, batch), y,
+        calls.append(_pool_call(eng, step, dict(attrs["pool"]), dst_md, dst, eng.md(step.out, batch), y,
                                 win.out_size(*hw)))
     return calls
 
@@ -318,10 +330,10 @@ def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 def _one_input(eng: OneDnnEngine, step, y, ins, make_pd, src=None, dst=None, more=None) -> list:
     """The call of a primitive from the step's one input to its output: ``make_pd(owned, src md,
     dst md)``; the descriptors are the buffers' own unless given, ``more`` other arguments."""
-    batch, o = y.shape[0], eng._owned
-    src = eng._md(step.reads[0], batch) if src is None else src
-    dst = eng._md(step.out, batch) if dst is None else dst
-    return [eng._execute(make_pd(o, src, dst), {SRC: (src, ins[0]), DST: (dst, y), **(more or {})}, step)]
+    batch, o = y.shape[0], eng.owned
+    src = eng.md(step.reads[0], batch) if src is None else src
+    dst = eng.md(step.out, batch) if dst is None else dst
+    return [eng.execute(make_pd(o, src, dst), {SRC: (src, ins[0]), DST: (dst, y), **(more or {})}, step)]
 
 
 def _bind_pool(eng: OneDnnEngine, step, y, ins, scratch) -> list:
@@ -331,7 +343,7 @@ def _bind_pool(eng: OneDnnEngine, step, y, ins, scratch) -> list:
             src, dst, int(attrs["size"]), float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75)),
             float(attrs.get("bias", 1.0)), o.attr()))
     batch = y.shape[0]
-    return [_pool_call(eng, step, attrs, eng._md(step.reads[0], batch), ins[0], eng._md(step.out, batch), y,
+    return [_pool_call(eng, step, attrs, eng.md(step.reads[0], batch), ins[0], eng.md(step.out, batch), y,
                        ins[0].shape[-2:])]
 
 
@@ -345,10 +357,10 @@ def _bind_reorder(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 def _bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     batch = y.shape[0]
-    srcs = [eng._md(b, batch) for b in step.reads]
-    dst = eng._md(step.out, batch)
-    pd = eng._owned.concat_pd(dst, srcs, eng._owned.attr())
-    return [eng._execute(pd, {DST: (dst, y), **{MULTIPLE_SRC + i: (md, x) for i, (md, x) in enumerate(zip(srcs, ins))}}, step)]
+    srcs = [eng.md(b, batch) for b in step.reads]
+    dst = eng.md(step.out, batch)
+    pd = eng.owned.concat_pd(dst, srcs, eng.owned.attr())
+    return [eng.execute(pd, {DST: (dst, y), **{MULTIPLE_SRC + i: (md, x) for i, (md, x) in enumerate(zip(srcs, ins))}}, step)]
 
 
 def _bind_shuffle(eng: OneDnnEngine, step, y, ins, scratch) -> list:
@@ -356,9 +368,9 @@ def _bind_shuffle(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     code, a reorder between two strided views of the pixels' channels: source channel i·m + j
     goes to j·g + i (m = C/g, the group size)."""
     m = step.attrs["group_size"]
-    if eng._dnnl.block == 1:
+    if eng.dnnl.block == 1:
         c, h, w = eng.shapes[step.out]
-        g, o = c // m, eng._owned
+        g, o = c // m, eng.owned
         dims, outer = (y.shape[0], m, g, h, w), (h * w * c, w * c, c)    # NHWC strides of n, then h, w
         src = o.with_strides(dims, (outer[0], 1, m, *outer[1:]))
         dst = o.with_strides(dims, (outer[0], g, 1, *outer[1:]))
@@ -374,7 +386,7 @@ def _bind_relu(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     scale, bias, mean, var = step.operands
     flags = GLOBAL_STATS | USE_SCALE | USE_SHIFT | (NORM_RELU if step.attrs["relu"] else 0)
-    per_channel = eng._owned.md(scale.shape, PLAIN[1])
+    per_channel = eng.owned.md(scale.shape, PLAIN[1])
     stats = {MEAN: (per_channel, mean), VARIANCE: (per_channel, var), SCALE: (per_channel, scale),
              SHIFT: (per_channel, bias)}
     return _one_input(eng, step, y, ins, lambda o, src, dst: o.batchnorm_pd(src, dst, step.attrs["epsilon"], flags,

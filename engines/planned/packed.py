@@ -44,9 +44,9 @@ class PackedEngine(FusedEngine):
     def __init__(self, model, max_batch: int):
         self._mkl = mkl.load()
         super().__init__(model, max_batch)
-        self.weight_bytes += self._linears.state_bytes   # the packs of the linears that chose them
+        self.weight_bytes += self.linears.state_bytes   # the packs of the linears that chose them
 
-    def _default_kernel(self, gemm: kernels.Gemm) -> str:
+    def default_kernel(self, gemm: kernels.Gemm) -> str:
         """Without tuning: MKL's packed GEMM for every linear of more than one row above
         blas_max_work, MKL's plain sgemm below: MKL's pool, the one the convolutions and
         attention products run on. (fused's choice, SciPy's or NumPy's OpenBLAS, put a second
@@ -56,22 +56,22 @@ class PackedEngine(FusedEngine):
             return "mkl-gemm"
         return "mkl-packed"
 
-    def _matvec_call(self, x, col, out):
+    def matvec_call(self, x, col, out):
         # On MKL, not NumPy's matmul: one thread pool (see the module docstring).
         item = x.itemsize
         if not x.strides[1] == col.strides[0] == item:
-            return super()._matvec_call(x, col, out)
+            return super().matvec_call(x, col, out)
         rows, n = x.shape
         ptr = ctypes.c_void_p
         return (self._mkl.sgemv, (mkl.ROW_MAJOR, mkl.NO_TRANS, rows, n, ctypes.c_float(1.0), ptr(x.ctypes.data),
                                   x.strides[0] // item, ptr(col.ctypes.data), 1, ctypes.c_float(0.0),
                                   ptr(out.ctypes.data), out.strides[0] // item))
 
-    def _batched_matmul_calls(self, a, b, out) -> list:
+    def batched_matmul_calls(self, a, b, out) -> list:
         # On MKL, not NumPy's matmul: one thread pool (see the module docstring).
         layouts = [mkl.matrix_layout(m[0]) for m in (a, b, out)]
         if None in layouts or layouts[2][0] != mkl.NO_TRANS:
-            return super()._batched_matmul_calls(a, b, out)
+            return super().batched_matmul_calls(a, b, out)
         (ta, lda, sa), (tb, ldb, sb), (_, ldc, sc) = layouts
         heads, m, k = a.shape[1:]
         n = b.shape[-1]
@@ -85,24 +85,24 @@ class PackedEngine(FusedEngine):
         # MKL's strided batch refuses: one gemm per head.
         return [mkl.sgemm_call(self._mkl, a[i, h], b[i, h], out[i, h]) for i in range(a.shape[0]) for h in range(heads)]
 
-    def _op_calls(self, op_calls, y, ins, prepared, scratch, attrs) -> list:
+    def op_calls(self, op_calls, y, ins, prepared, scratch, attrs) -> list:
         # erf and GELU on MKL's vector math (its default high-accuracy mode, ~1 ulp): 0.22 ms for
         # 8 x 64 x 1024 floats where the op's 22 NumPy passes took 1.29 ms (docs/importing.md)
         vector_math = _VECTOR_MATH.get(op_calls)
         if vector_math is None or not all(a.flags.c_contiguous for a in (y, *ins)):
-            return super()._op_calls(op_calls, y, ins, prepared, scratch, attrs)
+            return super().op_calls(op_calls, y, ins, prepared, scratch, attrs)
         return vector_math(self._mkl, y, *ins)
 
-    def _matmul_calls(self, a, b, out) -> list:
+    def matmul_calls(self, a, b, out) -> list:
         # An op's own products (a convolution's GEMMs, a pool's or LRN's matrix products) on MKL
         # too, one sgemm per matrix of the stacks: one thread pool (see the module docstring).
         lead = out.shape[:-2]
         try:
             stacks = [np.broadcast_to(x, lead + x.shape[-2:]) for x in (a, b)]
         except ValueError:
-            return super()._matmul_calls(a, b, out)
+            return super().matmul_calls(a, b, out)
         calls = [mkl.sgemm_call(self._mkl, stacks[0][i], stacks[1][i], out[i]) for i in np.ndindex(lead)]
-        return super()._matmul_calls(a, b, out) if None in calls else calls
+        return super().matmul_calls(a, b, out) if None in calls else calls
 
 
 # the op kinds that run on MKL's vector math instead of their own calls

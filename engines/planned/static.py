@@ -19,7 +19,7 @@ from ..planner import end_to_end
 class StaticEngine(CompiledEngine):
     name = "static"
 
-    def _storage(self, sizes):
+    def storage(self, sizes):
         # Every op's scratch laid end to end from the start of one shared workspace.
         layouts = [end_to_end({s: sizes[s] for s in op.scratch}) for op in self._ops if op.scratch]
         scratch = {s for offsets, _ in layouts for s in offsets}
