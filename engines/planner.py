@@ -68,7 +68,30 @@ def plan_memory(sizes: Mapping[str, int], steps: Sequence[Step], keep: Sequence[
 
     ``keep`` lists tensors that must survive the last step (the model output).
     """
-    # 1. liveness
+    first, last = _liveness(sizes, steps, keep)
+    root = _in_place(sizes, steps, first, last)
+    members: dict[str, list[str]] = {}
+    for t in sizes:
+        members.setdefault(root[t], []).append(t)
+    span = {r: (min(first[t] for t in ts), max(last[t] for t in ts)) for r, ts in members.items()}
+    size = {r: max(sizes[t] for t in ts) for r, ts in members.items()}
+    # lower bound: the most bytes live at any one step
+    lower = max((sum(size[r] for r, (a, b) in span.items() if a <= i <= b) for i in range(len(steps) + 1)),
+                default=0)
+    placed = _placement(size, span, lower)
+    return Plan(
+        offsets={t: placed[root[t]] for t in sizes},
+        arena_bytes=_top(placed, size),
+        no_reuse_bytes=sum(align(s) for s in sizes.values()),
+        lower_bound_bytes=lower,
+        lifetimes={t: span[root[t]] for t in sizes},
+        aliases={t: root[t] for t in sizes if root[t] != t},
+    )
+
+
+def _liveness(sizes, steps, keep) -> tuple[dict[str, int], dict[str, int]]:
+    """1. The first step that writes each tensor and the last step that reads it (``keep``: one
+    past the last step)."""
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for i, step in enumerate(steps):
@@ -86,52 +109,41 @@ def plan_memory(sizes: Mapping[str, int], steps: Sequence[Step], keep: Sequence[
     unused = set(sizes) - set(first)
     if unused:
         raise ValueError(f"tensors never written: {sorted(unused)}")
+    return first, last
 
-    # 2. in place: union an output into its input's storage
+
+def _in_place(sizes, steps, first, last) -> dict[str, str]:
+    """2. tensor -> the tensor whose storage it takes: an output joins its input's storage where
+    the step allows it, reads the input for the last time and the sizes match."""
     root: dict[str, str] = {t: t for t in sizes}
     for i, step in enumerate(steps):
         for out, src in step.inplace:
             if (out in sizes and src in sizes and last[src] == i and first[out] == i
                     and sizes[out] == sizes[src]):
                 root[out] = root[src]
-    members: dict[str, list[str]] = {}
-    for t in sizes:
-        members.setdefault(root[t], []).append(t)
-    span = {r: (min(first[t] for t in ts), max(last[t] for t in ts)) for r, ts in members.items()}
-    size = {r: max(sizes[t] for t in ts) for r, ts in members.items()}
+    return root
 
-    # lower bound: the most bytes live at any one step
-    lower = 0
-    for i in range(len(steps) + 1):
-        lower = max(lower, sum(size[r] for r, (a, b) in span.items() if a <= i <= b))
 
-    # 3. greedy placement: biggest first (TFLite's order) or, where that packs tighter, earliest
-    # first or longest-lived first
+def _top(placed: dict[str, int], size: dict[str, int]) -> int:
+    """The arena a placement needs."""
+    return max((placed[r] + align(size[r]) for r in placed), default=0)
+
+
+def _placement(size: dict[str, int], span: dict[str, tuple[int, int]], lower: int) -> dict[str, int]:
+    """3. greedy placement, biggest first (TFLite's order) or, where that packs tighter, earliest
+    first or longest-lived first; 4. none at the bound: seeded perturbations of the size order,
+    until one is."""
     orders = [sorted(size, key=lambda r: (-size[r], span[r][0], r)),
               sorted(size, key=lambda r: (span[r][0], -size[r], r)),
               sorted(size, key=lambda r: (span[r][0] - span[r][1], -size[r], r))]
-
-    def top(p):                                 # the arena a placement needs
-        return max((p[r] + align(size[r]) for r in p), default=0)
-
-    placed = min((_place(order, size, span) for order in orders), key=top)
-    # 4. none at the bound: seeded perturbations of the size order, until one is
+    placed = min((_place(order, size, span) for order in orders), key=lambda p: _top(p, size))
     rng = random.Random(0)
     for _ in range(SEARCH_TRIES):
-        if top(placed) <= lower:
+        if _top(placed, size) <= lower:
             break
         order = sorted(size, key=lambda r: (-size[r] * rng.uniform(0.5, 1.5), r))
-        placed = min(placed, _place(order, size, span), key=top)
-    arena = top(placed)
-
-    return Plan(
-        offsets={t: placed[root[t]] for t in sizes},
-        arena_bytes=arena,
-        no_reuse_bytes=sum(align(s) for s in sizes.values()),
-        lower_bound_bytes=lower,
-        lifetimes={t: span[root[t]] for t in sizes},
-        aliases={t: root[t] for t in sizes if root[t] != t},
-    )
+        placed = min(placed, _place(order, size, span), key=lambda p: _top(p, size))
+    return placed
 
 
 def _place(order, size, span) -> dict[str, int]:

@@ -9,7 +9,8 @@ pattern); anything else stays as the generic ops it was imported as.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -112,59 +113,89 @@ def fuse_gelu_erf(model: Model) -> Model:
     return _rebuild(model, [op for op in ops if op is not None], origin=origin)
 
 
+def _producer(by_out, t, kind: str) -> Op | None:
+    """The op that writes ``t``, if it is of ``kind``."""
+    op = by_out.get(t)
+    return op if op is not None and op.kind == kind else None
+
+
+def _binary(by_out, t, fn: str) -> Op | None:
+    """The op that writes ``t``, if it is the elementwise binary ``fn``."""
+    op = _producer(by_out, t, "binary")
+    return op if op is not None and op.attrs.get("fn") == fn else None
+
+
+def _unexpanded(by_out, t) -> str:
+    """What an ``expand`` that writes ``t`` broadcasts (a (rows, 1) statistic), else ''."""
+    e = _producer(by_out, t, "expand")
+    return e.inputs[0] if e is not None else ""
+
+
+def _escapes(names, inner: set[str], ops, readers, model: Model, reader: Op) -> bool:
+    """Whether a tensor of ``names`` is the model's output or is read by an op other than the
+    pattern's own (those writing ``inner``) and its last, ``reader``."""
+    return model.output in names or any(ops[i].output not in inner and ops[i] is not reader
+                                        for t in names for i in readers.get(t, ()))
+
+
+class _Standardized(NamedTuple):
+    """div = (x - mean(x)) / sqrt(mean(d²) + eps), and the ops that compute it before the divide."""
+    x: str
+    eps: float
+    ops: tuple[Op, ...]
+
+
+def _standardized(div: Op, by_out) -> _Standardized | None:
+    d = div.inputs[0]
+    root = _producer(by_out, _unexpanded(by_out, div.inputs[1]), "sqrt")
+    plus = root and _binary(by_out, root.inputs[0], "add")
+    var = plus and plus.attrs.get("scalar") is not None and _producer(by_out, plus.inputs[0], "reduce_mean")
+    sq = var and by_out.get(var.inputs[0])
+    sub = _binary(by_out, d, "sub")
+    if not (sq and sub and len(sub.inputs) == 2):
+        return None
+    squares = (_scalar_is(sq, "pow", 2.0) and sq.inputs == (d,)) or \
+        (sq.kind == "binary" and sq.attrs.get("fn") == "mul" and sq.inputs == (d, d))
+    x, mean = sub.inputs[0], _producer(by_out, _unexpanded(by_out, sub.inputs[1]), "reduce_mean")
+    if not (squares and mean and mean.inputs == (x,)):
+        return None
+    return _Standardized(x, plus.attrs["scalar"],
+                         (mean, by_out[sub.inputs[1]], sub, sq, var, plus, root, by_out[div.inputs[1]]))
+
+
+def _match_layernorm(shift: Op, by_out, model: Model) -> tuple[_Standardized, Op, Op] | None:
+    """(the standardization, its divide, gamma's multiply) under ``shift``, beta's add, where
+    gamma and beta are constant vectors of the row's width."""
+    scale = _binary(by_out, shift.inputs[0], "mul")
+    div = scale and _binary(by_out, scale.inputs[0], "div")
+    width = model.shapes[shift.output][-1]
+    if not (div and len(div.inputs) == 2 and scale.attrs.get("width") == width == shift.attrs["width"]):
+        return None
+    std = _standardized(div, by_out)
+    return None if std is None else (std, div, scale)
+
+
 def fuse_layernorm(model: Model) -> Model:
     """LayerNorm as exporters decompose it before opset 17, over the last axis:
     d = x - mean(x); y = d / sqrt(mean(d^2) + eps) * gamma + beta  (Pow 2 or d * d),
     becomes one ``layernorm``; gamma and beta are constant vectors of the row's width."""
-    ops, readers = list(model.ops), _readers(model.ops)
-    by_out = {op.output: op for op in ops}
-    origin, params = dict(model.origin), dict(model.params)
-
-    def producer(t, kind):
-        op = by_out.get(t)
-        return op if op is not None and op.kind == kind else None
-
-    def binary(t, fn):
-        op = by_out.get(t)
-        return op if op is not None and op.kind == "binary" and op.attrs.get("fn") == fn else None
-
-    def unexpanded(t):                  # a (rows, 1) statistic, broadcast by an expand
-        e = producer(t, "expand")
-        return e.inputs[0] if e is not None else None
-
+    ops, origin = list(model.ops), dict(model.origin)
     for shift in [op for op in ops if op.kind == "binary" and op.attrs.get("fn") == "add"
                   and op.attrs.get("width") is not None]:
-        scale = binary(shift.inputs[0], "mul")
-        div = scale and binary(scale.inputs[0], "div")
-        if not (div and scale.attrs.get("width") and len(div.inputs) == 2):
+        by_out = {op.output: op for op in ops}
+        found = _match_layernorm(shift, by_out, model)
+        if found is None:
             continue
-        width = model.shapes[shift.output][-1]
-        if scale.attrs["width"] != width or shift.attrs["width"] != width:
-            continue
-        d, root = div.inputs[0], producer(unexpanded(div.inputs[1]) or "", "sqrt")
-        plus = root and binary(root.inputs[0], "add")
-        var = plus and plus.attrs.get("scalar") is not None and producer(plus.inputs[0], "reduce_mean")
-        sq = var and by_out.get(var.inputs[0])
-        sub = binary(d, "sub")
-        if not (sq and sub and len(sub.inputs) == 2):
-            continue
-        squares = (_scalar_is(sq, "pow", 2.0) and sq.inputs == (d,)) or \
-            (sq.kind == "binary" and sq.attrs.get("fn") == "mul" and sq.inputs == (d, d))
-        x, mean = sub.inputs[0], producer(unexpanded(sub.inputs[1]) or "", "reduce_mean")
-        if not (squares and mean and mean.inputs == (x,)):
-            continue
-        chain = [mean, by_out[sub.inputs[1]], sub, sq, var, plus, root, by_out[div.inputs[1]], div, scale]
+        std, div, scale = found
+        chain = [*std.ops, div, scale]
         inner = {op.output for op in chain}
-        if any(r not in inner and ops[i] is not shift for t in inner for i in readers.get(t, ())
-               for r in [ops[i].output]) or model.output in inner:
+        if _escapes(inner, inner, ops, _readers(ops), model, shift):
             continue                    # an intermediate is read outside the pattern
         ops = [op for op in ops if op.output not in inner]
-        ops[ops.index(shift)] = Op("layernorm", (x,), shift.output, (scale.params[0], shift.params[0]),
-                                   {"eps": plus.attrs["scalar"]})
+        ops[ops.index(shift)] = Op("layernorm", (std.x,), shift.output, (scale.params[0], shift.params[0]),
+                                   {"eps": std.eps})
         origin[shift.output] = sum((model.origin.get(op.output, ()) for op in (*chain, shift)), ())
-        by_out = {op.output: op for op in ops}
-        readers = _readers(ops)
-    return _rebuild(model, ops, params, origin)
+    return _rebuild(model, ops, origin=origin)
 
 
 MOVES = ("reshape", "transpose", "slice", "take")     # kinds that only move elements
@@ -178,8 +209,15 @@ def _scale_of(op: Op) -> float | None:
     return s if fn == "mul" else 1.0 / s if fn == "div" and s != 0 else None
 
 
-def _moves_from(t: str, by_out) -> tuple[list[Op], float, str]:
-    """Walk back from t through element moves and scalar scalings: (ops, product of scales, source)."""
+class _Moves(NamedTuple):
+    """Element moves and scalar scalings back from a tensor to its source."""
+    ops: list[Op]
+    scale: float
+    source: str
+
+
+def _moves_from(t: str, by_out) -> _Moves:
+    """Walk back from t through element moves and scalar scalings."""
     chain, scale = [], 1.0
     while t in by_out:
         op = by_out[t]
@@ -189,7 +227,7 @@ def _moves_from(t: str, by_out) -> tuple[list[Op], float, str]:
         chain.append(op)
         scale *= 1.0 if factor is None else factor
         t = op.inputs[0]
-    return chain[::-1], scale, t
+    return _Moves(chain[::-1], scale, t)
 
 
 def _replay(chain, x: np.ndarray) -> np.ndarray:
@@ -213,6 +251,130 @@ def _parallel_projections(sources, model: Model, by_out, readers) -> list[Op] | 
     return proj
 
 
+@dataclass(frozen=True)
+class _Attention:
+    """One matched self-attention: softmax(scaled q @ k^T) @ v, moved back to (seq, dim)."""
+    soft: Op
+    scores: Op                   # q @ k^T
+    scaled: Op | None            # a scalar scaling of the scores, if there is one
+    context: Op                  # probs @ v
+    moves: tuple[_Moves, _Moves, _Moves]   # q, k, v from their source
+    merged: list[Op] | None      # three projections to merge into one qkv linear, or None
+    qkv: str                     # the (seq, 3·dim) tensor attention reads
+    heads: int
+    after: list[Op]              # the moves of the context back to (seq, dim)
+    out: str                     # the tensor they write
+
+
+def _around_softmax(soft: Op, ops, by_out, readers) -> tuple[Op, Op | None, Op] | None:
+    """(scores, their scaling or None, context): a matmul into the softmax (perhaps scaled), and
+    the one matmul that reads it as its left operand."""
+    scores, scaled = by_out.get(soft.inputs[0]), None
+    if scores is not None and _scale_of(scores) is not None and len(readers.get(scores.output, [])) == 1:
+        scaled, scores = scores, by_out.get(scores.inputs[0])
+    users = readers.get(soft.output, [])
+    if scores is None or scores.kind != "matmul" or len(users) != 1 or ops[users[0]].kind != "matmul":
+        return None
+    context = ops[users[0]]
+    if context.inputs[0] != soft.output or len(readers.get(scores.output, [])) != 1:
+        return None
+    return scores, scaled, context
+
+
+def _heads_layout(moves, merged, seq: int, width: int, heads: int) -> bool:
+    """Whether q, k and v's moves give exactly the zoo's head layout (``ops.split_heads``), k
+    transposed, replayed on element indices."""
+    index = np.arange(seq * width, dtype=np.float64).reshape(1, seq, width)
+    starts = [index] * 3 if merged is None else [index[..., i * width // 3:(i + 1) * width // 3] for i in range(3)]
+    q, k, v = (np.ascontiguousarray(a) for a in split_heads(index, heads))
+    try:
+        return (np.array_equal(_replay(moves[0].ops, starts[0]), q)
+                and np.array_equal(_replay(moves[1].ops, starts[1]), k.swapaxes(-1, -2))
+                and np.array_equal(_replay(moves[2].ops, starts[2]), v))
+    except (ValueError, IndexError):
+        return False
+
+
+def _moves_back(context: Op, ops, readers, model: Model, seq: int, dim: int, heads: int) -> tuple[list[Op], str] | None:
+    """The moves after the context, each read once, that take it from heads back to (seq, dim)
+    exactly (``ops.head_columns``' order), and the tensor they write."""
+    after, t = [], context.output
+    while len(readers.get(t, [])) == 1 and ops[readers[t][0]].kind in MOVES and model.shapes[t] != (seq, dim):
+        after.append(ops[readers[t][0]])
+        t = after[-1].output
+    heads_out = np.arange(seq * dim, dtype=np.float64).reshape(1, heads, seq, dim // heads)
+    if model.shapes[t] != (seq, dim) or not np.array_equal(
+            _replay(after, heads_out), heads_out.transpose(0, 2, 1, 3).reshape(1, seq, dim)):
+        return None
+    return after, t
+
+
+def _match_attention(soft: Op, ops, model: Model) -> _Attention | None:
+    by_out, readers = {op.output: op for op in ops}, _readers(ops)
+    around = _around_softmax(soft, ops, by_out, readers)
+    if around is None:
+        return None
+    scores, scaled, context = around
+    moves = tuple(_moves_from(t, by_out) for t in (*scores.inputs, context.inputs[1]))
+    sources = tuple(m.source for m in moves)
+    merged = _parallel_projections(sources, model, by_out, readers)
+    qkv = sources[0] if merged is None else sources[0] + ".qkv"
+    shape = model.shapes.get(sources[0], ()) if merged is None else \
+        (model.shapes[sources[0]][0], 3 * model.shapes[sources[0]][1])
+    if not ((len(set(sources)) == 1 or merged) and len(shape) == 2 and shape[1] % 3 == 0 and moves[2].scale == 1.0):
+        return None
+    (seq, width), score_shape = shape, model.shapes[scores.output]
+    heads = score_shape[0] if len(score_shape) == 3 else 0
+    if not heads or (width // 3) % heads or score_shape != (heads, seq, seq):
+        return None
+    scale = moves[0].scale * moves[1].scale * (1.0 if scaled is None else _scale_of(scaled))
+    if not math.isclose(scale, 1.0 / math.sqrt(width // 3 // heads), rel_tol=1e-6) \
+            or not _heads_layout(moves, merged, seq, width, heads):
+        return None
+    back = _moves_back(context, ops, readers, model, seq, width // 3, heads)
+    if back is None:
+        return None
+    found = _Attention(soft, scores, scaled, context, moves, merged, qkv, heads, *back)
+    inner = _attention_outputs(found)
+    if _escapes(inner - {found.out}, inner, ops, readers, model, soft):
+        return None                      # a piece of the pattern is read outside it
+    return found
+
+
+def _attention_outputs(a: _Attention) -> set[str]:
+    q, k, v = a.moves
+    return {op.output for op in (*q.ops, *k.ops, *v.ops, a.scores, a.context, *a.after, *([a.scaled] if a.scaled else []))}
+
+
+def _rewrite_attention(model: Model, a: _Attention) -> Model:
+    """``attn_scores`` where the scores were, ``attn_context`` where the moved-back context was,
+    one qkv linear where the first of three projections was."""
+    q, k, v = a.moves
+    inner = _attention_outputs(a)
+    origin, params = dict(model.origin), dict(model.params)
+    scaled = [a.scaled] if a.scaled else []
+    origin[a.soft.inputs[0]] = sum((model.origin.get(op.output, ()) for op in (*q.ops, *k.ops, a.scores, *scaled)), ())
+    origin[a.out] = sum((model.origin.get(op.output, ()) for op in (*v.ops, a.context, *a.after)), ())
+    if a.merged is not None:            # one projection to (seq, 3·dim), as the zoo's qkv linear
+        params[a.qkv + ".w"] = np.concatenate([params[p.params[0]] for p in a.merged], axis=1)
+        params[a.qkv + ".b"] = np.concatenate([params[p.params[1]] for p in a.merged])
+        origin[a.qkv] = sum((model.origin.get(p.output, ()) for p in a.merged), ())
+        seq, dim = model.shapes[q.source]
+        model = replace(model, shapes={**model.shapes, a.qkv: (seq, 3 * dim)})
+    rebuilt = []
+    for op in model.ops:
+        if op is a.scores:
+            rebuilt.append(Op("attn_scores", (a.qkv,), a.soft.inputs[0], (), {"heads": a.heads}))
+        elif op.output == a.out:
+            rebuilt.append(Op("attn_context", (a.soft.output, a.qkv), a.out, (), {"heads": a.heads}))
+        elif a.merged is not None and any(op is p for p in a.merged):
+            if a.qkv not in {r.output for r in rebuilt}:
+                rebuilt.append(Op("linear", op.inputs, a.qkv, (a.qkv + ".w", a.qkv + ".b")))
+        elif op is a.soft or op.output not in inner:
+            rebuilt.append(op)
+    return _rebuild(model, rebuilt, params, origin)
+
+
 def fuse_attention(model: Model) -> Model:
     """Multi-head self-attention as exporters decompose it (q, k and v cut out of one fused
     projection by reshapes, transposes and slices, or projected by three linears of one input;
@@ -223,84 +385,11 @@ def fuse_attention(model: Model) -> Model:
     the zoo's head layout (``ops.split_heads``, ``ops.head_columns``), and the scalings must
     multiply to 1/sqrt(head_dim) to float32 precision.
     """
-    ops = list(model.ops)
-    for soft in [op for op in ops if op.kind == "softmax"]:
-        by_out, readers = {op.output: op for op in ops}, _readers(ops)
-        scores, scaled = by_out.get(soft.inputs[0]), None
-        if scores is not None and _scale_of(scores) is not None and len(readers.get(scores.output, [])) == 1:
-            scaled, scores = scores, by_out.get(scores.inputs[0])     # the scale applied to the scores
-        users = readers.get(soft.output, [])
-        if scores is None or scores.kind != "matmul" or len(users) != 1 or ops[users[0]].kind != "matmul":
-            continue
-        context = ops[users[0]]
-        if context.inputs[0] != soft.output or len(readers.get(scores.output, [])) != 1:
-            continue
-        (qc, qs, qsrc), (kc, ks, ksrc), (vc, vs, vsrc) = (_moves_from(t, by_out) for t in
-                                                           (*scores.inputs, context.inputs[1]))
-        merged = _parallel_projections((qsrc, ksrc, vsrc), model, by_out, readers)
-        qkv = qsrc if merged is None else qsrc + ".qkv"
-        shape = model.shapes.get(qsrc, ()) if merged is None else \
-            (model.shapes[qsrc][0], 3 * model.shapes[qsrc][1])
-        if not ((qsrc == ksrc == vsrc or merged) and len(shape) == 2 and shape[1] % 3 == 0 and vs == 1.0):
-            continue
-        seq, width = shape
-        heads = model.shapes[scores.output][0] if len(model.shapes[scores.output]) == 3 else 0
-        if not heads or (width // 3) % heads or model.shapes[scores.output] != (heads, seq, seq):
-            continue
-        hd = width // 3 // heads
-        if not math.isclose(qs * ks * (1.0 if scaled is None else _scale_of(scaled)), 1.0 / math.sqrt(hd),
-                            rel_tol=1e-6):
-            continue
-        index = np.arange(seq * width, dtype=np.float64).reshape(1, seq, width)
-        starts = [index] * 3 if merged is None else [index[..., i * width // 3:(i + 1) * width // 3] for i in range(3)]
-        q, k, v = (np.ascontiguousarray(a) for a in split_heads(index, heads))
-        try:
-            same = (np.array_equal(_replay(qc, starts[0]), q)
-                    and np.array_equal(_replay(kc, starts[1]), k.swapaxes(-1, -2))
-                    and np.array_equal(_replay(vc, starts[2]), v))
-        except (ValueError, IndexError):
-            same = False
-        if not same:
-            continue
-        # after the context: moves back to (seq, dim), each read once
-        after, t = [], context.output
-        while len(readers.get(t, [])) == 1 and ops[readers[t][0]].kind in MOVES and model.shapes[t] != (seq, width // 3):
-            after.append(ops[readers[t][0]])
-            t = after[-1].output
-        heads_out = np.arange(seq * width // 3, dtype=np.float64).reshape(1, heads, seq, hd)
-        if model.shapes[t] != (seq, width // 3) or not np.array_equal(
-                _replay(after, heads_out), heads_out.transpose(0, 2, 1, 3).reshape(1, seq, width // 3)):
-            continue
-        inner = {op.output for op in (*qc, *kc, *vc, scores, context, *after, *([scaled] if scaled else []))}
-        if model.output in inner - {t} or any(
-                ops[i].output not in inner and ops[i] is not soft for name in inner - {t}
-                for i in readers.get(name, ())):
-            continue                     # a piece of the pattern is read outside it
-        new_scores = Op("attn_scores", (qkv,), soft.inputs[0], (), {"heads": heads})
-        new_context = Op("attn_context", (soft.output, qkv), t, (), {"heads": heads})
-        origin, params = dict(model.origin), dict(model.params)
-        origin[soft.inputs[0]] = sum((model.origin.get(op.output, ())
-                                      for op in (*qc, *kc, scores, *([scaled] if scaled else []))), ())
-        origin[t] = sum((model.origin.get(op.output, ()) for op in (*vc, context, *after)), ())
-        if merged is not None:          # one projection to (seq, 3·dim), as the zoo's qkv linear
-            params[qkv + ".w"] = np.concatenate([params[p.params[0]] for p in merged], axis=1)
-            params[qkv + ".b"] = np.concatenate([params[p.params[1]] for p in merged])
-            origin[qkv] = sum((model.origin.get(p.output, ()) for p in merged), ())
-            model = replace(model, shapes={**model.shapes, qkv: shape})
-        rebuilt = []
-        for op in ops:
-            if op is scores:
-                rebuilt.append(new_scores)          # where the scores were, written as softmax reads them
-            elif op.output == t:
-                rebuilt.append(new_context)
-            elif merged is not None and any(op is p for p in merged):
-                if qkv not in {r.output for r in rebuilt}:         # where the first of the three was
-                    rebuilt.append(Op("linear", op.inputs, qkv, (qkv + ".w", qkv + ".b")))
-            elif op is soft or op.output not in inner:
-                rebuilt.append(op)
-        model = _rebuild(model, rebuilt, params, origin)
-        ops = list(model.ops)
-    return _rebuild(model, ops)
+    for soft in [op for op in model.ops if op.kind == "softmax"]:
+        found = _match_attention(soft, model.ops, model)
+        if found is not None:
+            model = _rewrite_attention(model, found)
+    return _rebuild(model, model.ops)
 
 
 # --- convolutional networks -----------------------------------------------------------

@@ -21,10 +21,9 @@ BACK_TO_BACK_S = 0.05       # no idle before a measurement of the same candidate
                             # this closely (one build's GEMMs): only their own pools can be spinning
 SETTLE_CALLS, SETTLE_S = 2, 0.005   # untimed calls of each candidate after that (``_settle``)
 DROP_AFTER, DROP_RATIO = 2, 2.0  # after this many rounds, drop candidates this much slower than the best
-# Weights from COLD_WEIGHT_BYTES up are timed cycling through copies making COLD_BYTES. With one
-# 8 x 4096 x 4096 weight (64 MiB) reused, MKL's plain sgemm measured 3.0 ms against 3.4 for its
-# packed GEMM and was chosen; in the forward, two such layers read from memory, it ran the MLP in
-# 7.66 ms where the packed GEMM took 6.10 (Intel Xeon, docs/kernels.md).
+# Weights from COLD_WEIGHT_BYTES up are timed cycling through copies making COLD_BYTES: a large
+# weight reused from cache ranks the kernels otherwise than a forward reading it from memory does
+# (measured: docs/kernels.md).
 COLD_WEIGHT_BYTES = 16 << 20
 COLD_BYTES = 128 << 20
 
@@ -67,6 +66,27 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
     """Median seconds per call of each candidate on scratch arrays shaped like ``gemm`` (large
     weights cold: ``weight_copies``), timed in blocks interleaved in rotating order after PARK_S
     idle and each candidate's settling calls; a candidate far behind is dropped early (inf)."""
+    bound, copies = _scratch_calls(gemm, names)
+    one = {}
+    for name, calls in bound.items():               # warm up, and size the blocks
+        run_calls(calls)
+        t0 = time.perf_counter()
+        run_calls(calls)
+        one[name] = max(time.perf_counter() - t0, 1e-7)
+    reps = max(1, int(BLOCK_SECONDS / max(one.values())))
+    rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, budget_s / (reps * sum(one.values())))))
+    if _last_measured[0] != list(bound) or time.perf_counter() - _last_measured[1] > BACK_TO_BACK_S:
+        time.sleep(PARK_S)                          # what ran before (another engine) parks its pool
+    for calls in bound.values():
+        _settle(calls)                              # then every candidate warm, the pool spinning again
+    times, alive = _interleaved(bound, reps, rounds)
+    _last_measured[:] = [list(bound), time.perf_counter()]
+    return {name: float(np.median(t)) / copies if name in alive else float("inf") for name, t in times.items()}
+
+
+def _scratch_calls(gemm: Gemm, names: list[str]) -> tuple[dict[str, list], int]:
+    """Each candidate's calls on scratch arrays shaped like ``gemm``, cycling through
+    ``weight_copies`` weights, and that count."""
     rng = np.random.default_rng(0)
     def normal(*shape):
         return aligned(rng.standard_normal(shape, dtype=np.float32))
@@ -86,21 +106,14 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
             states[kernel.prepare] = [kernel.prepare(m) for m in weights]
         bound[name] = [c for m, state in zip(weights, states[kernel.prepare])
                        for c in bind(name, x, y, m, b, b_tiled, residual, state)]
-    one = {}
-    for name, calls in bound.items():               # warm up, and size the blocks
-        run_calls(calls)
-        t0 = time.perf_counter()
-        run_calls(calls)
-        one[name] = max(time.perf_counter() - t0, 1e-7)
-    per_call = max(one.values())
-    reps = max(1, int(BLOCK_SECONDS / per_call))
-    rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, budget_s / (reps * sum(one.values())))))
+    return bound, len(weights)
+
+
+def _interleaved(bound: dict[str, list], reps: int, rounds: int) -> tuple[dict[str, list[float]], list[str]]:
+    """Seconds per call of each block of ``reps`` calls, candidates in rotating order, reversed
+    every other round; and the candidates still in after DROP_AFTER rounds."""
     times: dict[str, list[float]] = {name: [] for name in bound}
     alive = list(bound)
-    if _last_measured[0] != alive or time.perf_counter() - _last_measured[1] > BACK_TO_BACK_S:
-        time.sleep(PARK_S)                          # what ran before (another engine) parks its pool
-    for calls in bound.values():
-        _settle(calls)                              # then every candidate warm, the pool spinning again
     start = time.perf_counter()
     for r in range(rounds):
         if r >= CAP_ROUNDS and time.perf_counter() - start > CAP_S:
@@ -117,7 +130,4 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
             # must not drop the candidate that wins everywhere else
             best = min(np.median(times[n]) for n in alive)
             alive = [n for n in alive if min(times[n]) <= DROP_RATIO * best]
-    _last_measured[:] = [list(bound), time.perf_counter()]
-    copies = len(weights)
-    return {name: float(np.median(t)) / copies if name in alive else float("inf") for name, t in times.items()}
-
+    return times, alive
