@@ -28,15 +28,10 @@ def rows2d(a: np.ndarray) -> np.ndarray:
 
 # Weight matrices from this size up keep the placement NumPy's allocator gives them (the model's
 # own array when it is float32 and C-contiguous: no second copy), the placement naive's x @ w runs
-# on. Measured on an Intel Xeon (OpenBLAS's SkylakeX kernels), interleaved, docs/kernels.md: a
-# 64-byte aligned copy ran 3-11 % slower than NumPy's placement (16 bytes past a page) at 8-128
-# rows for 2048^2 and 4096^2 weights, 3-5 % faster at one row; below, as fast or faster (0.75-0.82x
-# the time at 1-8 x 256 x 256). Storing large weights transposed, (out, in), measured 1.10-1.32x
-# faster at 4096^2 on the first host, ran 1.05-1.18x slower at 1-32 rows there (0.89x at 128) and
-# slower on an AMD EPYC (planned engines 0.78-0.83x naive at mlp b8 d4096): no longer done.
-# At 1024^2 (4 MiB) the aligned copy ran 1.07x slower at 8 rows, 1.02x at 32, 0.96x at one row
-# (Intel Xeon): static and arena were then shown slower than naive at 8 x 1024 (an imported MLP)
-# and 32 x 1024, so the threshold is 4 MiB, not 16.
+# on; smaller ones get a 64-byte aligned copy. Which is faster depends on the size (an aliasing
+# effect more than alignment): from 4 MiB up the aligned copy ran slower and put static and arena
+# below naive; below 4 MiB it ran as fast or faster. Weights are no longer stored transposed
+# (slower on the hosts measured since). Measured: docs/kernels.md#weight-placement
 NUMPY_PLACEMENT_MIN_BYTES = 4 << 20
 
 

@@ -2,15 +2,14 @@
 
 MKL (``packed``) and oneDNN (``onednn``, and ``onednn-matmul`` in any engine) run on GNU OpenMP.
 Its workers spin 300,000 rounds after a parallel region before they sleep (``GOMP_SPINCOUNT``'s
-default when ``OMP_WAIT_POLICY`` is unset): long enough here that the code run next in the
-process, on two cores, waits for one. ``scripts/neighbour_cost.py`` on an idle AMD EPYC (naive at
-mlp b8 d256 on NumPy's OpenBLAS, its first 20 calls right after a block of the ``onednn``
-engine, against 20 after itself): 5.6-30x slower after it with GNU's default, 1.25-1.5x with
-1,000-10,000 rounds (one run of 3.05x), the engine as fast as with the default (its own time
-moved 9.4-16 µs between processes of any setting). At 100 rounds, or ``OMP_WAIT_POLICY=passive``,
-its workers slept between the two linears of one forward: 78-95 µs. ``choose()`` sets
-``SPINCOUNT`` unless ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` is already set (the switch: set
-either to keep another behaviour); ``CHOICE`` says what was done. docs/kernels.md has the tables.
+default when ``OMP_WAIT_POLICY`` is unset): long enough that the code the process runs next, on two
+cores, waits for a core. Too short a spin (or ``OMP_WAIT_POLICY=passive``) lets the workers sleep
+between the regions of one forward, and the engine itself slows. ``SPINCOUNT`` lies between: the
+code after the engine pays little, and the engine stays within its process-to-process spread.
+``choose()`` sets it unless ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` is already set (the switch:
+set either to keep another behaviour); ``CHOICE`` says what was done.
+
+Measured: docs/kernels.md#openmp-spin
 """
 from __future__ import annotations
 
