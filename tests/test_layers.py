@@ -52,3 +52,14 @@ def test_a_circle_is_found(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "circled", raising=False)
     assert cycles("circled") == [("circled.a", "circled.b")]
+
+
+def test_the_public_api_is_the_packages_top_level():
+    """What users import from ``engines`` (the README, docs/gate.md) stays where it was before the
+    layers: the top level, and ``engines.base.Engine`` for an engine of their own."""
+    import engines
+    import engines.base
+    assert sorted(engines.__all__) == ["ENGINES", "Engine", "EngineBusy", "EnginePool", "EngineUnavailable",
+                                       "MODELS", "Model", "OnnxImportError", "Op", "load_onnx"]
+    assert all(hasattr(engines, name) for name in engines.__all__)
+    assert engines.base.Engine is engines.Engine and engines.base.EngineUnavailable is engines.EngineUnavailable
