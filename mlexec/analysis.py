@@ -15,7 +15,7 @@ chosen engines and returns a JSON-serializable dict:
   allocated during one warm ``forward`` (tracemalloc, which sees NumPy's array allocations), the
   engine's planned ``activation_bytes`` and ``weight_bytes``, memory saved vs
   ``naive``, and the max abs error against the float64 reference with a
-  pass/fail at ``engines.models.ABS_TOL``;
+  pass/fail at ``engines.ir.models.ABS_TOL``;
 - a per-op breakdown of the eager (naive) run: median time and output bytes
   of every op, with its share of the total and the slowest ops ranked.
 
@@ -32,8 +32,8 @@ import io
 import math
 import statistics
 import threading
-import time
 import tracemalloc
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Iterable, Sequence
 
@@ -45,7 +45,7 @@ from engines.ir.models import ABS_TOL
 from . import heap
 from .case import Case
 from .defaults import ANALYZER_ENGINES
-from .timing import SETTLE_SECONDS, settle
+from .timing import SETTLE_SECONDS, step_times, two_passes
 
 # The stated limits (README, "Input limits"). Checked before anything big is allocated.
 LIMITS = {
@@ -123,27 +123,36 @@ def _rows_from_text(text: str) -> list[list[str]]:
     return [row for row in rows if any(cell.strip() for cell in row)]
 
 
-def parse_values(values) -> np.ndarray:
-    """Text (CSV: one value or one row per line), a list of numbers, or a list of rows -> float64 vector."""
-    if isinstance(values, (bytes, bytearray)):
-        try:
-            values = bytes(values).decode("utf-8")
-        except UnicodeDecodeError:
-            raise AnalysisError("expected UTF-8 text of comma-separated numbers, got undecodable bytes") from None
-    if isinstance(values, str):
-        rows = _rows_from_text(values)
-    elif isinstance(values, np.ndarray):
-        rows = [values.ravel().tolist()] if values.ndim <= 1 else [list(r) for r in values.reshape(len(values), -1).tolist()]
-    elif isinstance(values, (list, tuple)):
-        if all(isinstance(v, (list, tuple)) for v in values) and values:
-            rows = [list(v) for v in values]
-        elif any(isinstance(v, (list, tuple)) for v in values):
-            raise AnalysisError("expected a list of numbers or a list of rows (lists of numbers), got a mix of both")
-        else:
-            rows = [list(values)] if values else []
-    else:
-        raise AnalysisError(f"expected text, a list of numbers or a list of rows, got {type(values).__name__}")
+def _decoded(values: bytes | bytearray) -> str:
+    try:
+        return bytes(values).decode("utf-8")
+    except UnicodeDecodeError:
+        raise AnalysisError("expected UTF-8 text of comma-separated numbers, got undecodable bytes") from None
 
+
+def _rows_from_list(values: list | tuple) -> list[list]:
+    if all(isinstance(v, (list, tuple)) for v in values) and values:
+        return [list(v) for v in values]
+    if any(isinstance(v, (list, tuple)) for v in values):
+        raise AnalysisError("expected a list of numbers or a list of rows (lists of numbers), got a mix of both")
+    return [list(values)] if values else []
+
+
+def _rows_of(values) -> list[list]:
+    """The input as rows of cells, whichever form it came in."""
+    if isinstance(values, (bytes, bytearray)):
+        values = _decoded(values)
+    if isinstance(values, str):
+        return _rows_from_text(values)
+    if isinstance(values, np.ndarray):
+        return [values.ravel().tolist()] if values.ndim <= 1 else [list(r) for r in values.reshape(len(values), -1).tolist()]
+    if isinstance(values, (list, tuple)):
+        return _rows_from_list(values)
+    raise AnalysisError(f"expected text, a list of numbers or a list of rows, got {type(values).__name__}")
+
+
+def _check_rows(rows: list[list]) -> None:
+    """At least one value, at most ``max_values``, every row as wide as the first."""
     count = sum(len(r) for r in rows)
     if count == 0:
         raise AnalysisError("expected at least one number, got empty input")
@@ -154,6 +163,12 @@ def parse_values(values) -> np.ndarray:
         if len(row) != width:
             raise AnalysisError(f"expected every row to have {width} value(s) like row 1 (malformed CSV), "
                                 f"got {len(row)} in row {i}")
+
+
+def parse_values(values) -> np.ndarray:
+    """Text (CSV: one value or one row per line), a list of numbers, or a list of rows -> float64 vector."""
+    rows = _rows_of(values)
+    _check_rows(rows)
     flat = [_number(cell, f"row {i}, column {j}" if len(rows) > 1 else f"position {j}")
             for i, row in enumerate(rows, 1) for j, cell in enumerate(row, 1)]
     return np.asarray(flat, dtype=np.float64)
@@ -289,28 +304,19 @@ def _peak_forward_bytes(engine, x) -> int:
 
 
 def _op_breakdown(model, x, runs: int) -> list[dict]:
-    times: list[list[float]] = [[] for _ in model.ops]
-    sizes = [0] * len(model.ops)
-    for _ in range(runs):
-        index = 0
-        last = time.perf_counter()
+    sizes: dict[str, int] = {}
 
-        def on_op(op, array):
-            nonlocal index, last
-            now = time.perf_counter()
-            times[index].append(now - last)
-            sizes[index] = int(array.nbytes)
-            index += 1
-            last = time.perf_counter()
+    def record(op, array):
+        sizes[op.output] = int(array.nbytes)
 
-        model.run_eager(x, on_op=on_op)
+    times = step_times(lambda mark: model.run_eager(x, on_op=mark), runs, each=record)
     medians = [statistics.median(t) for t in times]
     total = sum(medians) or 1.0
     ranked = sorted(range(len(medians)), key=lambda i: medians[i], reverse=True)
     rank = {i: r for r, i in enumerate(ranked, 1)}
     flagged = max(1, min(3, len(medians) // 3))   # the slowest third, at most 3 ops
     return [{"name": op.output, "kind": op.kind, "origin": list(model.origin.get(op.output, ())),
-             "median_s": medians[i], "bytes": sizes[i],
+             "median_s": medians[i], "bytes": sizes[op.output],
              "share_pct": 100.0 * medians[i] / total, "rank": rank[i], "slowest": rank[i] <= flagged}
             for i, op in enumerate(model.ops)]
 
@@ -382,90 +388,99 @@ def measure_analysis(job: dict, progress: Callable[[int, int], None] | None = No
         return _measure(**job, progress=progress)
 
 
-def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progress) -> dict:
-    heap_state = heap.pin()      # naive's temporaries reused, never faulted back in (see mlexec.heap)
-    if isinstance(model_name, Model):                 # imported from a file
-        model, model_name = model_name, model_name.name
-        case = Case(model_name, batch)
-    else:
-        try:
-            model = MODELS[model_name](dim=dim, seed=seed)
-        except ValueError as exc:
-            raise AnalysisError(f"invalid options for model {model_name!r}: {exc}") from None
-        shape = model.shapes[model.input]           # (seq, dim) per sample for a sequence model
-        case = Case(model_name, batch, dim, shape[0] if len(shape) > 1 else None)
-    x = (model.random_input(batch, rng=seed) if flat is None
-         else tile_values(flat, model.input_shape(batch)))
+@dataclass
+class _Progress:
+    """Steps done of ``total``, told to ``report`` as each finishes."""
+    total: int
+    report: Callable[[int, int], None] | None
+    done: int = 0
+
+    def __call__(self, n: int = 1) -> None:
+        self.done += n
+        if self.report is not None:
+            self.report(self.done, self.total)
+
+
+@dataclass(frozen=True)
+class _Subject:
+    """The model an analysis runs, the name it reports it by, and its point's id."""
+    model: Model
+    name: str
+    case: Case
+
+
+@dataclass(frozen=True)
+class _Built:
+    """Each engine's result so far (unavailable ones with their reason), and those to time."""
+    results: dict[str, dict]
+    live: dict[str, object]
+
+
+def _subject(model_name, dim: int | None, batch: int, seed: int) -> _Subject:
+    """An imported model as it is (named by its file's stem, no dim), or the zoo's at ``dim``."""
+    if isinstance(model_name, Model):
+        return _Subject(model_name, model_name.name, Case(model_name.name, batch))
+    try:
+        model = MODELS[model_name](dim=dim, seed=seed)
+    except ValueError as exc:
+        raise AnalysisError(f"invalid options for model {model_name!r}: {exc}") from None
+    return _Subject(model, model_name, Case.of(model, batch, name=model_name))
+
+
+def _checked(name: str, engine, x, reference) -> dict:
+    """An engine's memory and its error against the reference, from one warm-up forward."""
+    y = np.array(engine.forward(x), dtype=np.float64)   # warm-up, and a copy of the view
+    error = float(np.max(np.abs(y - reference))) if y.size else 0.0
+    return {"name": name, "available": True, "weight_bytes": int(engine.weight_bytes),
+            "activation_bytes": int(engine.activation_bytes), "peak_bytes": _peak_forward_bytes(engine, x),
+            "max_abs_error": error, "passed": bool(error <= ABS_TOL)}
+
+
+def _build_engines(model: Model, x, names: list[str], batch: int, progress: _Progress) -> _Built:
     reference = model.reference(x)
-    op_runs = min(repeat, 5)
-    total_steps = len(names) + repeat + op_runs
-    done = 0
-
-    def step(n: int = 1):
-        nonlocal done
-        done += n
-        if progress is not None:
-            progress(done, total_steps)
-
-    results: dict[str, dict] = {}
-    live = {}
+    built = _Built({}, {})
     for name in names:
         try:
             engine = ENGINES[name](model, max_batch=batch)
         except EngineUnavailable as exc:
-            results[name] = {"name": name, "available": False, "reason": str(exc)}
-            step()
-            continue
-        y = np.array(engine.forward(x), dtype=np.float64)   # warm-up, and a copy of the view
-        error = float(np.max(np.abs(y - reference))) if y.size else 0.0
-        results[name] = {
-            "name": name, "available": True,
-            "weight_bytes": int(engine.weight_bytes),
-            "activation_bytes": int(engine.activation_bytes),
-            "peak_bytes": _peak_forward_bytes(engine, x),
-            "max_abs_error": error,
-            "passed": bool(error <= ABS_TOL),
-            "samples_s": [],
-        }
-        live[name] = engine
-        step()
+            built.results[name] = {"name": name, "available": False, "reason": str(exc)}
+        else:
+            built.results[name] = _checked(name, engine, x, reference)
+            built.live[name] = engine
+        progress()
+    return built
 
-    # Not call-by-call alternation: an engine timed right after another runs while that one's
-    # BLAS pool still spins (OpenBLAS's for ~0.2 s): at mlp b32 d512, packed took 665 us a call
-    # that way, against 234-248 us after settling.
-    order = list(live)
-    first = (repeat + 1) // 2
-    for calls, sequence in ((first, order), (repeat - first, order[::-1])):
-        for name in sequence if calls else ():
-            engine = live[name]
-            settle(engine.forward, x, SETTLE_SECONDS)
-            for _ in range(calls):
-                start = time.perf_counter()
-                engine.forward(x)
-                results[name]["samples_s"].append(time.perf_counter() - start)
-        step(calls)
 
-    ops = _op_breakdown(model, x, op_runs)
-    step(op_runs)
-
-    for name, res in results.items():
-        if res["available"]:
-            samples = res.pop("samples_s")
-            res["median_s"] = statistics.median(samples)
-            res["min_s"] = min(samples)
-            res["rounds"] = len(samples)
-            res["footprint_bytes"] = res["activation_bytes"] + res["peak_bytes"]
-    base = results.get("naive")
-    base = base if base and base["available"] else None
-    for res in results.values():
-        if not res["available"]:
-            continue
+def _add_timings(results: dict[str, dict], samples: dict[str, list[float]]) -> None:
+    """Each timed engine's median, best and footprint, then its speedup and memory saved vs naive."""
+    for name, times in samples.items():
+        res = results[name]
+        res.update(median_s=statistics.median(times), min_s=min(times), rounds=len(times),
+                   footprint_bytes=res["activation_bytes"] + res["peak_bytes"])
+    base = results.get("naive") if "naive" in samples else None
+    for name in samples:
+        res = results[name]
         res["speedup_vs_naive"] = base["median_s"] / res["median_s"] if base and res["median_s"] > 0 else None
         res["memory_saved_pct"] = (100.0 * (1 - res["footprint_bytes"] / base["footprint_bytes"])
                                    if base and base["footprint_bytes"] > 0 else None)
 
+
+def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progress) -> dict:
+    heap_state = heap.pin()      # naive's temporaries reused, never faulted back in (see mlexec.heap)
+    subject = _subject(model_name, dim, batch, seed)
+    model = subject.model
+    x = (model.random_input(batch, rng=seed) if flat is None
+         else tile_values(flat, model.input_shape(batch)))
+    op_runs = min(repeat, 5)
+    steps = _Progress(len(names) + repeat + op_runs, progress)
+    built = _build_engines(model, x, names, batch, steps)
+    samples = two_passes({name: engine.forward for name, engine in built.live.items()}, x, repeat,
+                         SETTLE_SECONDS, after_pass=steps)
+    ops = _op_breakdown(model, x, op_runs)
+    steps(op_runs)
+    _add_timings(built.results, samples)
     return {
-        "model": {"name": model_name, "case": case.id, "dim": dim, "batch": batch,
+        "model": {"name": subject.name, "case": subject.case.id, "dim": dim, "batch": batch,
                   "seed": seed,
                   "input_shape": list(model.input_shape(batch)),
                   "output_shape": list(model.output_shape(batch)),
@@ -477,8 +492,8 @@ def _measure(flat, model_name, dim, batch, names, repeat, seed, estimate, progre
         "heap": heap_state,
         "tolerance": ABS_TOL,
         "estimated_bytes": int(estimate),
-        "engines": [results[n] for n in names],
+        "engines": [built.results[n] for n in names],
         "ops": ops,
         "slowest_ops": [o["name"] for o in sorted(ops, key=lambda o: o["rank"]) if o["slowest"]],
-        "all_passed": all(r["passed"] for r in results.values() if r["available"]),
+        "all_passed": all(r["passed"] for r in built.results.values() if r["available"]),
     }

@@ -16,8 +16,8 @@ from .analysis import LIMITS, AnalysisError, load_model_file, run_analysis
 from .baselines import BaselineError
 from .defaults import ANALYZER_ENGINES, REPORT_ENGINES
 from .history import DEFAULT_THRESHOLD
-from .report import DEFAULT_MODELS as REPORT_MODELS, QUICK_TIMING, RECHECK_ROUNDS, ReportError
-from .timing import SETTLE_SECONDS
+from .report import DEFAULT_MODELS as REPORT_MODELS, QUICK_TIMING, TIMING, ReportError
+from .report.inputs import report_families, shape_forms
 from .units import fmt_bytes, fmt_time
 
 
@@ -100,24 +100,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"a few shapes, {QUICK_TIMING['rounds']} rounds, no close-call rounds, "
                         f"{QUICK_TIMING['settle_seconds']} s settling: well under a minute "
                         "with the default engines, a few seconds for a few small points")
-    r.add_argument("--models", help=f"comma list from mlp, transformer (default {','.join(REPORT_MODELS)}; "
+    r.add_argument("--models", help=f"comma list from {', '.join(report_families())} (default {','.join(REPORT_MODELS)}; "
                                     "with --shapes, the models those shapes belong to)")
     r.add_argument("--engines", default=",".join(REPORT_ENGINES),
                    help=f"comma list from {', '.join(ENGINES)} (default {','.join(REPORT_ENGINES)})")
     r.add_argument("--model", type=Path, metavar="FILE.onnx", action="append",
                    help="an ONNX file to report on instead of --models, repeatable (see docs/importing.md)")
     r.add_argument("--batches", default="1,8", help="batch sizes for --model (default 1,8)")
-    r.add_argument("--shapes", help="instead of the built-in grid: BATCHxDIM (mlp) and BATCHxDIMxSEQ "
-                                    "(transformer) entries, e.g. 1x256,8x256,1x256x64")
-    r.add_argument("--rounds", type=int, help="interleaved rounds per shape (default 9)")
+    r.add_argument("--shapes", help=f"instead of the built-in grid: {shape_forms()} entries, "
+                                    "e.g. 1x256,8x256,1x256x64")
+    r.add_argument("--rounds", type=int, help=f"interleaved rounds per shape (default {TIMING['rounds']})")
     r.add_argument("--recheck-rounds", type=int,
                    help="more rounds at each shape where a target's bar lies inside the interquartile range "
                         "of a deciding figure's rounds or above its median, judged on all rounds; 0: none "
-                        f"(default {RECHECK_ROUNDS})")
-    r.add_argument("--block-seconds", type=float, help="target duration of one engine's block of calls (default 0.03)")
+                        f"(default {TIMING['recheck_rounds']})")
+    r.add_argument("--block-seconds", type=float,
+                   help=f"target duration of one engine's block of calls (default {TIMING['block_seconds']})")
     r.add_argument("--settle-seconds", type=float,
                    help="untimed calls of each engine before its block, while the previous engine's "
-                        f"thread pool stops spinning (default {SETTLE_SECONDS})")
+                        f"thread pool stops spinning (default {TIMING['settle_seconds']})")
     r.add_argument("--threads", type=int, help="BLAS threads for every engine (default: as configured)")
     r.add_argument("--out", type=Path, default=Path("reports/engines"),
                    help="where report.md, report.json and the charts go (default reports/engines)")

@@ -249,6 +249,40 @@ def _span(first, last, fmt) -> str:
     return fmt(first) if last == first else f"{fmt(first)} → {fmt(last)}"
 
 
+def _marks(s: Series) -> str:
+    """``lat ↑ ↓?, mem ↑, new version``: a series' steps per metric, and whether its workload changed."""
+    marks = []
+    for metric, label in (("median", "lat"), ("peak_bytes", "mem")):
+        arrows = [_ARROW[st.direction] + ("" if st.confirmed else "?") for st in s.steps if st.metric == metric]
+        if arrows:
+            marks.append(f"{label} {' '.join(arrows)}")
+    if len({p.version for p in s.points}) > 1:
+        marks.append("new version")
+    return ", ".join(marks)
+
+
+def _series_row(s: Series) -> list[str]:
+    """One benchmark's row: first → last within the newest workload version (another version's
+    figures are not comparable)."""
+    last = s.points[-1]
+    first = next(p for p in s.points if p.version == last.version)
+    peaks = [p.peak_bytes for p in s.points if p.peak_bytes is not None and p.version == last.version]
+    return [s.short, str(len(s.points)), _span(first.median, last.median, fmt_time),
+            f"{last.median / first.median - 1:+.0%}" if first is not last and first.median else "-",
+            _span(peaks[0] if peaks else None, peaks[-1] if peaks else None, fmt_bytes), _marks(s)]
+
+
+def _step_lines(machine: Machine) -> list[str]:
+    steps = step_rows(machine)
+    if not steps:
+        return ["step changes: none"]
+    return ["step changes:"] + _table(
+        [["benchmark", "metric", "last good", "changed", "before → after", "change", "confirmed"]]
+        + [[r["benchmark"], r["metric"].replace("peak memory", "memory"), r["good"], r["changed"],
+            f"{r['before']} → {r['after']}", r["change"], "yes" if r["confirmed"] else "not yet"] for r in steps],
+        right={5})
+
+
 def format_text(history: History) -> str:
     """Per machine: one row per benchmark (first → last latency and peak memory, steps), then the steps."""
     out = [f"skipped {line}" for line in history.skipped]
@@ -256,34 +290,9 @@ def format_text(history: History) -> str:
         out += ["", f"machine {machine.name}",
                 f"{len(machine.commits)} saved run(s), {machine.commits[0]} ({machine.dates[0][:10]}) to "
                 f"{machine.commits[-1]} ({machine.dates[-1][:10]})", ""]
-        rows = [["benchmark", "runs", "latency, first → last", "change", "peak, first → last", "steps"]]
-        # first → last within the newest workload version: another version's figures are not comparable
-        for s in machine.series:
-            last = s.points[-1]
-            first = next(p for p in s.points if p.version == last.version)   # the change within one workload
-            peaks = [p.peak_bytes for p in s.points if p.peak_bytes is not None and p.version == last.version]
-            marks = []
-            for metric, label in (("median", "lat"), ("peak_bytes", "mem")):
-                arrows = [_ARROW[st.direction] + ("" if st.confirmed else "?") for st in s.steps if st.metric == metric]
-                if arrows:
-                    marks.append(f"{label} {' '.join(arrows)}")
-            if len({p.version for p in s.points}) > 1:
-                marks.append("new version")
-            rows.append([s.short, str(len(s.points)), _span(first.median, last.median, fmt_time),
-                         f"{last.median / first.median - 1:+.0%}" if first is not last and first.median else "-",
-                         _span(peaks[0] if peaks else None, peaks[-1] if peaks else None, fmt_bytes),
-                         ", ".join(marks)])
-        out += _table(rows, right={1, 3})
-        steps = step_rows(machine)
-        out.append("")
-        if steps:
-            out.append("step changes:")
-            out += _table([["benchmark", "metric", "last good", "changed", "before → after", "change", "confirmed"]]
-                          + [[r["benchmark"], r["metric"].replace("peak memory", "memory"), r["good"], r["changed"],
-                              f"{r['before']} → {r['after']}", r["change"], "yes" if r["confirmed"] else "not yet"]
-                             for r in steps], right={5})
-        else:
-            out.append("step changes: none")
+        header = ["benchmark", "runs", "latency, first → last", "change", "peak, first → last", "steps"]
+        out += _table([header] + [_series_row(s) for s in machine.series], right={1, 3})
+        out += [""] + _step_lines(machine)
     out += ["", "step: a change of more than the threshold (for memory, also 1 KiB or more) that the next runs",
             "confirm; ? or 'not yet': on the newest run, not confirmed yet; other workload versions are not compared"]
     return "\n".join(out).lstrip("\n")
@@ -398,6 +407,32 @@ def write_site(history: History, out_dir) -> list[Path]:
 
 # --- matplotlib charts -----------------------------------------------------------------------------------
 
+def _chart(fig, machine: Machine, model: str, members: list[Series]):
+    """``fig`` as one machine's chart of one model: latency above, peak memory below, a colour per engine."""
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    engines = list(dict.fromkeys(s.engine or s.short for s in members))
+    colors = {e: f"C{i % 10}" for i, e in enumerate(engines)}   # one colour per engine, a line per shape
+    for s in members:
+        color = colors[s.engine or s.short]
+        label = s.engine or s.short
+        top.plot([p.x for p in s.points], [p.median * 1e6 for p in s.points], marker="o", ms=3,
+                 color=color, label=label if label not in top.get_legend_handles_labels()[1] else None)
+        steps = [p for p in s.points if "median" in p.step]
+        top.plot([p.x for p in steps], [p.median * 1e6 for p in steps], "o", ms=10, mfc="none",
+                 mec="red", mew=1.5)
+        peaks = [p for p in s.points if p.peak_bytes]
+        bottom.plot([p.x for p in peaks], [p.peak_bytes for p in peaks], marker="o", ms=3, color=color)
+    top.set_yscale("log")
+    top.set_ylabel("median latency (µs)")
+    top.set_title(f"{model} on {machine.name}: a line per shape, a colour per engine", fontsize="medium")
+    bottom.set_yscale("log")
+    bottom.set_ylabel("peak memory (bytes)")
+    bottom.set_xticks(range(len(machine.commits)), machine.commits, rotation=30, fontsize="small")
+    bottom.set_xlabel("commit (red ring: step change)")
+    fig.legend(loc="outside right upper", fontsize="small")
+    return fig
+
+
 def render_charts(history: History, out_dir, fmt: str = "png") -> list[Path]:
     """One chart file per machine and model (latency above, peak memory below, x by commit); returns the paths."""
     from matplotlib.figure import Figure   # no pyplot: no global state, safe in a server thread
@@ -410,30 +445,9 @@ def render_charts(history: History, out_dir, fmt: str = "png") -> list[Path]:
         for s in machine.series:
             by_model.setdefault(s.model or s.group, []).append(s)
         for model, members in by_model.items():
-            fig = Figure(figsize=(10, 6), layout="constrained")
-            top, bottom = fig.subplots(2, 1, sharex=True)
-            engines = list(dict.fromkeys(s.engine or s.short for s in members))
-            colors = {e: f"C{i % 10}" for i, e in enumerate(engines)}   # one colour per engine, a line per shape
-            for s in members:
-                color = colors[s.engine or s.short]
-                label = s.engine or s.short
-                top.plot([p.x for p in s.points], [p.median * 1e6 for p in s.points], marker="o", ms=3,
-                         color=color, label=label if label not in top.get_legend_handles_labels()[1] else None)
-                steps = [p for p in s.points if "median" in p.step]
-                top.plot([p.x for p in steps], [p.median * 1e6 for p in steps], "o", ms=10, mfc="none",
-                         mec="red", mew=1.5)
-                peaks = [p for p in s.points if p.peak_bytes]
-                bottom.plot([p.x for p in peaks], [p.peak_bytes for p in peaks], marker="o", ms=3, color=color)
-            top.set_yscale("log")
-            top.set_ylabel("median latency (µs)")
-            top.set_title(f"{model} on {machine.name}: a line per shape, a colour per engine", fontsize="medium")
-            bottom.set_yscale("log")
-            bottom.set_ylabel("peak memory (bytes)")
-            bottom.set_xticks(range(len(machine.commits)), machine.commits, rotation=30, fontsize="small")
-            bottom.set_xlabel("commit (red ring: step change)")
-            fig.legend(loc="outside right upper", fontsize="small")
             safe = re.sub(r"[^A-Za-z0-9._-]", "_", f"{machine.name}_{model}")
             path = out_dir / f"{safe}.{fmt}"
+            fig = _chart(Figure(figsize=(10, 6), layout="constrained"), machine, model, members)
             fig.savefig(path, format=fmt)
             paths.append(path)
     return paths

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -91,111 +92,145 @@ def _fastest(rows: list[dict]) -> dict:
     return min(rows, key=lambda r: r["median_s"])
 
 
-def check(rows: list[dict]) -> list[Target]:
-    """The targets that the report's rows can judge (an engine or point not measured is left out)."""
-    rows = [r for r in rows if not r.get("error")]
-    cell = {(r["case"], r["engine"]): r for r in rows}
-    points = {r["case"]: r["model"] for r in rows}      # case id -> model, in the rows' order
-    optimized = list(dict.fromkeys(r["engine"] for r in rows
-                                   if _numpy_engine(r["engine"]) and r["engine"] != REFERENCE))
-    out: list[Target] = []
+class Rounds(NamedTuple):
+    """In how many rounds a ratio fell below its bar, of how many."""
+    below: int
+    total: int
 
-    def rounds_below(r, ref: str, floor: float) -> tuple[int, int]:
-        """In how many of the rounds ref's time over r's (r's speedup) fell below floor, of how many."""
-        ref_s = cell[(r["case"], ref)]["rounds_s"]
-        return sum(q < floor * t for t, q in zip(r["rounds_s"], ref_s)), len(ref_s)
 
-    def below(r, ref: str, floor: float) -> str:
-        return ", below {:.2f}x in {} of {} rounds".format(floor, *rounds_below(r, ref, floor))
+class Span(NamedTuple):
+    """A deciding figure's interquartile range over its rounds (None: not measured), and its bar."""
+    iqr: list[float] | None
+    bar: float
 
-    def rounds_slower(r) -> tuple[int, int]:
-        return rounds_below(r, REFERENCE, 1.0)
 
-    def clearly_slower(r) -> bool:
-        return sign_test(*rounds_slower(r)) < SIGNIFICANCE
+@dataclass(frozen=True)
+class _Measured:
+    """A report's measured rows (error rows left out), by (case id, engine), and its optimized
+    NumPy engines in the rows' order."""
+    rows: list[dict]
+    cell: dict[tuple[str, str], dict]
+    optimized: list[str]
 
-    for name in optimized:
-        mine = [r for r in rows if r["engine"] == name and r["vs_naive"] is not None]
-        if mine:
-            worst = min(mine, key=lambda r: r["vs_naive"])
-            slower = [r for r in mine if clearly_slower(r)]
-            value = f"min {worst['vs_naive']:.2f}x at {_where(worst)}"
-            if slower:
-                value += "; shown slower at " + ", ".join(
-                    "{} ({} of {} rounds)".format(_where(r), *rounds_slower(r)) for r in slower)
-            elif worst["vs_naive"] < 1.0:
-                value += ", slower in {} of {} rounds: not shown slower".format(*rounds_slower(worst))
-            out.append(Target(f"{name} >= naive at every point", not slower, value))
-        small = [r for r in mine if _small(r)]
-        if small:
-            worst = min(small, key=lambda r: r["vs_naive"])
-            out.append(Target(f"{name} >= {SMALL_SPEEDUP}x naive at batch <= 8, dim <= 256",
-                              worst["vs_naive"] >= SMALL_SPEEDUP,
-                              f"min {worst['vs_naive']:.2f}x at {_where(worst)}" + below(worst, REFERENCE, SMALL_SPEEDUP)))
+    @classmethod
+    def of(cls, rows: list[dict]) -> "_Measured":
+        rows = [r for r in rows if not r.get("error")]
+        optimized = list(dict.fromkeys(r["engine"] for r in rows
+                                       if _numpy_engine(r["engine"]) and r["engine"] != REFERENCE))
+        return cls(rows, {(r["case"], r["engine"]): r for r in rows}, optimized)
 
-    def numpy_rows(case_id):
-        return [cell[(case_id, n)] for n in [REFERENCE, *optimized] if (case_id, n) in cell]
+    def rounds_below(self, r: dict, ref: str, floor: float) -> Rounds:
+        """In how many of the rounds ref's time over r's (r's speedup) fell below floor."""
+        ref_s = self.cell[(r["case"], ref)]["rounds_s"]
+        return Rounds(sum(q < floor * t for t, q in zip(r["rounds_s"], ref_s)), len(ref_s))
 
-    def best_numpy(case_id):
-        here = numpy_rows(case_id)
-        return _fastest(here) if here else None
+    def below(self, r: dict, ref: str, floor: float) -> str:
+        return ", below {:.2f}x in {} of {} rounds".format(floor, *self.rounds_below(r, ref, floor))
 
-    vs_peer = []   # (best NumPy row, its ratio to the peer)
-    for case_id, model in points.items():
-        here = numpy_rows(case_id)
-        if model == "mlp" and here and here[0]["vs_onnxruntime"] is not None:
-            best = _best_vs_peer(here)
-            vs_peer.append((best, best["vs_onnxruntime"]))
-    if vs_peer:
-        worst, ratio = min(vs_peer, key=lambda p: p[1])
-        out.append(Target(f"best NumPy engine within {PEER_SLACK:.2f}x of {PEER} at every mlp point",
-                          ratio >= 1 / PEER_SLACK,
-                          f"worst {ratio:.2f}x ({worst['engine']}) at {_where(worst)}" + below(worst, PEER, 1 / PEER_SLACK)))
-        ones = [p for p in vs_peer if p[0]["batch"] == 1]
-        if ones:
-            worst, ratio = min(ones, key=lambda p: p[1])
-            out.append(Target("best NumPy engine ahead of onnxruntime at batch 1", ratio > 1.0,
-                              f"worst {ratio:.2f}x ({worst['engine']}) at {_where(worst)}" + below(worst, PEER, 1.0)))
+    def clearly_slower(self, r: dict) -> bool:
+        return sign_test(*self.rounds_below(r, REFERENCE, 1.0)) < SIGNIFICANCE
 
+    def numpy_rows(self, case_id: str) -> list[dict]:
+        return [self.cell[(case_id, n)] for n in [REFERENCE, *self.optimized] if (case_id, n) in self.cell]
+
+
+def _vs_naive_targets(m: _Measured, name: str) -> list[Target]:
+    """Targets 1 and 2 for one optimized engine."""
+    out = []
+    mine = [r for r in m.rows if r["engine"] == name and r["vs_naive"] is not None]
+    if mine:
+        worst = min(mine, key=lambda r: r["vs_naive"])
+        slower = [r for r in mine if m.clearly_slower(r)]
+        value = f"min {worst['vs_naive']:.2f}x at {_where(worst)}"
+        if slower:
+            value += "; shown slower at " + ", ".join(
+                "{} ({} of {} rounds)".format(_where(r), *m.rounds_below(r, REFERENCE, 1.0)) for r in slower)
+        elif worst["vs_naive"] < 1.0:
+            value += ", slower in {} of {} rounds: not shown slower".format(*m.rounds_below(worst, REFERENCE, 1.0))
+        out.append(Target(f"{name} >= naive at every point", not slower, value))
+    small = [r for r in mine if _small(r)]
+    if small:
+        worst = min(small, key=lambda r: r["vs_naive"])
+        out.append(Target(f"{name} >= {SMALL_SPEEDUP}x naive at batch <= 8, dim <= 256",
+                          worst["vs_naive"] >= SMALL_SPEEDUP,
+                          f"min {worst['vs_naive']:.2f}x at {_where(worst)}" + m.below(worst, REFERENCE, SMALL_SPEEDUP)))
+    return out
+
+
+def _peer_targets(m: _Measured) -> list[Target]:
+    """Target 3, judged on each mlp point's best NumPy row against the peer."""
+    best = []
+    for case_id in dict.fromkeys(r["case"] for r in m.rows if r["model"] == "mlp"):
+        here = m.numpy_rows(case_id)
+        if here and here[0]["vs_onnxruntime"] is not None:
+            best.append(_best_vs_peer(here))
+    if not best:
+        return []
+    worst = min(best, key=lambda r: r["vs_onnxruntime"])
+    ratio = worst["vs_onnxruntime"]
+    out = [Target(f"best NumPy engine within {PEER_SLACK:.2f}x of {PEER} at every mlp point", ratio >= 1 / PEER_SLACK,
+                  f"worst {ratio:.2f}x ({worst['engine']}) at {_where(worst)}" + m.below(worst, PEER, 1 / PEER_SLACK))]
+    ones = [r for r in best if r["batch"] == 1]
+    if ones:
+        worst = min(ones, key=lambda r: r["vs_onnxruntime"])
+        ratio = worst["vs_onnxruntime"]
+        out.append(Target("best NumPy engine ahead of onnxruntime at batch 1", ratio > 1.0,
+                          f"worst {ratio:.2f}x ({worst['engine']}) at {_where(worst)}" + m.below(worst, PEER, 1.0)))
+    return out
+
+
+def _roofline_targets(m: _Measured) -> list[Target]:
+    """Targets 4 and 5, on the fastest NumPy row at each roofline point."""
+    out = []
     for case, key, floor, what in ROOFLINE:
-        best = best_numpy(case.id)
-        if best is not None:
+        here = m.numpy_rows(case.id)
+        if here:
+            best = _fastest(here)
             out.append(Target(f"best NumPy engine >= {floor:.0%} {what} at {case.id}", best[key] >= floor,
                               f"{best[key]:.0%} ({best['engine']})"))
     return out
+
+
+def check(rows: list[dict]) -> list[Target]:
+    """The targets that the report's rows can judge (an engine or point not measured is left out)."""
+    m = _Measured.of(rows)
+    return ([t for name in m.optimized for t in _vs_naive_targets(m, name)]
+            + _peer_targets(m) + _roofline_targets(m))
+
+
+def _spans(case_id: str, here: list[dict]) -> list[Span]:
+    """Of one point's NumPy rows, each figure that decides a target of 2-5, with its bar."""
+    spans = [Span(r["vs_naive_iqr"], SMALL_SPEEDUP) for r in here if r["engine"] != REFERENCE and _small(r)]
+    vs_peer = [r for r in here if r["vs_onnxruntime"] is not None]
+    if here[0]["model"] == "mlp" and vs_peer:
+        best = _best_vs_peer(vs_peer)
+        spans.append(Span(best["vs_onnxruntime_iqr"], 1 / PEER_SLACK))
+        if best["batch"] == 1:
+            spans.append(Span(best["vs_onnxruntime_iqr"], 1.0))
+    for roof_case, key, floor, _ in ROOFLINE:
+        if case_id == roof_case.id:
+            best = _fastest(here)
+            # the fraction is (roofline time) / (median time); its IQR comes from the times'
+            q1, q3 = np.percentile(best["rounds_s"], [25, 75])
+            spans.append(Span([best[key] * best["median_s"] / q3, best[key] * best["median_s"] / q1], floor))
+    return spans
 
 
 def close_calls(rows: list[dict]) -> list[str]:
     """The case ids where a figure that decides a target has its median below its
     bar, or its bar within the interquartile range of its rounds (targets 2-5): one more run could
     put the median on the other side, or more rounds could show a miss the first ones could not."""
-    rows = [r for r in rows if not r.get("error")]
     points: dict[str, list[dict]] = {}
     for r in rows:
-        if _numpy_engine(r["engine"]):
+        if not r.get("error") and _numpy_engine(r["engine"]):
             points.setdefault(r["case"], []).append(r)
-
     close = []
     for case_id, here in points.items():
-        model = here[0]["model"]
         # target 1: an engine's median below naive's (near 1.0 alone is two engines on one BLAS call)
         below_naive = any(r["engine"] != REFERENCE and r["vs_naive"] is not None and r["vs_naive"] < 1.0
                           for r in here)
-        spans = [(r["vs_naive_iqr"], SMALL_SPEEDUP) for r in here if r["engine"] != REFERENCE and _small(r)]
-        vs_peer = [r for r in here if r["vs_onnxruntime"] is not None]
-        if model == "mlp" and vs_peer:
-            best = _best_vs_peer(vs_peer)
-            spans.append((best["vs_onnxruntime_iqr"], 1 / PEER_SLACK))
-            if best["batch"] == 1:
-                spans.append((best["vs_onnxruntime_iqr"], 1.0))
-        for roof_case, key, floor, _ in ROOFLINE:
-            if case_id == roof_case.id:
-                best = _fastest(here)
-                # the fraction is (roofline time) / (median time); its IQR comes from the times'
-                q1, q3 = np.percentile(best["rounds_s"], [25, 75])
-                spans.append(([best[key] * best["median_s"] / q3, best[key] * best["median_s"] / q1], floor))
         # a median below its bar has its lower quartile below it too: straddling, or below entirely
-        if below_naive or any(iqr is not None and iqr[0] <= bar for iqr, bar in spans):
+        if below_naive or any(s.iqr is not None and s.iqr[0] <= s.bar for s in _spans(case_id, here)):
             close.append(case_id)
     return close
 

@@ -14,19 +14,17 @@ FIXTURES = ROOT / "tests" / "fixtures"
 sys.path.insert(0, str(ROOT))
 
 from engines import ENGINES, MODELS, EngineUnavailable  # noqa: E402  (after the path is set)
+from mlexec.case import FAMILIES  # noqa: E402
 
 # The tests run the engines' fixed kernel defaults: measuring kernels at every build would cost
 # seconds per test and make the paths tested depend on the machine's load. tests/test_kernels.py
 # turns tuning on, with its own cache folder.
 os.environ["MLEXEC_TUNE"] = "0"
 
-# Small enough for the whole matrix to run in seconds, big enough to exercise
-# multi-row tiling, multiple heads and every op kind.
-SMALL_MODELS = {
-    "mlp": dict(dim=64),
-    "mlp-deep": dict(dim=48),
-    "transformer": dict(dim=32, seq=8, heads=4),
-}
+# Each benchmark model's small instance (``Family.small`` in mlexec/case.py): small enough for the
+# whole matrix to run in seconds, big enough to exercise multi-row tiling, multiple heads and
+# every op kind.
+SMALL_MODELS = {name: dict(family.small) for name, family in FAMILIES.items()}
 
 
 def make_engine(name: str, model, max_batch: int):

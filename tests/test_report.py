@@ -245,7 +245,7 @@ def test_round_order_balances_first_places_and_predecessors(n):
 
 
 def test_quick_means_few_rounds_unless_told_otherwise(monkeypatch, tmp_path):
-    """--quick: the QUICK grid with QUICK_TIMING; an explicit option still wins."""
+    """--quick: the models' quick points with QUICK_TIMING; an explicit option still wins."""
     from mlexec.cli import build_parser
     seen = {}
 
@@ -282,7 +282,7 @@ def test_threads_limits_every_pool_the_engines_use_and_says_so():
     run one thread too, and the report says 1, not the pools' size outside the limit."""
     from threadpoolctl import threadpool_info
     seen = []
-    real = report._build
+    real = report.measuring._build
 
     def build(name, *args):
         engine = real(name, *args)
@@ -290,7 +290,7 @@ def test_threads_limits_every_pool_the_engines_use_and_says_so():
         return engine
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(report, "_build", build)
+        mp.setattr(report.measuring, "_build", build)
         built = report.run_report(["mlp"], ["naive", "packed", "onednn"], grid={"mlp": [Case("mlp", 1, 16)]}, rounds=1,
                                    recheck_rounds=0, block_seconds=0.001, settle_seconds=0, threads=1)
     assert built["threads"] == 1 and seen and all(set(pools.values()) == {1} for pools in seen), seen

@@ -31,6 +31,7 @@ import tempfile
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import NamedTuple
 
 from . import gate
 from .grid import parse_shard
@@ -101,10 +102,16 @@ class MergeError(ValueError):
     """The shards don't make one whole run; the message says why."""
 
 
-def merge_shards(folders: list[Path], shards: int) -> tuple[gate.Verdict, dict | None]:
-    """One verdict and one run from the folders of shards 1..``shards`` (each a verdict.json and,
-    when benchmarks were timed, a run.json). Raises MergeError when a shard is missing or doubled."""
-    found: dict[int, tuple[gate.Verdict, dict | None]] = {}
+class Shard(NamedTuple):
+    """One shard's verdict, and its timed run (None when it timed nothing)."""
+    verdict: gate.Verdict
+    run: dict | None
+
+
+def _read_shards(folders: list[Path], shards: int) -> dict[int, Shard]:
+    """Shard number -> its verdict and run, from the folders that hold a verdict.json; MergeError
+    when one is of another split, doubled, or missing."""
+    found: dict[int, Shard] = {}
     for folder in folders:
         path = folder / "verdict.json"
         if not path.is_file():
@@ -116,21 +123,34 @@ def merge_shards(folders: list[Path], shards: int) -> tuple[gate.Verdict, dict |
         if k in found:
             raise MergeError(f"{path}: shard {k}/{n} given twice")
         run = folder / "run.json"
-        found[k] = verdict, json.loads(run.read_text()) if run.is_file() else None
+        found[k] = Shard(verdict, json.loads(run.read_text()) if run.is_file() else None)
     missing = [k for k in range(1, shards + 1) if k not in found]
     if missing:
         raise MergeError(f"no verdict from shard {', '.join(f'{k}/{shards}' for k in missing)}: "
                          f"{'it' if len(missing) == 1 else 'they'} failed to report")
-    verdict = gate.merge([found[k][0] for k in sorted(found)])
-    runs = [found[k][1] for k in sorted(found) if found[k][1] is not None]
-    run = None
-    if runs:
-        commits = {r["commit_info"].get("id") for r in runs}
-        if len(commits) > 1:
-            raise MergeError(f"shards measured different commits: {sorted(map(str, commits))}")
-        run = dict(runs[0], benchmarks=sorted((b for r in runs for b in r["benchmarks"]), key=lambda b: b["name"]))
-        run["machine_info"] = dict(runs[0]["machine_info"], shards=[r["machine_info"] for r in runs])
-    return verdict, run
+    return found
+
+
+def _merged_run(runs: list[dict]) -> dict | None:
+    """The shards' runs as one (benchmarks by name, each shard's machine kept); they must have
+    measured one commit."""
+    if not runs:
+        return None
+    commits = {r["commit_info"].get("id") for r in runs}
+    if len(commits) > 1:
+        raise MergeError(f"shards measured different commits: {sorted(map(str, commits))}")
+    run = dict(runs[0], benchmarks=sorted((b for r in runs for b in r["benchmarks"]), key=lambda b: b["name"]))
+    run["machine_info"] = dict(runs[0]["machine_info"], shards=[r["machine_info"] for r in runs])
+    return run
+
+
+def merge_shards(folders: list[Path], shards: int) -> tuple[gate.Verdict, dict | None]:
+    """One verdict and one run from the folders of shards 1..``shards`` (each a verdict.json and,
+    when benchmarks were timed, a run.json). Raises MergeError when a shard is missing or doubled."""
+    found = _read_shards(folders, shards)
+    ordered = [found[k] for k in sorted(found)]
+    return (gate.merge([s.verdict for s in ordered]),
+            _merged_run([s.run for s in ordered if s.run is not None]))
 
 
 def merge_costs(folders: list[Path]) -> dict | None:

@@ -1,12 +1,13 @@
-"""The benchmark grid: which cases (``mlexec.case.Case``) each engine is measured on, and how a
-grid is split into shards that CI runners measure side by side."""
+"""The suite's matrices: which cases (``mlexec.case.Case``) each engine is measured on, read from
+the table of benchmark models (``mlexec.case.FAMILIES``), and how a matrix is split into shards
+that CI runners measure side by side."""
 from __future__ import annotations
 
 import json
 import statistics
 from pathlib import Path
 
-from ..case import Case
+from ..case import FAMILIES, Case
 
 
 def file_case(path: str, batch: int) -> Case:
@@ -34,21 +35,19 @@ def file_cases(paths, batches) -> list[Case]:
     return cases
 
 
-def _cases(models, batches, dims, seqs=(None,)):
-    return [Case(m, b, d, s) for m in models for d in dims for s in seqs for b in batches]
+def full_matrix() -> list[Case]:
+    """Every benchmark model's whole grid (``mlexec.case.FAMILIES``), in the table's order."""
+    return [case for family in FAMILIES.values() for case in family.grid()]
 
 
-FULL = (_cases(["mlp", "mlp-deep"], [1, 8, 32, 128], [256, 1024, 4096])
-        + _cases(["transformer"], [1, 8, 32, 128], [256, 512], [64, 128]))
+def quick_matrix() -> list[Case]:
+    """Every benchmark model's ``quick`` points, in the table's order."""
+    return [family.point(p) for family in FAMILIES.values() for p in family.quick]
 
-# Quick: the corners that tell the story in under 3 minutes on 2 cores:
-# dispatch-bound (b1, d256), BLAS-bound (b32/b128, d1024, the seed's headline
-# shape), a deep stack, and the transformer at both batch ends.
-QUICK = (_cases(["mlp"], [1, 32], [256, 1024]) + [Case("mlp", 128, 1024)]
-         + [Case("mlp-deep", 8, 256)]
-         + _cases(["transformer"], [1, 8], [256], [64]))
 
-MATRICES = {"quick": QUICK, "full": FULL}
+# --mlexec-matrix NAME: the cases, read from the table when asked.
+MATRICES = {"quick": quick_matrix, "full": full_matrix}
+FULL, QUICK = full_matrix(), quick_matrix()     # as the table stood at import
 HEADLINE = Case("mlp", 128, 1024)   # the seed's model; its row is the summary's headline
 
 

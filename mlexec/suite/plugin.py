@@ -104,7 +104,7 @@ def _matrix(config) -> list[Case]:
                                                   config.getoption("mlexec_batches"))
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
-    return MATRICES[config.getoption("mlexec_matrix")] + config.stash[FILE_CASES]
+    return MATRICES[config.getoption("mlexec_matrix")]() + config.stash[FILE_CASES]
 
 
 def _engines(config) -> list[str]:

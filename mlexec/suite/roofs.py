@@ -1,10 +1,11 @@
 """This machine's roofs, measured once per session: peak matmul rate and copy bandwidth."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..timing import best_time
 
 
 @dataclass(frozen=True)
@@ -22,22 +23,11 @@ class Roofs:
         return Roofs(top.gflops, max(self.gbytes_per_s, other.gbytes_per_s), top.matmul_by)
 
 
-def _best(fn, repeats):
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _matmul_seconds(n: int, repeats: int) -> dict[str, float]:
     """Best seconds of an n x n x n float32 GEMM by each multi-thread kernel that runs here
     without allocating (``engines.kernels``: NumPy's matmul, SciPy's and MKL's gemm, oneDNN's
-    matmul), each timed on its own: the roof is what the fastest library reaches on this CPU.
-    NumPy's OpenBLAS alone set it at 272-275 GFLOP/s on an AMD EPYC where oneDNN's matmul ran
-    this GEMM at 502-535 (docs/kernels.md)."""
+    matmul), each timed on its own: the roof is what the fastest library reaches on this CPU,
+    which need not be NumPy's (docs/kernels.md)."""
     from engines import kernels
     from engines.ir.calls import tile
 
@@ -52,17 +42,19 @@ def _matmul_seconds(n: int, repeats: int) -> dict[str, float]:
         if kernel.one_thread or kernel.allocates or name in skip or (kernel.fits and not kernel.fits(gemm)):
             continue
         calls = kernels.bind(name, a, c, w, b, tile(b, n), None, kernel.prepare(w) if kernel.prepare else None)
-        out[name] = _best(lambda: [fn(*args) for fn, args in calls], repeats)
+        out[name] = best_time(lambda: [fn(*args) for fn, args in calls], repeats)
     return out
 
 
 def calibrate(n: int = 2048, copy_mib: int = 64, repeats: int = 5) -> Roofs:
-    """Best of a few runs: roofs are what the machine can do, so take its best moment. The copy
-    is one thread's: split over two threads it measured the same on an AMD EPYC in three
-    of four tries (46-50 GB/s; once 88)."""
+    """The roofs: the fastest kernel's n x n x n float32 GEMM rate and one thread's copy bandwidth
+    (bytes read + written), each the best of ``repeats`` runs, because a roof is what the machine
+    can do at its best moment. The copy is one thread's because splitting it over threads did not
+    raise it reliably.
+    Measured figures: docs/methodology.md#roofs-calibration"""
     matmul = _matmul_seconds(n, repeats)
     by = min(matmul, key=matmul.get)
     src = np.ones(copy_mib * 2**20 // 4, dtype=np.float32)
     dst = np.empty_like(src)
-    copy = _best(lambda: np.copyto(dst, src), repeats)
+    copy = best_time(lambda: np.copyto(dst, src), repeats)
     return Roofs(gflops=2 * n**3 / matmul[by] / 1e9, gbytes_per_s=2 * src.nbytes / copy / 1e9, matmul_by=by)

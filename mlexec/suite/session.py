@@ -251,6 +251,48 @@ def _compare_code(config, base, verdict: gate.Verdict) -> None:
             record_cost(config, engine, case_id, time.perf_counter() - started)
 
 
+def _memory_against_saved(config, saved, verdict: gate.Verdict) -> None:
+    """The memory findings against a saved run of this machine's kind (``saved_run``), or why none."""
+    if not saved:
+        if config.getoption("mlexec_compare") == "auto":
+            verdict.notes.append(f"no saved run in {config.getoption('mlexec_baselines')} with this allocation "
+                                 f"environment ({_describe(allocation_environment())})")
+        return
+    verdict.saved, saved_figures, not_comparable = saved
+    results = config.stash.get(RESULTS, {})
+    current = {key: {"peak": r.get("peak"), "version": config.stash[CASES][key[0]].version}
+               for key, r in results.items() if r.get("peak") is not None}
+    if not_comparable:
+        for engine_case in (f"{e}-{c}" for c, e in current):
+            verdict.skip("memory-saved", engine_case, not_comparable)
+    else:
+        gate.memory_findings(saved_figures, current, verdict)
+
+
+def _write_outputs(config, verdict: gate.Verdict) -> None:
+    path = config.getoption("mlexec_verdict")
+    if path:
+        write_json(Path(path), verdict.as_dict())
+    if config.getoption("mlexec_costs"):
+        write_costs(config, Path(config.getoption("mlexec_costs")))
+
+
+def _exit_status(session, verdict: gate.Verdict) -> None:
+    if verdict.failed:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif verdict.nothing_compared and session.config.getoption("mlexec_require_gate"):
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
+def _save_run(config, run: dict) -> None:
+    """This run among the saved runs of this machine, named by its commit."""
+    name = (run["commit_info"].get("id") or "nocommit")[:12]
+    if run["commit_info"].get("dirty"):
+        name += "-dirty"
+    from mlexec.baselines import machine_id
+    config.stash[SAVED] = baselines.save_run(run, config.getoption("mlexec_baselines"), machine_id(), name)
+
+
 def finish(session) -> None:
     """The gate, at the end of a run that measured benchmarks: sets the exit status."""
     config = session.config
@@ -265,37 +307,14 @@ def finish(session) -> None:
         config.stash[VERDICT] = f"cannot gate: {exc}"
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return
-    if saved:
-        verdict.saved, saved_figures, not_comparable = saved
-        results = config.stash.get(RESULTS, {})
-        current = {key: {"peak": r.get("peak"), "version": config.stash[CASES][key[0]].version}
-                   for key, r in results.items() if r.get("peak") is not None}
-        if not_comparable:
-            for engine_case in (f"{e}-{c}" for c, e in current):
-                verdict.skip("memory-saved", engine_case, not_comparable)
-        else:
-            gate.memory_findings(saved_figures, current, verdict)
-    elif config.getoption("mlexec_compare") == "auto":
-        verdict.notes.append(f"no saved run in {config.getoption('mlexec_baselines')} with this allocation "
-                             f"environment ({_describe(allocation_environment())})")
+    _memory_against_saved(config, saved, verdict)
     verdict.reference, base = reference_code(config)
     _compare_code(config, base, verdict)
     config.stash[VERDICT] = verdict
-    path = config.getoption("mlexec_verdict")
-    if path:
-        write_json(Path(path), verdict.as_dict())
-    if config.getoption("mlexec_costs"):
-        write_costs(config, Path(config.getoption("mlexec_costs")))
-    if verdict.failed:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    elif verdict.nothing_compared and config.getoption("mlexec_require_gate"):
-        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+    _write_outputs(config, verdict)
+    _exit_status(session, verdict)
     if config.getoption("mlexec_save") and session.exitstatus == 0 and run is not None:
-        name = (run["commit_info"].get("id") or "nocommit")[:12]
-        if run["commit_info"].get("dirty"):
-            name += "-dirty"
-        from mlexec.baselines import machine_id
-        config.stash[SAVED] = baselines.save_run(run, config.getoption("mlexec_baselines"), machine_id(), name)
+        _save_run(config, run)
 
 
 def write_json(path: Path, data) -> None:
