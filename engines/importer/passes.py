@@ -180,21 +180,22 @@ def fuse_layernorm(model: Model) -> Model:
     d = x - mean(x); y = d / sqrt(mean(d^2) + eps) * gamma + beta  (Pow 2 or d * d),
     becomes one ``layernorm``; gamma and beta are constant vectors of the row's width."""
     ops, origin = list(model.ops), dict(model.origin)
+    by_out, readers = {op.output: op for op in ops}, _readers(ops)
     for shift in [op for op in ops if op.kind == "binary" and op.attrs.get("fn") == "add"
                   and op.attrs.get("width") is not None]:
-        by_out = {op.output: op for op in ops}
         found = _match_layernorm(shift, by_out, model)
         if found is None:
             continue
         std, div, scale = found
         chain = [*std.ops, div, scale]
         inner = {op.output for op in chain}
-        if _escapes(inner, inner, ops, _readers(ops), model, shift):
+        if _escapes(inner, inner, ops, readers, model, shift):
             continue                    # an intermediate is read outside the pattern
         ops = [op for op in ops if op.output not in inner]
         ops[ops.index(shift)] = Op("layernorm", (std.x,), shift.output, (scale.params[0], shift.params[0]),
                                    {"eps": std.eps})
         origin[shift.output] = sum((model.origin.get(op.output, ()) for op in (*chain, shift)), ())
+        by_out, readers = {op.output: op for op in ops}, _readers(ops)
     return _rebuild(model, ops, origin=origin)
 
 
