@@ -1,22 +1,34 @@
-"""The reference code for the gate: the ``engines`` package of another commit or tree,
-imported beside the current one under a private name.
+"""The reference code for the gate: the packages the engines live in, and the model files, as
+another commit (or a folder) holds them, imported beside the current code under private names.
 
-Engines use relative imports only, so a second copy loads cleanly as its own
-package. A git ref is materialised with ``git archive`` into a temp folder.
-``default_base`` picks the reference when none is named (``--mlexec-base auto``).
+What is gated (``Source``): ``[tool.mlexec] packages`` in the repository's pyproject.toml, else
+the top-level package (or module: a ``conftest.py``, a test module) of every engine that runs
+and lives inside the repository. Engines installed from elsewhere are the same code on both
+sides. A git ref is materialised with ``git archive`` into a temporary folder that ``close``
+removes; ``default_base`` picks the ref when none is named (``--mlexec-base auto``).
+
+The copy is imported under its own names while the current modules are set aside, so its
+imports, relative or absolute, made at import time resolve to the copy; then its modules move to
+private names (``_mlexec_ref0_mypkg.engine``) and the current ones come back. Registrations the
+copy makes in ``engines.ENGINES`` while importing are kept as the reference's and undone in the
+registry. An absolute import of the package made later, inside a function, finds the current code.
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import io
+import itertools
+import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-_loaded: dict[str, ModuleType] = {}
+_copies = itertools.count()
 
 
 class BaseCodeError(RuntimeError):
@@ -31,6 +43,75 @@ def _git(repo: Path, *args: str) -> str | None:
         return None
 
 
+def toplevel(path: Path) -> Path | None:
+    """The git checkout holding ``path``, or None."""
+    top = _git(path, "rev-parse", "--show-toplevel")
+    return Path(top).resolve() if top else None
+
+
+# --- what is gated ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Source:
+    """A top-level package or module of gated code: its import name, and its path relative to
+    the repository's top (``engines``, ``src/mypkg``, ``conftest.py``)."""
+    name: str
+    path: str
+
+
+def source_of(module_name: str, repo: Path) -> Source | None:
+    """The gated unit holding ``module_name``: its top-level package (or the module itself when it
+    is not in a package), when its file lies inside ``repo``; None when it lies elsewhere."""
+    top = module_name.split(".")[0]
+    module = sys.modules.get(top)
+    if module is None:
+        try:
+            module = importlib.import_module(top)
+        except ImportError:
+            return None
+    where = getattr(module, "__file__", None)
+    if where is None:
+        return None
+    where = Path(where).resolve()
+    if where.name == "__init__.py":
+        where = where.parent
+    try:
+        return Source(top, where.relative_to(repo).as_posix())
+    except ValueError:
+        return None
+
+
+def configured(rootpath: Path) -> list[str] | None:
+    """``[tool.mlexec] packages`` from ``rootpath/pyproject.toml``: import names, or None."""
+    project = Path(rootpath) / "pyproject.toml"
+    if not project.is_file():
+        return None
+    try:
+        table = tomllib.loads(project.read_text()).get("tool", {}).get("mlexec", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise BaseCodeError(f"{project}: {exc}") from None
+    packages = table.get("packages")
+    if packages is not None and (not isinstance(packages, list) or not all(isinstance(p, str) for p in packages)):
+        raise BaseCodeError(f"{project}: [tool.mlexec] packages must be a list of import names, got {packages!r}")
+    return packages
+
+
+def gated_sources(rootpath: Path, repo: Path, engine_modules: list[str]) -> list[Source]:
+    """What the gate measures at the reference: the configured packages, else those the engines'
+    modules live in inside ``repo`` (in the engines' order, each once)."""
+    names = configured(rootpath)
+    if names is not None:
+        sources = [(n, source_of(n, repo)) for n in names]
+        outside = [n for n, s in sources if s is None]
+        if outside:
+            raise BaseCodeError(f"[tool.mlexec] packages {outside}: not importable from a folder inside {repo}")
+        return [s for _, s in sources]
+    found = (source_of(m, repo) for m in engine_modules)
+    return list(dict.fromkeys(s for s in found if s is not None))
+
+
+# --- which commit --------------------------------------------------------------------------
+
 def default_branch(repo: Path) -> str | None:
     """``origin/HEAD``'s target (the remote's default branch), else ``main``, else None."""
     target = _git(repo, "symbolic-ref", "--quiet", "refs/remotes/origin/HEAD")
@@ -42,20 +123,21 @@ def default_branch(repo: Path) -> str | None:
     return None
 
 
-def default_base(repo: Path) -> tuple[str | None, str]:
-    """The reference code when none is named: (git ref or None, why that one).
+def default_base(repo: Path, paths: list[str]) -> tuple[str | None, str]:
+    """The reference commit when none is named: (git ref or None, why that one).
 
-    - ``engines/`` has uncommitted changes: ``HEAD``, so the gate measures the change;
+    - the gated ``paths`` (code and model files) have uncommitted changes: ``HEAD``, so the gate
+      measures the change;
     - else the merge-base of ``HEAD`` with the default branch (what a pull request changes);
       on the default branch itself, where that is ``HEAD``, its parent;
     - None when git gives nothing (no repository, no default branch): the caller falls back.
     """
     head = _git(repo, "rev-parse", "HEAD")
     if head is None:
-        return None, f"{repo} is not a git checkout"
-    dirty = _git(repo, "status", "--porcelain", "--", "engines")
+        return None, f"{repo} is not a git checkout with a commit"
+    dirty = paths and _git(repo, "status", "--porcelain", "--", *paths)
     if dirty:
-        return head, "HEAD: engines/ has uncommitted changes"
+        return head, f"HEAD: {', '.join(paths)} has uncommitted changes"
     branch = default_branch(repo)
     if branch is None:
         return None, "no default branch (neither origin/HEAD nor main)"
@@ -66,43 +148,133 @@ def default_base(repo: Path) -> tuple[str | None, str]:
         parent = _git(repo, "rev-parse", "--verify", "--quiet", "HEAD^")
         if parent is None:
             return None, f"HEAD is {branch}'s first commit"
-        return parent, f"HEAD's parent: HEAD is on {branch}, engines/ clean"
+        return parent, f"HEAD's parent: HEAD is on {branch}, {', '.join(paths) or 'the code'} clean"
     return base, f"merge-base of HEAD with {branch}"
 
 
-def resolve(source: str, repo: Path) -> tuple[str, Path]:
-    """A directory holding ``engines/``, or a git ref: (label, directory)."""
-    path = Path(source)
-    if (path / "engines" / "__init__.py").is_file():
-        return str(path), path
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--verify", f"{source}^{{commit}}"], cwd=repo,
-                                capture_output=True, text=True, check=True).stdout.strip()
-        archive = subprocess.run(["git", "archive", "--format=tar", commit, "engines"], cwd=repo,
-                                 capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", "") or exc
-        detail = detail.decode() if isinstance(detail, bytes) else str(detail)
-        raise BaseCodeError(f"no engines/ at {source!r} in {repo}: {detail.strip()}") from None
-    target = Path(tempfile.mkdtemp(prefix=f"mlexec-base-{commit[:12]}-"))
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(target, filter="data")
-    return commit[:12], target
+# --- the copy --------------------------------------------------------------------------------
 
+@dataclass
+class Reference:
+    """The reference code, imported: where it lies, its modules and its engines."""
+    label: str                         # "code at 1a2b3c4d5e6f" or the folder
+    directory: Path                    # laid out as the repository
+    commit: str | None                 # None for a folder
+    modules: dict[str, ModuleType]     # the copy's modules by their own (current) names
+    registered: dict[str, type]        # engines the copy registered while importing, by name
+    prefix: str                        # the private names' prefix: "_mlexec_ref0_"
+    temporary: bool = False
+    sources: list[Source] = field(default_factory=list)
 
-def load(directory: Path) -> ModuleType:
-    """Import ``directory/engines`` as a package of its own."""
-    key = str(Path(directory).resolve())
-    if key not in _loaded:
-        name = f"_mlexec_base_engines_{len(_loaded)}"
-        init = Path(directory) / "engines" / "__init__.py"
-        spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(init.parent)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
+    def engine_class(self, cls: type, name: str) -> type | None:
+        """The reference's counterpart of engine ``cls`` (registered as ``name``): the class the
+        copy's registry gives that name, else the same module and qualified name in the copy;
+        None when the copy has neither."""
+        registry = getattr(self.modules.get("engines"), "ENGINES", {})
+        found = self.registered.get(name) or registry.get(name)
+        if found is not None:
+            return found
+        module = self.modules.get(cls.__module__)
+        target = module
+        for part in cls.__qualname__.split("."):
+            target = getattr(target, part, None)
+        return target if isinstance(target, type) else None
+
+    def gates(self, cls: type) -> bool:
+        """Whether ``cls`` lives in the gated code (else it is the same on both sides)."""
+        return cls.__module__.split(".")[0] in {s.name for s in self.sources}
+
+    def file(self, path: str) -> Path | None:
+        """The reference's copy of a repository file (a model), or None when it has none."""
+        found = self.directory / path
+        return found if found.is_file() else None
+
+    def close(self) -> None:
+        """Forget the copy's private modules and remove a temporary folder."""
+        for name in [n for n in sys.modules if n.startswith(self.prefix)]:
             del sys.modules[name]
-            raise BaseCodeError(f"cannot import the reference engines from {directory}: {exc!r}") from None
-        _loaded[key] = module
-    return _loaded[key]
+        if self.temporary:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def materialise(ref: str, repo: Path, paths: list[str]) -> tuple[str, Path]:
+    """``paths`` (those that exist) of commit ``ref`` in a new temporary folder: (commit, folder)."""
+    commit = _git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    if commit is None:
+        raise BaseCodeError(f"{ref!r} is not a commit in {repo}")
+    present = [p for p in paths if _git(repo, "cat-file", "-e", f"{commit}:{p}") is not None]
+    target = Path(tempfile.mkdtemp(prefix=f"mlexec-base-{commit[:12]}-"))
+    if present:
+        archive = subprocess.run(["git", "archive", "--format=tar", commit, "--", *present], cwd=repo,
+                                 capture_output=True)
+        if archive.returncode != 0:
+            shutil.rmtree(target, ignore_errors=True)
+            raise BaseCodeError(f"git archive {commit[:12]} failed: {archive.stderr.decode().strip()}")
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(target, filter="data")
+    return commit, target
+
+
+def _owned(name: str, tops: set[str]) -> bool:
+    return name.split(".")[0] in tops
+
+
+def import_copy(directory: Path, sources: list[Source]) -> tuple[str, dict[str, ModuleType], dict[str, type]]:
+    """Import ``sources`` from ``directory`` with the current modules set aside; return the private
+    names' prefix, the copy's modules by their own names (moved to private names, the current ones
+    restored) and the engines it registered."""
+    from engines import ENGINES
+    tops = {s.name for s in sources}
+    current = {n: sys.modules.pop(n) for n in list(sys.modules) if _owned(n, tops)}
+    registry = dict(ENGINES)
+    roots = list(dict.fromkeys(str((directory / s.path).parent) for s in sources))
+    sys.path[:0] = roots
+    importlib.invalidate_caches()
+    try:
+        for source in sources:
+            if (directory / source.path).exists():
+                importlib.import_module(source.name)
+    except Exception as exc:
+        raise BaseCodeError(f"cannot import the reference code from {directory}: {exc!r}") from None
+    finally:
+        copy = {n: sys.modules.pop(n) for n in list(sys.modules) if _owned(n, tops)}
+        for root in roots:
+            sys.path.remove(root)
+        sys.modules.update(current)
+        registered = {k: v for k, v in ENGINES.items() if registry.get(k) is not v}
+        ENGINES.clear()
+        ENGINES.update(registry)
+    prefix = f"_mlexec_ref{next(_copies)}_"
+    for name, module in copy.items():
+        _rename(module, prefix + name)
+        sys.modules[prefix + name] = module
+    return prefix, copy, registered
+
+
+def _rename(module: ModuleType, private: str) -> None:
+    """A relative import made later inside the copy resolves to the copy."""
+    module.__name__ = private
+    module.__package__ = private if hasattr(module, "__path__") else private.rpartition(".")[0]
+    if module.__spec__ is not None:
+        module.__spec__.name = private
+
+
+def load(source: str, repo: Path, sources: list[Source], files: list[str]) -> Reference:
+    """The reference code named by ``source`` (a git ref, or a folder laid out as the repository),
+    with the model ``files`` of that commit beside it."""
+    folder = Path(source)
+    if folder.is_dir() and any((folder / s.path).exists() for s in sources):
+        directory, commit, label, temporary = folder, None, str(folder), False
+    else:
+        commit, directory = materialise(source, repo, [s.path for s in sources] + files)
+        label, temporary = commit[:12], True
+    try:
+        missing = [s.path for s in sources if not (directory / s.path).exists()]
+        if len(missing) == len(sources):
+            raise BaseCodeError(f"no {', '.join(missing)} at {label!r} in {repo}")
+        prefix, modules, registered = import_copy(directory, sources)
+    except BaseException:
+        if temporary:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return Reference(label, directory, commit, modules, registered, prefix, temporary, sources)

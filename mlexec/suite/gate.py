@@ -85,6 +85,43 @@ class Finding:
 
 
 @dataclass
+class ModelChange:
+    """A model file that differs at the reference commit, measured there and here on the same engines.
+
+    ``nodes`` and ``flops`` (one sample's) are (at the reference, now); ``benchmarks`` holds, per
+    benchmark, what was measured of it: ``ratio`` (latency now / at the reference) and
+    ``peak``, ``arena``, ``weights`` as [reference, now] bytes."""
+    file: str
+    nodes: tuple[int, int]
+    flops: tuple[int, int]
+    benchmarks: dict[str, dict] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        (n0, n1), (f0, f1) = self.nodes, self.flops
+        lines = [f"model changed: {self.file}: {n0} -> {n1} nodes, {f1 / max(f0, 1):.2f}x the flops"]
+        for name, figures in sorted(self.benchmarks.items()):
+            parts = []
+            if figures.get("ratio") is not None:
+                r = figures["ratio"]
+                parts.append(f"{r:.2f}x slower" if r >= 1 else f"{1 / r:.2f}x faster")
+            for key, what in (("peak", "per forward"), ("arena", "arena"), ("weights", "weights")):
+                if figures.get(key):
+                    before, after = figures[key]
+                    parts.append(f"{_signed_bytes(after - before)} {what}")
+            lines.append(f"  {name}: {', '.join(parts) or 'not measured'}")
+        return lines
+
+
+def _signed_bytes(delta: int) -> str:
+    sign = "+" if delta >= 0 else "-"
+    size = abs(delta)
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{sign}{size / scale:.1f} {unit}"
+    return f"{sign}{size} B"
+
+
+@dataclass
 class Verdict:
     """What was compared, against what, what was not and why, and what regressed."""
     reference: str = "no reference code"     # the code compared against, and why that code
@@ -94,6 +131,7 @@ class Verdict:
     regressions: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     shard: str | None = None                 # "K/N" when this run measured one shard
+    models: list[ModelChange] = field(default_factory=list)    # model files changed since the reference
 
     def done(self, kind: str, name: str, finding: Finding | None = None) -> None:
         self.compared[kind].append(name)
@@ -125,13 +163,16 @@ class Verdict:
                 "memory_compared": self.memory_compared, "latency_compared": self.latency_compared,
                 "reference": self.reference, "saved": self.saved, "shard": self.shard,
                 "compared": self.compared, "skipped": self.skipped, "notes": self.notes,
-                "regressions": [asdict(f) for f in self.regressions]}
+                "regressions": [asdict(f) for f in self.regressions],
+                "models": [asdict(m) for m in self.models]}
 
     @classmethod
     def from_dict(cls, data: dict) -> Verdict:
         verdict = cls(reference=data["reference"], saved=data.get("saved"), shard=data.get("shard"),
                       notes=list(data.get("notes", [])),
-                      regressions=[Finding(**f) for f in data.get("regressions", [])])
+                      regressions=[Finding(**f) for f in data.get("regressions", [])],
+                      models=[ModelChange(m["file"], tuple(m["nodes"]), tuple(m["flops"]), m["benchmarks"])
+                              for m in data.get("models", [])])
         for kind in KINDS:
             verdict.compared[kind] = list(data.get("compared", {}).get(kind, []))
             verdict.skipped[kind] = {r: list(n) for r, n in data.get("skipped", {}).get(kind, {}).items()}
@@ -148,6 +189,7 @@ def merge(verdicts: list[Verdict]) -> Verdict:
             for reason, names in v.skipped[kind].items():
                 merged.skipped[kind].setdefault(reason, []).extend(names)
         merged.regressions += v.regressions
+        merged.models += v.models
         merged.notes += [n for n in v.notes if n not in merged.notes]
     return merged
 
@@ -183,20 +225,25 @@ def memory_findings(reference_run: dict, current: dict, verdict: Verdict) -> Non
                          memory_finding(name, old["peak_bytes"], now["peak"], "memory-saved"))
 
 
-def latency_finding(name: str, measure: Callable[[], Interleaved]) -> Finding | None:
-    """``measure()`` times current (a) against reference (b), interleaved."""
+def latency_comparison(name: str, measure: Callable[[], Interleaved]) -> tuple[float, Finding | None]:
+    """``measure()`` times current (a) against reference (b), interleaved: (the median ratio
+    current/reference over every measurement taken, the regression or None)."""
     samples = [measure()]
     while samples[-1].median > LATENCY_FACTOR and len(samples) <= CONFIRMATIONS:
         samples.append(measure())
+    ratio = float(np.median([r for s in samples for r in s.ratios]))
     if not all(s.median > LATENCY_FACTOR for s in samples) or len(samples) <= CONFIRMATIONS:
-        return None
+        return ratio, None
     current = [t for s in samples for t in s.a_times]
     reference = [t for s in samples for t in s.b_times]
     p = mann_whitney_greater(current, reference)
     if p >= ALPHA:
-        return None
-    ratio = float(np.median([r for s in samples for r in s.ratios]))
-    return Finding(name, "latency", float(np.median(reference)), float(np.median(current)), ratio, p)
+        return ratio, None
+    return ratio, Finding(name, "latency", float(np.median(reference)), float(np.median(current)), ratio, p)
+
+
+def latency_finding(name: str, measure: Callable[[], Interleaved]) -> Finding | None:
+    return latency_comparison(name, measure)[1]
 
 
 # --- the verdict as text ----------------------------------------------------------------
@@ -233,6 +280,7 @@ def format_verdict(verdict: Verdict) -> str:
         lines.append(f"and saved run: {verdict.saved}")
     lines += [f"  {what + ':':20} {done} of {total} benchmarks compared" for what, done, total in _counts(verdict)]
     lines += [f"  note: {n}" for n in verdict.notes]
+    lines += [line for m in verdict.models for line in m.lines()]
     missed = _grouped(verdict)
     if missed:
         lines.append("not compared:")
@@ -267,6 +315,9 @@ def format_markdown(verdict: Verdict) -> str:
     lines.append("")
     lines += [f"- {what}: {done} of {total} benchmarks compared" for what, done, total in _counts(verdict)]
     lines += [f"- note: {n}" for n in verdict.notes]
+    for model in verdict.models:
+        first, *rest = model.lines()
+        lines += [f"- {first}", *(f"  - `{r.strip().split(':')[0]}`:{r.split(':', 1)[1]}" for r in rest)]
     for kinds, reason, names in _grouped(verdict):
         lines.append(f"- not compared, {', '.join(_WHAT[k] for k in kinds)} ({len(names)}): {reason}: {_names(names)}")
     if verdict.regressions:

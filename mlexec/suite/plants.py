@@ -24,8 +24,13 @@ SLOWDOWN = float(os.environ.get("MLEXEC_PLANT_SLOWDOWN", "0.25"))
 class PlantedEngine(StaticEngine):
     name = "planted"
 
+    def __init__(self, model, max_batch):
+        super().__init__(model, max_batch)
+        # Read once: at a 9 µs forward, reading the environment per call costs 1.20x by itself.
+        self.plant = os.environ.get("MLEXEC_PLANT", "none").split(",")
+
     def _forward(self, x):
-        plant = os.environ.get("MLEXEC_PLANT", "none").split(",")
+        plant = self.plant
         t0 = time.perf_counter()
         out = super()._forward(x)
         if "slow" in plant:

@@ -6,9 +6,11 @@ import itertools
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from threadpoolctl import threadpool_limits
@@ -153,31 +155,66 @@ def saved_run(config, here_cpu: str | None) -> tuple[str, dict, str | None] | No
 
 # --- the reference code: latency and memory A/B ----------------------------------------
 
-def reference_code(config):
-    """(label, the reference ``engines`` module), or (why there is none, None)."""
-    repo = Path(config.rootpath)
+def _repository(config) -> Path:
+    """The git checkout the run is in (its rootdir when it is in none)."""
+    root = Path(config.rootpath).resolve()
+    return basecode.toplevel(root) or root
+
+
+def _model_files(config, repo: Path) -> list[str]:
+    """The run's model files that lie inside the repository, relative to it."""
+    inside = []
+    for case in config.stash[CASES].values():
+        if case.path:
+            try:
+                inside.append(Path(case.path).resolve().relative_to(repo).as_posix())
+            except ValueError:
+                pass
+    return list(dict.fromkeys(inside))
+
+
+def _latest_saved_commit(config, why: str) -> tuple[str | None, str]:
+    root = config.getoption("mlexec_baselines")
+    try:
+        runs = baselines.iter_runs(root)
+    except baselines.BaselineError:
+        runs = []
+    commits = [r["commit_info"].get("id") for _, r in sorted(runs, key=lambda pr: pr[1]["datetime"])]
+    if not commits or not commits[-1]:
+        return None, f"{why}, and no saved run in {root} names a commit"
+    return commits[-1], f"the latest saved run's commit ({why})"
+
+
+def reference_code(config) -> tuple[str, basecode.Reference | None]:
+    """(label, the reference code), or (why there is none, None)."""
     choice = config.getoption("mlexec_base")
     if choice == "off":
         return "no reference code (--mlexec-base off)", None
+    repo = _repository(config)
+    aliases = config.stash.get(BASE_ALIASES, {})
+    engines = dict.fromkeys(e for _, _, e in config.stash.get(PLANNED, {}) if e not in aliases)
+    try:
+        sources = basecode.gated_sources(Path(config.rootpath), repo, [ENGINES[e].__module__ for e in engines])
+    except basecode.BaseCodeError as exc:
+        return f"no reference code: {exc}", None
+    files = _model_files(config, repo)
+    if not sources and not files:
+        return (f"no reference code: no engine that runs and no model file lives in {repo} "
+                f"(name the packages in pyproject.toml's [tool.mlexec] packages)"), None
+    paths = [s.path for s in sources] + files
     if choice == "auto":
-        source, why = basecode.default_base(repo)
+        source, why = basecode.default_base(repo, paths)
         if source is None:
-            root = config.getoption("mlexec_baselines")
-            try:
-                runs = baselines.iter_runs(root)
-            except baselines.BaselineError:
-                runs = []
-            commits = [r["commit_info"].get("id") for _, r in sorted(runs, key=lambda pr: pr[1]["datetime"])]
-            if not commits or not commits[-1]:
-                return f"no reference code: {why}, and no saved run in {root} names a commit", None
-            source, why = commits[-1], f"the latest saved run's commit ({why})"
+            source, why = _latest_saved_commit(config, why)
+            if source is None:
+                return f"no reference code: {why}", None
     else:
         source, why = choice, "named by --mlexec-base"
     try:
-        label, directory = basecode.resolve(source, repo)
-        return f"code at {label} ({why})", basecode.load(directory)
+        reference = basecode.load(source, repo, sources, files)
     except basecode.BaseCodeError as exc:
         return f"no reference code: {exc}", None
+    return f"code at {reference.label} ({why}): {', '.join(paths)}", reference
 
 
 def _measurement(make_current, make_reference, x, rounds):
@@ -195,59 +232,124 @@ def _measurement(make_current, make_reference, x, rounds):
     return measure
 
 
-def _reference_model(base, case):
-    """The case's model as the reference code builds it, or False when it can't."""
+def _reference_model(engines, case, path: str | None = None):
+    """The case's model as the reference side builds it (``path``: the reference's own copy of a
+    model file), or False when it can't."""
     try:
         if case.path:
-            return base.load_onnx(case.path)
-        return base.MODELS[case.model](**case.model_kwargs, seed=0)
+            return engines.load_onnx(path or case.path)
+        return engines.MODELS[case.model](**case.model_kwargs, seed=0)
     except Exception:   # the reference code may predate this model, its importer or its options
         return False
 
 
-def _compare_code(config, base, verdict: gate.Verdict) -> None:
+class _Sides(NamedTuple):
+    """One case as this run and the reference build it; ``change`` when its model file differs."""
+    model: object
+    x: object
+    base_model: object           # False when the reference cannot build it
+    change: gate.ModelChange | None
+
+
+def _graph_nodes(path) -> int:
+    import onnx
+    return len(onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def _sides(case, reference: basecode.Reference, repo: Path, verdict: gate.Verdict) -> _Sides:
+    model = case.build()
+    x = model.random_input(case.batch, rng=12345)
+    engines = reference.modules.get("engines") or sys.modules["engines"]
+    if not case.path:
+        return _Sides(model, x, _reference_model(engines, case), None)
+    try:
+        relative = Path(case.path).resolve().relative_to(repo).as_posix()
+    except ValueError:
+        relative = None
+    before = reference.file(relative) if relative and reference.commit else None
+    if before is None or before.read_bytes() == Path(case.path).read_bytes():
+        if relative and reference.commit and before is None:
+            note = f"{relative} is not in the reference commit: its engines compared on this file"
+            verdict.notes += [note] if note not in verdict.notes else []
+        return _Sides(model, x, _reference_model(engines, case), None)
+    base_model = _reference_model(engines, case, str(before))
+    change = next((m for m in verdict.models if m.file == relative), None)
+    if change is None and base_model is not False:
+        change = gate.ModelChange(relative, (_graph_nodes(before), _graph_nodes(case.path)),
+                                  (base_model.flops(1), model.flops(1)))
+        verdict.models.append(change)
+    return _Sides(model, x, base_model, change)
+
+
+def _counterpart(reference: basecode.Reference, engine: str, aliases: dict, sides: _Sides) -> tuple[type | None, str]:
+    """(the reference's engine class, "") or (None, why this engine is not compared)."""
+    if sides.base_model is False:
+        return None, "no counterpart in the reference code (it cannot build this model)"
+    cls = ENGINES[engine]
+    if engine in aliases or reference.gates(cls):
+        found = reference.engine_class(cls, aliases.get(engine, engine))
+        return found, "" if found else "no counterpart in the reference code"
+    if sides.change is not None:
+        return cls, ""                    # the engine's code is the same; the model is not
+    return None, (f"the same code on both sides: {cls.__module__} is not in the gated code "
+                  f"(pyproject.toml's [tool.mlexec] packages)")
+
+
+def _compare_pair(config, engine: str, base_cls: type, case, sides: _Sides, verdict: gate.Verdict,
+                  kinds: list[str]) -> None:
+    """The latency and memory A/B of one engine on one case, current against reference."""
+    name = f"{engine}-{case.id}"
+    figures = sides.change.benchmarks.setdefault(name, {}) if sides.change else {}
+    make_now, make_before = (lambda: ENGINES[engine](sides.model, case.batch),
+                             lambda: base_cls(sides.base_model, case.batch))
+    if "latency" in kinds:
+        with threadpool_limits(1):
+            ratio, finding = gate.latency_comparison(name, _measurement(
+                make_now, make_before, sides.x, config.getoption("mlexec_rounds")))
+        figures["ratio"] = ratio
+        verdict.done("latency", name, finding)
+    if "memory" in kinds:
+        now, before = make_now(), make_before()
+        peaks = [measure_peak(before, sides.x), measure_peak(now, sides.x)]
+        figures.update(peak=peaks, arena=[before.activation_bytes, now.activation_bytes],
+                       weights=[before.weight_bytes, now.weight_bytes])
+        verdict.done("memory", name, gate.memory_finding(name, *peaks))
+
+
+def _compare_code(config, reference: basecode.Reference | None, verdict: gate.Verdict) -> None:
     """Every benchmark this run measured, current engine against the reference code's:
     latency interleaved, memory peak once each."""
     planned = config.stash.get(PLANNED, {})
     results = config.stash.get(RESULTS, {})
     aliases = config.stash.get(BASE_ALIASES, {})
     cases = config.stash[CASES]
-    rounds = config.getoption("mlexec_rounds")
+    repo = _repository(config)
     for case_id in dict.fromkeys(c for _, c, _ in planned):
-        case = cases[case_id]
-        engines = list(dict.fromkeys(e for _, c, e in planned if c == case_id))
-        model = base_model = None
-        for engine in engines:
+        case, sides = cases[case_id], None
+        for engine in dict.fromkeys(e for _, c, e in planned if c == case_id):
             started = time.perf_counter()
             name, r = f"{engine}-{case_id}", results.get((case_id, engine), {})
+            kinds = []
             for kind, which, figure in (("latency", "time", "median"), ("memory", "memory", "peak")):
                 if (which, case_id, engine) not in planned:
                     continue
                 if r.get(figure) is None:
                     verdict.skip(kind, name, r.get(f"{which}_status") or "not measured in this run")
-                    continue
-                if base is None:
+                elif reference is None:
                     verdict.skip(kind, name, verdict.reference)
-                    continue
-                if model is None:
-                    model = case.build()
-                    x = model.random_input(case.batch, rng=12345)
-                    base_model = _reference_model(base, case)
-                base_cls = getattr(base, "ENGINES", {}).get(aliases.get(engine, engine))
-                if base_model is False or base_cls is None:
-                    verdict.skip(kind, name, "no counterpart in the reference code")
-                elif not case.path and workload_version(case_id, base_model) != case.version:
-                    verdict.skip(kind, name, "another workload version in the reference code")
-                elif kind == "latency":
-                    with threadpool_limits(1):
-                        finding = gate.latency_finding(name, _measurement(
-                            lambda: ENGINES[engine](model, case.batch), lambda: base_cls(base_model, case.batch),
-                            x, rounds))
-                    verdict.done(kind, name, finding)
                 else:
-                    now = measure_peak(ENGINES[engine](model, case.batch), x)
-                    before = measure_peak(base_cls(base_model, case.batch), x)
-                    verdict.done(kind, name, gate.memory_finding(name, before, now))
+                    kinds.append(kind)
+            if kinds:
+                sides = sides or _sides(case, reference, repo, verdict)
+                base_cls, why = _counterpart(reference, engine, aliases, sides)
+                if base_cls is None:
+                    for kind in kinds:
+                        verdict.skip(kind, name, why)
+                elif not case.path and workload_version(case_id, sides.base_model) != case.version:
+                    for kind in kinds:
+                        verdict.skip(kind, name, "another workload version in the reference code")
+                else:
+                    _compare_pair(config, engine, base_cls, case, sides, verdict, kinds)
             record_cost(config, engine, case_id, time.perf_counter() - started)
 
 
@@ -308,8 +410,12 @@ def finish(session) -> None:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return
     _memory_against_saved(config, saved, verdict)
-    verdict.reference, base = reference_code(config)
-    _compare_code(config, base, verdict)
+    verdict.reference, reference = reference_code(config)
+    try:
+        _compare_code(config, reference, verdict)
+    finally:
+        if reference is not None:
+            reference.close()
     config.stash[VERDICT] = verdict
     _write_outputs(config, verdict)
     _exit_status(session, verdict)
