@@ -219,10 +219,12 @@ def _owned(name: str, tops: set[str]) -> bool:
     return name.split(".")[0] in tops
 
 
-def import_copy(directory: Path, sources: list[Source]) -> tuple[str, dict[str, ModuleType], dict[str, type]]:
-    """Import ``sources`` from ``directory`` with the current modules set aside; return the private
-    names' prefix, the copy's modules by their own names (moved to private names, the current ones
-    restored) and the engines it registered."""
+def import_copy(directory: Path, sources: list[Source],
+                modules: list[str]) -> tuple[str, dict[str, ModuleType], dict[str, type]]:
+    """Import ``sources`` from ``directory``, and those of ``modules`` (the engines' modules) inside
+    them, with the current modules set aside; return the private names' prefix, the copy's modules
+    by their own names (moved to private names, the current ones restored) and the engines it
+    registered. A module the copy lacks is left out (its engine has no counterpart there)."""
     from engines import ENGINES
     tops = {s.name for s in sources}
     current = {n: sys.modules.pop(n) for n in list(sys.modules) if _owned(n, tops)}
@@ -234,6 +236,12 @@ def import_copy(directory: Path, sources: list[Source]) -> tuple[str, dict[str, 
         for source in sources:
             if (directory / source.path).exists():
                 importlib.import_module(source.name)
+        for name in modules:
+            if _owned(name, tops) and name.split(".")[0] in sys.modules:
+                try:
+                    importlib.import_module(name)
+                except ModuleNotFoundError:
+                    pass
     except Exception as exc:
         raise BaseCodeError(f"cannot import the reference code from {directory}: {exc!r}") from None
     finally:
@@ -259,9 +267,9 @@ def _rename(module: ModuleType, private: str) -> None:
         module.__spec__.name = private
 
 
-def load(source: str, repo: Path, sources: list[Source], files: list[str]) -> Reference:
+def load(source: str, repo: Path, sources: list[Source], files: list[str], modules: list[str]) -> Reference:
     """The reference code named by ``source`` (a git ref, or a folder laid out as the repository),
-    with the model ``files`` of that commit beside it."""
+    with the model ``files`` of that commit beside it; ``modules``: the engines' modules."""
     folder = Path(source)
     if folder.is_dir() and any((folder / s.path).exists() for s in sources):
         directory, commit, label, temporary = folder, None, str(folder), False
@@ -272,9 +280,9 @@ def load(source: str, repo: Path, sources: list[Source], files: list[str]) -> Re
         missing = [s.path for s in sources if not (directory / s.path).exists()]
         if len(missing) == len(sources):
             raise BaseCodeError(f"no {', '.join(missing)} at {label!r} in {repo}")
-        prefix, modules, registered = import_copy(directory, sources)
+        prefix, copy, registered = import_copy(directory, sources, modules)
     except BaseException:
         if temporary:
             shutil.rmtree(directory, ignore_errors=True)
         raise
-    return Reference(label, directory, commit, modules, registered, prefix, temporary, sources)
+    return Reference(label, directory, commit, copy, registered, prefix, temporary, sources)

@@ -12,7 +12,10 @@
   the branch does not exist yet), for ``--mlexec-compare auto``.
 - ``trends``: the history branch's saved runs as the history table and charts, and as the
   static history site in ``OUT/site`` (the page ``/history`` serves) for GitHub Pages.
+- ``comment``: the summary as the pull request's comment (one, updated), with the gh CLI.
 - ``summary``: a verdict JSON file as Markdown.
+
+Each runs in the current folder, the repository being gated (this project's, or a user's).
 
 Usage: python -m mlexec.suite.ci gate --base origin/main --shard 1/4 --out bench-out/1 [-- PYTEST ARGS]
        python -m mlexec.suite.ci merge --shards 4 --out bench-out bench-out/*
@@ -25,10 +28,11 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import NamedTuple
@@ -36,15 +40,21 @@ from typing import NamedTuple
 from . import gate
 from .grid import parse_shard
 
-ROOT = Path(__file__).resolve().parents[2]
+def _tests(given: list[str] | None) -> list[str]:
+    """What pytest runs: the given paths, else ``benchmarks/`` where there is one (this project),
+    else pytest's own choice (``testpaths``, or the folder)."""
+    if given:
+        return given
+    return ["benchmarks/"] if Path("benchmarks").is_dir() else []
 
 
-def _pytest(args: list[str]) -> int:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def _pytest(tests: list[str] | None, args: list[str]) -> int:
+    """pytest in this folder (the repository being gated), importable from it."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
     # pytest-memray hands its result folder to workers through this variable; a stale one
     # (from an enclosing pytest) would override --memray-bin-path and its readable file names.
     env.pop("MEMRAY_RESULT_PATH", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "benchmarks/", *args], cwd=ROOT, env=env).returncode
+    return subprocess.run([sys.executable, "-m", "pytest", *_tests(tests), *args], env=env).returncode
 
 
 def failed_memory_tests(junit: Path) -> list[str]:
@@ -76,7 +86,7 @@ def _shard_args(shard: str | None) -> list[str]:
 def cmd_gate(args) -> int:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    status = _pytest([f"--mlexec-base={args.base}", "--mlexec-require-gate", *_shard_args(args.shard),
+    status = _pytest(args.tests, [f"--mlexec-base={args.base}", "--mlexec-require-gate", *_shard_args(args.shard),
                       f"--mlexec-verdict={out / 'verdict.json'}", f"--mlexec-costs={out / 'costs.json'}",
                       f"--benchmark-json={out / 'run.json'}", f"--junitxml={out / 'junit.xml'}",
                       f"--memray-bin-path={out / 'memray'}", "--memray-bin-prefix=gate", *args.pytest_args])
@@ -92,7 +102,7 @@ def cmd_gate(args) -> int:
 
 def cmd_record(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
-    return _pytest(["--mlexec-base=off", "--mlexec-compare=off", *_shard_args(args.shard),
+    return _pytest(args.tests, ["--mlexec-base=off", "--mlexec-compare=off", *_shard_args(args.shard),
                     f"--mlexec-verdict={args.out / 'verdict.json'}", f"--mlexec-costs={args.out / 'costs.json'}",
                     f"--benchmark-json={args.out / 'run.json'}",
                     *args.pytest_args])
@@ -204,12 +214,11 @@ def machine_folder(machine_info: dict) -> str:
 def cmd_fetch_history(args) -> int:
     """``git fetch`` the history branch and check out its baselines/ into ``--into``."""
     args.into.mkdir(parents=True, exist_ok=True)
-    fetched = subprocess.run(["git", "fetch", "-q", "origin", args.branch], cwd=ROOT, capture_output=True)
+    fetched = subprocess.run(["git", "fetch", "-q", "origin", args.branch], capture_output=True)
     if fetched.returncode != 0:
         print(f"fetch-history: no branch {args.branch!r} on origin yet: no history", file=sys.stderr)
         return 0
-    archive = subprocess.run(["git", "archive", "--format=tar", "FETCH_HEAD", "baselines"], cwd=ROOT,
-                             capture_output=True)
+    archive = subprocess.run(["git", "archive", "--format=tar", "FETCH_HEAD", "baselines"], capture_output=True)
     if archive.returncode != 0:
         print(f"fetch-history: {args.branch!r} holds no baselines/", file=sys.stderr)
         return 0
@@ -227,11 +236,51 @@ def cmd_trends(args) -> int:
             (args.out / "README.md").write_text(f"No saved runs on {args.branch} yet.\n")
             return 0
         return subprocess.run([sys.executable, "-m", "mlexec", "history", "--root", str(root),
-                               "--out", str(args.out), "--html", str(args.out / "site")], cwd=ROOT).returncode
+                               "--out", str(args.out), "--html", str(args.out / "site")]).returncode
 
 
 def cmd_summary(args) -> int:
     sys.stdout.write(gate.format_markdown(gate.Verdict.from_dict(json.loads(args.verdict.read_text()))))
+    return 0
+
+
+MARKER = "<!-- mlexec benchmark gate -->"   # finds the gate's own comment on a pull request
+
+
+def _gh(*args: str) -> str:
+    return subprocess.run(["gh", *args], capture_output=True, text=True, check=True).stdout
+
+
+def pull_request_number(event_path: str | None) -> int | None:
+    """The pull request's number from the workflow's event payload, or None for another event."""
+    if not event_path or not Path(event_path).is_file():
+        return None
+    number = (json.loads(Path(event_path).read_text()).get("pull_request") or {}).get("number")
+    return int(number) if number else None
+
+
+def cmd_comment(args) -> int:
+    """The summary as the pull request's gate comment (with the gh CLI): the gate's earlier comment
+    is updated, so a pull request carries one, always the latest verdict."""
+    number = args.pr or pull_request_number(os.environ.get("GITHUB_EVENT_PATH"))
+    if number is None or not args.repo:
+        print("comment: not a pull request (no number or repository): no comment", file=sys.stderr)
+        return 0
+    body = Path(tempfile.mkdtemp(prefix="mlexec-comment-")) / "body.md"
+    try:
+        body.write_text(f"{MARKER}\n{args.summary.read_text()}")
+        found = _gh("api", "--paginate", f"repos/{args.repo}/issues/{number}/comments",
+                    "--jq", f'.[] | select(.body | startswith("{MARKER}")) | .id').split()
+        if found:
+            _gh("api", "-X", "PATCH", f"repos/{args.repo}/issues/comments/{found[-1]}", "-F", f"body=@{body}")
+        else:
+            _gh("api", f"repos/{args.repo}/issues/{number}/comments", "-F", f"body=@{body}")
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"comment: {getattr(exc, 'stderr', '') or exc}".strip(), file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(body.parent, ignore_errors=True)
+    print(f"comment: {'updated' if found else 'posted'} the gate's comment on {args.repo}#{number}")
     return 0
 
 
@@ -240,12 +289,18 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("gate", help="run the suite (or one shard) and gate it")
-    p.add_argument("--base", required=True, help="reference code: a git ref, a folder holding engines/, or auto")
+    p.add_argument("--base", required=True, help="reference code: a git ref, a folder laid out as the repository, "
+                                                 "or auto")
+    p.add_argument("--tests", action="append", default=None, metavar="PATH",
+                   help="what pytest runs (repeatable); default: benchmarks/ where there is one, else pytest's "
+                        "testpaths")
     p.add_argument("--shard", default=None, metavar="K/N", help="run shard K of N (default: all)")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="where results go (default: %(default)s)")
     p.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
     p.set_defaults(run=cmd_gate)
     p = sub.add_parser("record", help="run the suite (or one shard) for the history, ungated")
+    p.add_argument("--tests", action="append", default=None, metavar="PATH",
+                   help="what pytest runs (repeatable); default as for gate")
     p.add_argument("--shard", default=None, metavar="K/N", help="run shard K of N (default: all)")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="default: %(default)s")
     p.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
@@ -265,6 +320,11 @@ def main(argv=None) -> int:
     p.add_argument("--branch", default="bench-history", help="default: %(default)s")
     p.add_argument("--out", type=Path, default=Path("reports/history"), help="default: %(default)s")
     p.set_defaults(run=cmd_trends)
+    p = sub.add_parser("comment", help="post (or update) the summary as the pull request's gate comment")
+    p.add_argument("--summary", type=Path, required=True, help="the Markdown to post (merge's summary.md)")
+    p.add_argument("--repo", default=os.environ.get("GITHUB_REPOSITORY"), help="OWNER/NAME (default: $GITHUB_REPOSITORY)")
+    p.add_argument("--pr", type=int, default=None, help="the pull request (default: from $GITHUB_EVENT_PATH)")
+    p.set_defaults(run=cmd_comment)
     p = sub.add_parser("summary", help="print a verdict JSON file as Markdown")
     p.add_argument("verdict", type=Path)
     p.set_defaults(run=cmd_summary)

@@ -105,7 +105,7 @@ class ModelChange:
                 r = figures["ratio"]
                 parts.append(f"{r:.2f}x slower" if r >= 1 else f"{1 / r:.2f}x faster")
             for key, what in (("peak", "per forward"), ("arena", "arena"), ("weights", "weights")):
-                if figures.get(key):
+                if any(figures.get(key) or ()):
                     before, after = figures[key]
                     parts.append(f"{_signed_bytes(after - before)} {what}")
             lines.append(f"  {name}: {', '.join(parts) or 'not measured'}")

@@ -45,8 +45,8 @@ def quick_matrix() -> list[Case]:
     return [family.point(p) for family in FAMILIES.values() for p in family.quick]
 
 
-# --mlexec-matrix NAME: the cases, read from the table when asked.
-MATRICES = {"quick": quick_matrix, "full": full_matrix}
+# --mlexec-matrix NAME: the cases, read from the table when asked; "none": only --mlexec-model files.
+MATRICES = {"quick": quick_matrix, "full": full_matrix, "none": list}
 FULL, QUICK = full_matrix(), quick_matrix()     # as the table stood at import
 HEADLINE = Case("mlp", 128, 1024)   # the seed's model; its row is the summary's headline
 

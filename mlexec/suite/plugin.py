@@ -53,12 +53,17 @@ def _shard(text: str) -> str:
 def pytest_addoption(parser):
     group = parser.getgroup("mlexec", "ML execution benchmarks (pytest benchmarks/)")
     group.addoption("--mlexec-matrix", choices=sorted(MATRICES), default="quick", metavar="NAME",
-                    help="which grid to run: quick (<3 min on 2 cores) or full. Default: %(default)r")
+                    help="which grid of the zoo's models to run: quick (<3 min on 2 cores), full, or none (only "
+                         "--mlexec-model files). Default: %(default)r")
     group.addoption("--mlexec-model", action="append", default=[], metavar="FILE.onnx",
                     help="also benchmark this ONNX model file (repeatable), named by its stem: "
                          "test_forward[arena-mymodel-b8]. See docs/importing.md")
     group.addoption("--mlexec-batches", type=_batches, default="1,8", metavar="LIST",
                     help="batch sizes for --mlexec-model files. Default: %(default)r")
+    group.addoption("--mlexec-engine-module", action="append", default=[], metavar="MODULE",
+                    help="import MODULE and register every engines.base.Engine subclass it defines under its "
+                         "name (repeatable); installed packages' engines join through the entry point group "
+                         "mlexec.engines. See docs/gate.md")
     group.addoption("--mlexec-engines", default="all", metavar="LIST",
                     help="comma-separated engines to run, or all: every engine in engines.ENGINES "
                          "when tests are collected. Default: %(default)r")
@@ -94,6 +99,17 @@ def pytest_addoption(parser):
 
 
 FILE_CASES = pytest.StashKey[list]()
+
+
+def pytest_configure(config):
+    """Engines of installed packages (entry points) and of the named modules join the registry."""
+    from engines.registry import discover, register_module
+    try:
+        discover()
+        for module in config.getoption("mlexec_engine_module"):
+            register_module(module)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _matrix(config) -> list[Case]:

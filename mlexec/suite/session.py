@@ -192,9 +192,10 @@ def reference_code(config) -> tuple[str, basecode.Reference | None]:
         return "no reference code (--mlexec-base off)", None
     repo = _repository(config)
     aliases = config.stash.get(BASE_ALIASES, {})
-    engines = dict.fromkeys(e for _, _, e in config.stash.get(PLANNED, {}) if e not in aliases)
+    modules = list(dict.fromkeys(ENGINES[e].__module__ for _, _, e in config.stash.get(PLANNED, {})
+                                 if e not in aliases))
     try:
-        sources = basecode.gated_sources(Path(config.rootpath), repo, [ENGINES[e].__module__ for e in engines])
+        sources = basecode.gated_sources(Path(config.rootpath), repo, modules)
     except basecode.BaseCodeError as exc:
         return f"no reference code: {exc}", None
     files = _model_files(config, repo)
@@ -211,7 +212,7 @@ def reference_code(config) -> tuple[str, basecode.Reference | None]:
     else:
         source, why = choice, "named by --mlexec-base"
     try:
-        reference = basecode.load(source, repo, sources, files)
+        reference = basecode.load(source, repo, sources, files, modules)
     except basecode.BaseCodeError as exc:
         return f"no reference code: {exc}", None
     return f"code at {reference.label} ({why}): {', '.join(paths)}", reference
