@@ -1,6 +1,7 @@
 """The CI side: workflow files are valid, call only tested entry points, and the gate command
 leaves a summary, the run and memray reports of failing tests."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -215,3 +216,77 @@ def test_trends_write_the_history_table_charts_and_the_static_site(tmp_path, mon
     page = (out / "site" / "index.html").read_text()
     assert '<figure class="chart' in page and "history.js" in page
     assert (out / "site" / "history.js").is_file() and list(out.glob("*.png"))
+
+
+# --- the composite action a user's workflow runs ---------------------------------------------
+
+ACTION = ROOT / "action.yml"
+
+
+def _docs_workflow() -> str:
+    """The workflow docs/gate.md tells a user to copy."""
+    text = (ROOT / "docs" / "gate.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
+    (workflow,) = [b for b in blocks if "pull_request" in b]
+    return workflow
+
+
+def test_the_action_and_the_documented_workflow_match_the_github_schemas(tmp_path):
+    exe = shutil.which("check-jsonschema")
+    workflow = tmp_path / "bench-gate.yml"
+    workflow.write_text(_docs_workflow())
+    for schema, path in (("vendor.github-actions", ACTION), ("vendor.github-workflows", workflow)):
+        proc = subprocess.run([exe, "--builtin-schema", schema, str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_workflows_use_only_inputs_the_action_declares():
+    import yaml
+    inputs = set(yaml.safe_load(ACTION.read_text())["inputs"])
+    uses = [step for text in [_docs_workflow(), (ROOT / ".github/workflows/bench-gate.yml").read_text()]
+            for job in yaml.safe_load(text)["jobs"].values() for step in job["steps"]
+            if step.get("uses") in ("./", "OWNER/mlexec@main")]
+    assert len(uses) == 4 and all(set(step.get("with", {})) <= inputs for step in uses)
+
+
+def test_the_action_runs_only_ci_commands_that_exist():
+    """Thin YAML: every `python -m mlexec...` line of the action is a subcommand ci's parser knows."""
+    import yaml
+    steps = yaml.safe_load(ACTION.read_text())["runs"]["steps"]
+    commands = [line.strip() for s in steps for line in s.get("run", "").splitlines()
+                if line.strip().startswith("python -m mlexec")]
+    known = {"gate", "record", "merge", "fetch-history", "trends", "comment", "summary"}
+    assert {c.split()[3] for c in commands if c.split()[2] == "mlexec.suite.ci"} == {"gate", "merge", "fetch-history",
+                                                                                   "trends", "comment"}
+    for command in commands:
+        sub = command.split()[3]
+        assert sub in known
+        proc = subprocess.run([sys.executable, "-m", "mlexec.suite.ci", sub, "--help"], capture_output=True,
+                              text=True, env=subprocess_env())
+        assert proc.returncode == 0, proc.stderr
+        for flag in re.findall(r"(--[a-z-]+)", command.split(" -- ")[0]):
+            assert flag in proc.stdout, f"{sub} has no {flag}"
+
+
+def test_the_comment_is_posted_once_then_updated(tmp_path, monkeypatch):
+    """ci comment with a stand-in gh on PATH: no earlier comment -> POST; one -> PATCH that one."""
+    log, existing = tmp_path / "gh.log", tmp_path / "existing"
+    gh = tmp_path / "bin" / "gh"
+    gh.parent.mkdir()
+    gh.write_text(f'#!/bin/sh\necho "$@" >> {log}\n'
+                  f'case "$*" in *--jq*) cat {existing} 2>/dev/null || true;; esac\n')
+    gh.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{gh.parent}:{os.environ['PATH']}")
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"pull_request": {"number": 7}}))
+    monkeypatch.setenv("GITHUB_EVENT_PATH", str(event))
+    summary = tmp_path / "summary.md"
+    summary.write_text("### Benchmark gate: no regression\n")
+    assert ci.main(["comment", "--summary", str(summary), "--repo", "me/svc"]) == 0
+    assert log.read_text().splitlines()[-1].startswith("api repos/me/svc/issues/7/comments -F body=@")
+    existing.write_text("1234\n")
+    assert ci.main(["comment", "--summary", str(summary), "--repo", "me/svc"]) == 0
+    assert log.read_text().splitlines()[-1].startswith("api -X PATCH repos/me/svc/issues/comments/1234 -F body=@")
+    monkeypatch.delenv("GITHUB_EVENT_PATH")
+    assert ci.main(["comment", "--summary", str(summary), "--repo", "me/svc"]) == 0      # not a pull request
+    assert len(log.read_text().splitlines()) == 4

@@ -44,17 +44,21 @@ class FakeEngine(StaticEngine):
 
 
 ENGINES["fake"] = FakeEngine
+collect_ignore = ["reference"]         # the reference code's own conftest.py is code, not this run's
 
 
 def pytest_unconfigure(config):
     ENGINES.pop("fake", None)
 '''
 
-# The reference code: a folder holding engines/, whose "fake" is plain static.
+# The reference code: a folder laid out as the repository, whose conftest.py (the gated code: the fake
+# engine lives there) holds a "fake" that is plain static.
 REFERENCE = '''
-from engines import ENGINES as _ENGINES, MODELS, load_onnx
+from engines.planned.static import StaticEngine
 
-ENGINES = {"naive": _ENGINES["naive"], "static": _ENGINES["static"], "fake": _ENGINES["static"]}
+
+class FakeEngine(StaticEngine):
+    name = "fake"
 '''
 
 ONE_CASE = ["-p", "no:cacheprovider", "--mlexec-engines=fake", "-k", "mlp-b1-d256 and not deep",
@@ -68,8 +72,7 @@ def suite(pytester, monkeypatch):
     pytester.makeconftest((ROOT / "conftest.py").read_text() + FAKE)
     pytester.makepyfile(test_mlexec_suite=(ROOT / "benchmarks" / "test_engines.py").read_text())
     reference = pytester.mkdir("reference")
-    (reference / "engines").mkdir()
-    (reference / "engines" / "__init__.py").write_text(REFERENCE)
+    (reference / "conftest.py").write_text(REFERENCE)
     return pytester
 
 
@@ -264,8 +267,8 @@ def test_merged_shard_verdicts_equal_the_unsharded_verdict(suite, monkeypatch):
     got = merged.as_dict()
     assert {k: sorted(v) for k, v in got["compared"].items()} == {k: sorted(v) for k, v in expected["compared"].items()}
     assert got["regressions"] == expected["regressions"] and len(expected["regressions"]) == 1
-    assert all(len(json.loads((suite.path / f"shard-{k}/verdict.json").read_text())["compared"]["memory"]) >= 1
-               for k in (1, 2))
+    shards = [json.loads((suite.path / f"shard-{k}/verdict.json").read_text()) for k in (1, 2)]
+    assert all(s["compared"]["memory"] or s["skipped"]["memory"] for s in shards)     # each shard reported
 
 
 def test_a_model_file_joins_the_matrix_and_the_gate(suite, monkeypatch):

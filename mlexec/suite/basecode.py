@@ -16,6 +16,7 @@ registry. An absolute import of the package made later, inside a function, finds
 from __future__ import annotations
 
 import importlib
+import inspect
 import io
 import itertools
 import shutil
@@ -59,26 +60,37 @@ class Source:
     path: str
 
 
-def source_of(module_name: str, repo: Path) -> Source | None:
-    """The gated unit holding ``module_name``: its top-level package (or the module itself when it
-    is not in a package), when its file lies inside ``repo``; None when it lies elsewhere."""
-    top = module_name.split(".")[0]
-    module = sys.modules.get(top)
-    if module is None:
-        try:
-            module = importlib.import_module(top)
-        except ImportError:
-            return None
-    where = getattr(module, "__file__", None)
-    if where is None:
+def _source(name: str, file: str | None, repo: Path) -> Source | None:
+    """The top-level unit of module ``name`` whose file is ``file``, when it lies inside ``repo``."""
+    if file is None:
         return None
-    where = Path(where).resolve()
+    where = Path(file).resolve()
     if where.name == "__init__.py":
         where = where.parent
+    depth = name.count(".")
+    top = where.parents[depth - 1] if depth else where
     try:
-        return Source(top, where.relative_to(repo).as_posix())
+        return Source(name.split(".")[0], top.relative_to(repo).as_posix())
     except ValueError:
         return None
+
+
+def source_of(cls: type, repo: Path) -> Source | None:
+    """The gated unit holding engine ``cls``: its top-level package (or its module, when that is in
+    no package: a ``conftest.py``), when its file lies inside ``repo``; None when it lies elsewhere.
+    Found from the class's own file: a name such as ``conftest`` may name several modules."""
+    try:
+        return _source(cls.__module__, inspect.getfile(cls), repo)
+    except (TypeError, OSError):
+        return None
+
+
+def _package_source(name: str, repo: Path) -> Source | None:
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        return None
+    return _source(module.__name__, getattr(module, "__file__", None), repo)
 
 
 def configured(rootpath: Path) -> list[str] | None:
@@ -96,17 +108,17 @@ def configured(rootpath: Path) -> list[str] | None:
     return packages
 
 
-def gated_sources(rootpath: Path, repo: Path, engine_modules: list[str]) -> list[Source]:
-    """What the gate measures at the reference: the configured packages, else those the engines'
-    modules live in inside ``repo`` (in the engines' order, each once)."""
+def gated_sources(rootpath: Path, repo: Path, engines: list[type]) -> list[Source]:
+    """What the gate measures at the reference: the configured packages, else those the engines
+    live in inside ``repo`` (in the engines' order, each once)."""
     names = configured(rootpath)
     if names is not None:
-        sources = [(n, source_of(n, repo)) for n in names]
+        sources = [(n, _package_source(n, repo)) for n in names]
         outside = [n for n, s in sources if s is None]
         if outside:
             raise BaseCodeError(f"[tool.mlexec] packages {outside}: not importable from a folder inside {repo}")
         return [s for _, s in sources]
-    found = (source_of(m, repo) for m in engine_modules)
+    found = (source_of(cls, repo) for cls in engines)
     return list(dict.fromkeys(s for s in found if s is not None))
 
 
@@ -134,7 +146,7 @@ def default_base(repo: Path, paths: list[str]) -> tuple[str | None, str]:
     """
     head = _git(repo, "rev-parse", "HEAD")
     if head is None:
-        return None, f"{repo} is not a git checkout with a commit"
+        return None, f"{repo} is not a git checkout"
     dirty = paths and _git(repo, "status", "--porcelain", "--", *paths)
     if dirty:
         return head, f"HEAD: {', '.join(paths)} has uncommitted changes"

@@ -77,10 +77,12 @@ def pytest_addoption(parser):
                     help="fewest interleaved current/reference call pairs per latency A/B measurement "
                          "(more are run while they fit in 0.25 s). Default: %(default)r")
     group.addoption("--mlexec-base", default="auto", metavar="auto|off|REF|DIR",
-                    help="the reference code, measured beside this code for latency and memory: a git ref, "
-                         "a folder holding engines/, off, or auto = the merge-base of HEAD with the default "
-                         "branch (origin/HEAD, else main), HEAD itself when engines/ has uncommitted changes, "
-                         "the latest saved run's commit when git gives nothing. Default: %(default)r")
+                    help="the reference code (the gated packages, pyproject.toml's [tool.mlexec] packages or "
+                         "those the engines live in, and the model files), measured beside this code for "
+                         "latency and memory: a git ref, a folder laid out as the repository, off, or auto = "
+                         "the merge-base of HEAD with the default branch (origin/HEAD, else main), HEAD itself "
+                         "when the gated paths have uncommitted changes, the latest saved run's commit when "
+                         "git gives nothing. Default: %(default)r")
     group.addoption("--mlexec-compare", default="auto", metavar="auto|off|FILE",
                     help="also gate memory against a saved run: auto = the latest one with this allocation "
                          "environment (Python, NumPy, BLAS, threads), off, or a run's JSON file. "

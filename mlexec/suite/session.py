@@ -192,10 +192,10 @@ def reference_code(config) -> tuple[str, basecode.Reference | None]:
         return "no reference code (--mlexec-base off)", None
     repo = _repository(config)
     aliases = config.stash.get(BASE_ALIASES, {})
-    modules = list(dict.fromkeys(ENGINES[e].__module__ for _, _, e in config.stash.get(PLANNED, {})
-                                 if e not in aliases))
+    classes = list(dict.fromkeys(ENGINES[e] for _, _, e in config.stash.get(PLANNED, {}) if e not in aliases))
+    modules = list(dict.fromkeys(cls.__module__ for cls in classes))
     try:
-        sources = basecode.gated_sources(Path(config.rootpath), repo, modules)
+        sources = basecode.gated_sources(Path(config.rootpath), repo, classes)
     except basecode.BaseCodeError as exc:
         return f"no reference code: {exc}", None
     files = _model_files(config, repo)
