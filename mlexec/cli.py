@@ -217,6 +217,12 @@ def _report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engines.registry import discover
+    try:
+        discover()      # installed packages' engines (entry point group mlexec.engines) join --engines
+    except ValueError as exc:
+        print(f"mlexec: error: {exc}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     try:
         return {"analyze": _analyze, "history": _history, "report": _report}[args.command](args)

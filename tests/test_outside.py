@@ -217,3 +217,19 @@ def test_a_model_change_reads_as_one_block():
     verdict = gate.Verdict(reference="code at abc", models=[change])
     again = gate.Verdict.from_dict(json.loads(json.dumps(verdict.as_dict())))
     assert again.models == [change] and "model changed: models/m.onnx" in gate.format_markdown(again)
+
+
+def test_the_command_line_reports_a_broken_entry_point_in_one_line(monkeypatch, capsys):
+    import importlib.metadata
+
+    from mlexec import cli
+
+    class Broken:
+        name, value = "theirs", "theirpkg:Engine"
+
+        def load(self):
+            raise ImportError("No module named 'theirpkg'")
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [Broken()])
+    assert cli.main(["report", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "entry point theirs = 'theirpkg:Engine'" in err
