@@ -132,6 +132,7 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
     shard: str | None = None                 # "K/N" when this run measured one shard
     models: list[ModelChange] = field(default_factory=list)    # model files changed since the reference
+    ratios: dict[str, float] = field(default_factory=dict)     # latency A/B: benchmark -> median now/reference
 
     def done(self, kind: str, name: str, finding: Finding | None = None) -> None:
         self.compared[kind].append(name)
@@ -164,7 +165,7 @@ class Verdict:
                 "reference": self.reference, "saved": self.saved, "shard": self.shard,
                 "compared": self.compared, "skipped": self.skipped, "notes": self.notes,
                 "regressions": [asdict(f) for f in self.regressions],
-                "models": [asdict(m) for m in self.models]}
+                "models": [asdict(m) for m in self.models], "ratios": self.ratios}
 
     @classmethod
     def from_dict(cls, data: dict) -> Verdict:
@@ -172,7 +173,8 @@ class Verdict:
                       notes=list(data.get("notes", [])),
                       regressions=[Finding(**f) for f in data.get("regressions", [])],
                       models=[ModelChange(m["file"], tuple(m["nodes"]), tuple(m["flops"]), m["benchmarks"])
-                              for m in data.get("models", [])])
+                              for m in data.get("models", [])],
+                      ratios=dict(data.get("ratios", {})))
         for kind in KINDS:
             verdict.compared[kind] = list(data.get("compared", {}).get(kind, []))
             verdict.skipped[kind] = {r: list(n) for r, n in data.get("skipped", {}).get(kind, {}).items()}
@@ -190,6 +192,7 @@ def merge(verdicts: list[Verdict]) -> Verdict:
                 merged.skipped[kind].setdefault(reason, []).extend(names)
         merged.regressions += v.regressions
         merged.models += v.models
+        merged.ratios.update(v.ratios)
         merged.notes += [n for n in v.notes if n not in merged.notes]
     return merged
 

@@ -307,7 +307,7 @@ def _compare_pair(config, engine: str, base_cls: type, case, sides: _Sides, verd
         with threadpool_limits(1):
             ratio, finding = gate.latency_comparison(name, _measurement(
                 make_now, make_before, sides.x, config.getoption("mlexec_rounds")))
-        figures["ratio"] = ratio
+        figures["ratio"] = verdict.ratios[name] = round(ratio, 4)
         verdict.done("latency", name, finding)
     if "memory" in kinds:
         now, before = make_now(), make_before()
