@@ -15,7 +15,14 @@ reference code ``planted`` is plain ``static``) and against no saved run
   temporary per forward, so the memory A/B must report it at every case.
 
 The kinds alternate within a trial, so all see the same machine weather.
-Usage: python scripts/gate_rates.py [-n 20] [--engines naive,static,arena,planted]
+
+``--outside``: the same in a user's repository (``mlexec.suite.example``, its own git repository in
+a temporary folder, no saved run), each kind a pull request branch off ``main`` gated as the action
+gates it (``python -m mlexec.suite.ci gate --base auto``): ``docs`` (nothing measured changes),
+``slow`` (their engine 25 % slower), ``temp`` (a 16 KiB temporary alive through each forward),
+``model`` (the model file widened to 30 % more flops: must be reported, with its ratio).
+
+Usage: python scripts/gate_rates.py [-n 20] [--engines naive,static,arena,planted] [--outside]
 """
 from __future__ import annotations
 
@@ -51,9 +58,77 @@ def planted_caught(verdict: dict, kind: str) -> tuple[int, int, int]:
     return len(flagged & planted), len(planted), len(flagged - planted)
 
 
+# --- in a user's repository -------------------------------------------------------------------
+
+OUTSIDE_PASS = {"docs": "both", "slow": "time", "temp": "memory", "model": "both"}
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.email=dev@example.com", "-c", "user.name=dev", *args], cwd=root,
+                   check=True, capture_output=True)
+
+
+def outside_repository(root: Path) -> None:
+    """The example repository with main and one branch per kind, each planting its change."""
+    from mlexec.suite import example
+    example.write(root)
+    _git(root, "init", "-q", "-b", "main")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "our inference service")
+    for kind in OUTSIDE_PASS:
+        _git(root, "checkout", "-q", "-b", kind, "main")
+        example.plant(root, kind)
+        _git(root, "add", "-A")
+        _git(root, "commit", "-q", "-m", kind)
+
+
+def outside_run(root: Path, kind: str, out: Path) -> dict:
+    _git(root, "checkout", "-q", kind)
+    env = dict(os.environ)
+    env.pop("PYTEST_ADDOPTS", None)
+    cmd = [sys.executable, "-m", "mlexec.suite.ci", "gate", "--base", "auto", "--out", str(out), "--",
+           "-q", "-p", "no:cacheprovider", f"--mlexec-pass={OUTSIDE_PASS[kind]}", "--mlexec-compare=off",
+           "--benchmark-max-time=0.05"]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    if proc.returncode not in (0, 1) or not (out / "verdict.json").exists():
+        raise SystemExit(f"gate run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads((out / "verdict.json").read_text())
+
+
+def outside(n: int, out: Path) -> int:
+    root = out / "repository"
+    outside_repository(root)
+    started = time.time()
+    passed = slow = temp = reported = failed_model = 0
+    ratios = []
+    for i in range(n):
+        runs = {kind: outside_run(root, kind, out / f"{kind}-{i:02d}") for kind in OUTSIDE_PASS}
+        passed += not runs["docs"]["failed"]
+        mine = lambda v, kind: {f["name"] for f in v["regressions"] if f["kind"] == kind and f["name"].startswith("mine-")}  # noqa: E731
+        slow += bool(mine(runs["slow"], "latency"))
+        temp += mine(runs["temp"], "memory") == {n for n in runs["temp"]["compared"]["memory"] if n.startswith("mine-")}
+        changes = runs["model"]["models"]
+        got = [b.get("ratio") for c in changes for b in c["benchmarks"].values()]
+        reported += bool(changes) and all(r is not None for r in got)
+        failed_model += runs["model"]["failed"]
+        ratios += got
+        print(f"trial {i + 1}/{n}: unchanged {'passed' if not runs['docs']['failed'] else 'FAILED'}, slow caught "
+              f"{slow}, temporary caught {temp}, model reported {reported} ({time.time() - started:.0f} s)",
+              file=sys.stderr, flush=True)
+    print(f"in a user's repository (mlexec.suite.example), gated against main's copy of it, no saved run; {n} trials")
+    print(f"unchanged code passed:            {passed}/{n} trials")
+    print(f"25% slowdown of their engine:     {slow}/{n} trials caught")
+    print(f"16 KiB temporary per forward:     {temp}/{n} trials caught at every batch")
+    print(f"model change, 30% more flops:     {reported}/{n} trials reported with its ratio, {failed_model}/{n} failed; "
+          f"ratios {min(ratios):.2f}-{max(ratios):.2f}x (median {sorted(ratios)[len(ratios) // 2]:.2f}x)")
+    print(f"wall time {time.time() - started:.0f} s; verdicts in {out}")
+    return 0 if (passed == slow == temp == reported == n) else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", type=int, default=20, help="trials, each one run of every kind (default: %(default)s)")
+    parser.add_argument("--outside", action="store_true", help="in a user's repository (see above)")
     parser.add_argument("--engines", default="naive,static,arena,planted",
                         help="engines to run (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="keep the verdict files here")
@@ -61,6 +136,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="gate-rates-"))
     out.mkdir(parents=True, exist_ok=True)
+    if args.outside:
+        return outside(args.n, out)
     store = out / "no-saved-runs"
     store.mkdir(exist_ok=True)
 

@@ -169,7 +169,7 @@ def default_base(repo: Path, paths: list[str]) -> tuple[str | None, str]:
 @dataclass
 class Reference:
     """The reference code, imported: where it lies, its modules and its engines."""
-    label: str                         # "code at 1a2b3c4d5e6f" or the folder
+    label: str                         # the commit (12 digits) or the folder
     directory: Path                    # laid out as the repository
     commit: str | None                 # None for a folder
     modules: dict[str, ModuleType]     # the copy's modules by their own (current) names
@@ -186,8 +186,7 @@ class Reference:
         found = self.registered.get(name) or registry.get(name)
         if found is not None:
             return found
-        module = self.modules.get(cls.__module__)
-        target = module
+        target = self.modules.get(cls.__module__)
         for part in cls.__qualname__.split("."):
             target = getattr(target, part, None)
         return target if isinstance(target, type) else None
