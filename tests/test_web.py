@@ -1,4 +1,7 @@
-"""The Flask app through its test client: form, results, 400s that keep the form, API, history."""
+"""The Flask app through its test client: form, results, 400s that keep the form, API, history,
+uploaded model files."""
+from pathlib import Path
+
 import pytest
 
 from conftest import FIXTURES
@@ -64,11 +67,16 @@ def test_bad_form_input_is_400_and_keeps_values(client, field, value, message):
 
 
 def test_oversized_request_is_a_clear_400(client):
+    from mlexec.web import TEXT_REQUEST_BYTES
+
     resp = client.post("/analyze", data=dict(FORM, input="1," * 5_000_000))
     assert resp.status_code == 400
-    assert "the request is larger than" in resp.get_data(as_text=True)
+    assert (f"a form field is larger than {TEXT_REQUEST_BYTES:,} bytes; expected a model file of at most "
+            f"134,217,728 bytes (128 MiB) and at most 1,000,000 bytes of input text") in resp.get_data(as_text=True)
     api = client.post("/api/analyze", data=b"[" + b"1," * 5_000_000 + b"1]", content_type="application/json")
-    assert api.status_code == 400 and "the request is larger than" in api.get_json()["error"]
+    assert api.status_code == 400       # the API takes no model file: its body is held to the text's limit
+    assert api.get_json()["error"] == (f"the request is larger than {TEXT_REQUEST_BYTES:,} bytes; "
+                                       f"expected at most 1,000,000 bytes of input text")
 
 
 def test_json_api(client):
@@ -95,7 +103,7 @@ def test_json_api_bad_input_is_400(client, kwargs, message):
 
 
 def test_unexpected_error_is_500_without_traceback(monkeypatch):
-    import mlexec.web as web
+    from mlexec import web
 
     def boom(*args, **kwargs):
         raise RuntimeError("secret internals")
@@ -206,3 +214,196 @@ def test_security_headers_on_every_response(client, method, path, status):
     csp = dict(part.strip().split(" ", 1) for part in resp.headers["Content-Security-Policy"].split(";"))
     assert csp["default-src"] == "'none'" and csp["script-src"] == "'self'"   # no inline or foreign script
     assert csp["frame-ancestors"] == "'none'" and csp["form-action"] == "'self'"
+
+
+# --- model files: spooled to disk, imported by path, deleted after the request ------------
+
+def _gemm_file(rows: int, cols: int) -> bytes:
+    """y = x @ W + b with a (rows, cols) float32 weight: rows * cols * 4 bytes of initializer,
+    few flops at batch 1."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((rows, cols)) / np.sqrt(rows)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W", "b"], ["y"], name="gemm")], "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", rows])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", cols])],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(np.zeros(cols, np.float32), "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+MODEL_FORM = {"input": "", "model": "mlp", "dim": "16", "batch": "1", "repeat": "2", "seed": "0",
+              "engines": ["naive"]}
+
+
+@pytest.fixture
+def uploads(tmp_path):
+    """An app whose uploads go to a folder of their own, and that folder (empty after each request)."""
+    folder = tmp_path / "uploads"
+    folder.mkdir()
+    return create_app({"UPLOAD_FOLDER": str(folder)}), folder
+
+
+def _post_model(client, data: bytes, name: str = "wide.onnx", **form):
+    import io
+    return client.post("/analyze", data=dict(MODEL_FORM, model_file=(io.BytesIO(data), name), **form),
+                       content_type="multipart/form-data")
+
+
+def test_a_model_above_the_old_8_mib_limit_is_imported_from_its_spooled_file(uploads, monkeypatch):
+    from mlexec import web
+
+    app, folder = uploads
+    data = _gemm_file(1536, 2048)                     # a 12 MiB weight
+    assert len(data) > 8 * 2**20
+    streams, seen = [], []
+    spool = web.UploadRequest._get_file_stream
+
+    class Counted:                                    # the spooled file, counting what is read from it
+        def __init__(self, stream):
+            self.stream, self.bytes_read = stream, 0
+
+        def read(self, size=-1):
+            chunk = self.stream.read(size)
+            self.bytes_read += len(chunk)
+            return chunk
+
+        def __getattr__(self, name):
+            return getattr(self.stream, name)
+
+    def counted(self, *args, **kwargs):
+        streams.append(Counted(spool(self, *args, **kwargs)))
+        return streams[-1]
+
+    def spy(source, **limits):
+        seen.append((source, source.stat().st_size, sorted(p.name for p in folder.iterdir()), limits["name"]))
+        return load(source, **limits)
+
+    load = web.load_model_file
+    monkeypatch.setattr(web.UploadRequest, "_get_file_stream", counted)
+    monkeypatch.setattr(web, "load_model_file", spy)
+    resp = _post_model(app.test_client(), data)
+    page = resp.get_data(as_text=True)
+    assert resp.status_code == 200, page
+    assert "Model <strong>wide</strong>, batch=1, input shape 1×1536" in page and "all engines within" in page
+    [(source, size, files, name)] = seen
+    assert source.parent == folder and files == [source.name] and size == len(data) and name == "wide"
+    assert [s.bytes_read for s in streams] == [0]     # the server never read the upload: the importer read the path
+    assert list(folder.iterdir()) == []               # deleted when the request ended
+
+
+def test_a_bad_model_file_is_the_importers_400_and_its_file_is_deleted(uploads):
+    app, folder = uploads
+    resp = _post_model(app.test_client(), b"\x08\x07" + b"not a model" * 100_000, name="junk.onnx")
+    page = resp.get_data(as_text=True)
+    assert resp.status_code == 400 and "cannot use this model file: not an ONNX file" in page
+    assert 'id="error"' in page and list(folder.iterdir()) == []
+
+
+def test_the_spooled_file_is_deleted_after_a_failed_request(uploads, monkeypatch):
+    from mlexec import web
+
+    app, folder = uploads
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(web.AnalysisRunner, "run", boom)
+    resp = _post_model(app.test_client(), _gemm_file(64, 32))
+    assert resp.status_code == 500 and "secret internals" not in resp.get_data(as_text=True)
+    assert list(folder.iterdir()) == []
+
+
+def test_a_body_refused_half_way_deletes_the_files_already_spooled(uploads, monkeypatch):
+    """No Content-Length (a chunked upload): the limit is found while parsing, after the model
+    file's part was written to disk."""
+    import io
+
+    from werkzeug.datastructures import FileStorage
+    from werkzeug.test import encode_multipart
+
+    from mlexec import web
+
+    app, folder = uploads
+    app.config["MAX_MODEL_BYTES"] = 2**20
+    model = _gemm_file(64, 32)
+    boundary, body = encode_multipart({"model_file": FileStorage(io.BytesIO(model), "m.onnx"),
+                                       "input_file": FileStorage(io.BytesIO(b"1," * (3 * 2**20)), "big.csv")})
+    spool, spooled = web.UploadRequest._get_file_stream, []
+
+    def recorded(self, *args, **kwargs):          # keeps each file object alive: no deletion by refcount
+        if spooled:                                   # the second part: the first one is on disk by now
+            assert Path(spooled[0].name).stat().st_size == len(model)
+        spooled.append(spool(self, *args, **kwargs))
+        return spooled[-1]
+
+    monkeypatch.setattr(web.UploadRequest, "_get_file_stream", recorded)
+    resp = app.test_client().post("/analyze", input_stream=io.BytesIO(body),
+                                  content_type=f"multipart/form-data; boundary={boundary}",
+                                  environ_overrides={"HTTP_TRANSFER_ENCODING": "chunked", "wsgi.input_terminated": True})
+    assert resp.status_code == 400
+    assert (f"the request is larger than {web_limit(app):,} bytes; expected a model file of at most "
+            f"1,048,576 bytes (1 MiB) and at most 1,000,000 bytes of input text") in resp.get_data(as_text=True)
+    assert len(spooled) == 2 and all(stream.closed for stream in spooled)
+    assert list(folder.iterdir()) == []
+
+
+def web_limit(app) -> int:
+    from mlexec.web import TEXT_REQUEST_BYTES
+    return TEXT_REQUEST_BYTES + app.config["MAX_MODEL_BYTES"]
+
+
+def test_a_too_large_model_file_is_a_clear_400_naming_the_limit(uploads):
+    app, folder = uploads
+    app.config["MAX_MODEL_BYTES"] = 2**20
+    client = app.test_client()
+    over_request = _post_model(client, b"\0" * (5 * 2**20))          # over the request's limit: not read
+    assert over_request.status_code == 400
+    assert (f"the request is larger than {web_limit(app):,} bytes; expected a model file of at most "
+            f"1,048,576 bytes (1 MiB)") in over_request.get_data(as_text=True)
+    over_file = _post_model(client, b"\0" * (2**20 + 1), name="big.onnx")   # within it, but over the file's
+    assert over_file.status_code == 400
+    assert ("expected a model file of at most 1,048,576 bytes (1 MiB), got 1,048,577 bytes in &#39;big.onnx&#39;"
+            in over_file.get_data(as_text=True))
+    assert list(folder.iterdir()) == []
+
+
+def test_the_model_file_limit_is_a_setting_stated_on_the_form(monkeypatch):
+    assert "An ONNX model file: at most 128 MiB" in create_app().test_client().get("/").get_data(as_text=True)
+    monkeypatch.setenv("MLEXEC_MAX_MODEL_BYTES", str(32 * 2**20))
+    app = create_app()
+    assert app.config["MAX_MODEL_BYTES"] == 32 * 2**20
+    assert "An ONNX model file: at most 32 MiB" in app.test_client().get("/").get_data(as_text=True)
+
+
+def test_one_model_file_is_imported_at_a_time(uploads, monkeypatch):
+    """A second upload waits for the first one's import, at most ANALYSIS_TIMEOUT, then is a 503."""
+    import threading
+
+    from mlexec import web
+    from mlexec.analysis import AnalysisError
+
+    folder = uploads[1]
+    app = create_app({"UPLOAD_FOLDER": str(folder), "ANALYSIS_TIMEOUT": 0.2, "RETRY_AFTER": 3})
+    started, release = threading.Event(), threading.Event()
+
+    def slow(source, **limits):
+        started.set()
+        release.wait(10)
+        raise AnalysisError("cannot use this model file: stand-in")
+
+    monkeypatch.setattr(web, "load_model_file", slow)
+    first = []
+    thread = threading.Thread(target=lambda: first.append(_post_model(app.test_client(), b"first")))
+    thread.start()
+    assert started.wait(10)
+    second = _post_model(app.test_client(), b"second")
+    release.set()
+    thread.join()
+    assert first[0].status_code == 400 and "stand-in" in first[0].get_data(as_text=True)
+    assert second.status_code == 503 and second.headers["Retry-After"] == "3"
+    assert ("the server is importing other model files (waited 0.2 s); try again in 3 s"
+            in second.get_data(as_text=True))
+    assert list(folder.iterdir()) == []
