@@ -478,7 +478,7 @@ def _post(web, data: bytes, **form):
 
 
 def test_web_upload_runs_the_model(web):
-    assert "at most 8 MiB" in web.get("/").get_data(as_text=True)
+    assert "at most 128 MiB" in web.get("/").get_data(as_text=True)
     resp = _post(web, GRAPHS["attention"])
     page = resp.get_data(as_text=True)
     assert resp.status_code == 200, page
