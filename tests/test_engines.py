@@ -229,6 +229,16 @@ def test_softmax_row_far_below_the_peak_takes_the_per_row_shift(monkeypatch, rng
     np.testing.assert_allclose(np.delete(broken, 2, 0), np.delete(ref, 2, 0), atol=1e-6)
 
 
+def test_softmax_in_place_with_a_row_far_below_the_peak(rng):
+    # arena runs softmax in place (y is x): the per-row redo must not read the overwritten input
+    # (ONNX's test_softmax_large_number: rows [0, 1, 2, 3] and [10000, ..., 10003]).
+    x = np.array([[0, 1, 2, 3], [10000, 10001, 10002, 10003]], np.float32)
+    ref = ops.softmax_eager(x.astype(np.float64))
+    y, tmp, stat = x.copy(), np.empty_like(x), np.empty((2, 1), np.float32)
+    ops.softmax_rows(y, y, tmp, stat)
+    np.testing.assert_allclose(y, ref, atol=1e-6)
+
+
 def test_softmax_propagates_nan_to_its_row_only(rng):
     x = rng.standard_normal((4, 8)).astype(np.float32)
     x[1, 3] = np.nan

@@ -164,21 +164,20 @@ SOFTMAX_SHIFT_LIMIT = 60.0
 
 def softmax_rows(y, x, tmp, stat, row_sums=None) -> None:
     """y = softmax(x) over rows, all (rows, width); tmp like x and stat (rows, 1) are scratch.
+    y may be x (in place): the shifted input stays in tmp, which the per-row redo reads.
 
     ``row_sums()``, when given, must compute ``y @ ones`` into stat (an engine's own matvec).
     """
     width = x.shape[1]
     peak = stat.reshape(-1)[:1].reshape(())     # 0-d views: a scalar operand, no broadcast pass
-    np.maximum.reduce(x, axis=None, out=peak)
-    np.subtract(x, peak, out=y)
-    np.exp(y, out=y)
+    np.fmax.reduce(x, axis=None, out=peak)      # NaN-blind: a NaN stays in its own row
+    np.subtract(x, peak, out=tmp)
+    np.exp(tmp, out=y)
     _row_sums(y, stat, row_sums)
-    lowest = tmp.reshape(-1)[:1].reshape(())
-    np.minimum.reduce(stat, axis=None, out=lowest)
-    if not lowest >= width * math.exp(-SOFTMAX_SHIFT_LIMIT):   # also false for NaN
-        np.maximum.reduce(x, axis=1, keepdims=True, out=stat)  # the exact, per-row shift
-        np.copyto(tmp, stat)
-        np.subtract(x, tmp, out=y)
+    if not np.minimum.reduce(stat, axis=None) >= width * math.exp(-SOFTMAX_SHIFT_LIMIT):   # also false for NaN
+        np.maximum.reduce(tmp, axis=1, keepdims=True, out=stat)    # the exact, per-row shift
+        np.copyto(y, stat)
+        np.subtract(tmp, y, out=y)
         np.exp(y, out=y)
         _row_sums(y, stat, row_sums)
     np.reciprocal(stat, out=stat)
