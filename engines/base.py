@@ -36,10 +36,12 @@ class Engine:
     def __init__(self, model: Model, max_batch: int):
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-        if model.fixed_batch and max_batch > 1:
-            raise ValueError(f"{model.name}: batch {max_batch} refused: {model.fixed_batch}")
         self.model = model
-        self.max_batch = int(max_batch)
+        # The IR's rows: max_batch itself, or for a file that fixes its batch, that batch only
+        # (BatchRefused otherwise), as one row when the IR runs the file's whole shapes.
+        self.max_batch = model.rows(int(max_batch))
+        self._min_batch = 1 if model.fixed_batch is None else self.max_batch
+        self._whole = model.whole
         self._sample_shape = tuple(model.shapes[model.input])
         self.weight_bytes = model.weight_bytes
         self.activation_bytes = 0
@@ -54,7 +56,16 @@ class Engine:
         return 0 if self.zero_alloc else self.model.no_reuse_peak_bytes(batch)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
+        if self._whole:      # the file's own shape in and out: views around the IR's one row
+            return self._forward(self.check_input(self._rows(x)))[0]
         return self._forward(self.check_input(x))
+
+    def _rows(self, x) -> np.ndarray:
+        if isinstance(x, np.ndarray) and x.shape == self._sample_shape:
+            return x.reshape(1, *x.shape)
+        raise ValueError(f"expected the file's input shape {self._sample_shape} (its batch is fixed at "
+                         f"{self.model.fixed_batch.size}); got "
+                         f"{x.shape if isinstance(x, np.ndarray) else type(x).__name__}")
 
     def worker(self) -> "Engine":
         """An engine for another thread, sharing this one's prepared weights (``engines.EnginePool``).
@@ -73,10 +84,12 @@ class Engine:
         """Refuse, never convert: a conversion would allocate and hide a caller's bug."""
         # The common good input first: composing the messages below costs microseconds a call.
         if (type(x) is np.ndarray and x.dtype is _F32 and x.shape[1:] == self._sample_shape
-                and x.flags.c_contiguous and 1 <= x.shape[0] <= self.max_batch):
+                and x.flags.c_contiguous and self._min_batch <= x.shape[0] <= self.max_batch):
             return x
         expected = self._sample_shape
-        want = f"a C-contiguous float32 array of shape (batch, {', '.join(map(str, expected))}) with 1 <= batch <= {self.max_batch}"
+        rows = (f"batch = {self.max_batch} (the file fixes it)" if self._min_batch > 1
+                else f"1 <= batch <= {self.max_batch}")
+        want = f"a C-contiguous float32 array of shape (batch, {', '.join(map(str, expected))}) with {rows}"
         if not isinstance(x, np.ndarray):
             raise TypeError(f"expected {want}; got {type(x).__name__}")
         if x.dtype != np.float32:
@@ -85,7 +98,7 @@ class Engine:
             raise ValueError(f"expected {want}; got rank {x.ndim} with shape {x.shape}")
         if x.shape[1:] != expected:
             raise ValueError(f"expected {want}; got shape {x.shape}")
-        if not 1 <= x.shape[0] <= self.max_batch:
+        if not self._min_batch <= x.shape[0] <= self.max_batch:
             raise ValueError(f"expected {want}; got batch {x.shape[0]}")
         if not x.flags.c_contiguous:
             raise ValueError(f"expected {want}; got a non-contiguous array (use np.ascontiguousarray(x))")

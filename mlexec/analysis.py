@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from engines import ENGINES, MODELS, EngineUnavailable, Model, OnnxImportError, load_onnx
+from engines import ENGINES, MODELS, BatchRefused, EngineUnavailable, Model, OnnxImportError, load_onnx
 from engines.ir.models import ABS_TOL
 
 from . import heap
@@ -309,7 +309,8 @@ def _op_breakdown(model, x, runs: int) -> list[dict]:
     def record(op, array):
         sizes[op.output] = int(array.nbytes)
 
-    times = step_times(lambda mark: model.run_eager(x, on_op=mark), runs, each=record)
+    rows = model.as_rows(x)        # the IR's rows (a file fixed without a batch axis: one)
+    times = step_times(lambda mark: model.run_eager(rows, on_op=mark), runs, each=record)
     medians = [statistics.median(t) for t in times]
     total = sum(medians) or 1.0
     ranked = sorted(range(len(medians)), key=lambda i: medians[i], reverse=True)
@@ -329,7 +330,7 @@ def load_model_file(source, **limits) -> Model:
         raise AnalysisError(f"cannot use this model file: {exc}") from None
 
 
-def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
+def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int | None = None,
                  engines: Iterable[str] | str = ANALYZER_ENGINES, repeat: int = 20, seed: int = 0,
                  progress: Callable[[int, int], None] | None = None, model_file: Model | None = None) -> dict:
     """Parse, validate, run and measure; see the module docstring for the result."""
@@ -337,7 +338,7 @@ def run_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
                                              repeat=repeat, seed=seed, model_file=model_file), progress)
 
 
-def prepare_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int = 1,
+def prepare_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int | None = None,
                      engines: Iterable[str] | str = ANALYZER_ENGINES, repeat: int = 20, seed: int = 0,
                      model_file: Model | None = None) -> dict:
     """Every check of ``run_analysis`` (input, options, memory, compute budget), nothing run:
@@ -347,14 +348,18 @@ def prepare_analysis(values, *, model: str = "mlp", dim: int = 1024, batch: int 
     ``dim``; then ``values`` may be None, for a seeded random input.
     """
     flat = None if values is None and model_file is not None else parse_values(values)
+    if batch is None:           # the default: 1, or the batch a model file fixes
+        batch = model_file.fixed_batch.size if model_file is not None and model_file.fixed_batch else 1
     batch = _int_option("batch", batch, 1, LIMITS["max_batch"])
     repeat = _int_option("repeat", repeat, 1, LIMITS["max_repeat"])
     seed = _int_option("seed", seed, 0, 2**32 - 1)
     names = _engine_names(engines)
     if model_file is not None:
         m = model_file
-        if m.fixed_batch and batch > 1:
-            raise AnalysisError(f"batch {batch} refused: {m.fixed_batch}")
+        try:
+            m.rows(batch)
+        except BatchRefused as exc:      # a file that fixes its batch: that batch only
+            raise AnalysisError(str(exc)) from None
         estimate = (3 + len(names)) * (m.weight_bytes + m.no_reuse_peak_bytes(batch))
         what = compute_what = f"{m.name!r} at batch={batch}"
         lower = "lower the batch"

@@ -62,7 +62,7 @@ class Case:
         input's last axis, ``seq`` its first when a sample has two or more (the zoo's sequence
         models take (seq, dim) per sample)."""
         shape = model.shapes[model.input]
-        return cls(name or model.name, batch, shape[-1], shape[0] if len(shape) > 1 else None, path)
+        return cls(name or model.name, batch, shape[-1] if shape else None, shape[0] if len(shape) > 1 else None, path)
 
     def build(self) -> Model:
         if self.path:

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"one of {', '.join(MODELS)} (default mlp), or an ONNX file (path.onnx); "
                         f"with a file, the input may be left out for a seeded random one")
     a.add_argument("--dim", type=int, default=1024, help=f"model width, 1..{LIMITS['max_dim']} (default 1024)")
-    a.add_argument("--batch", type=int, default=1, help=f"batch size, 1..{LIMITS['max_batch']} (default 1)")
+    a.add_argument("--batch", type=int, default=None,
+                   help=f"batch size, 1..{LIMITS['max_batch']} (default 1, or the batch a --model file fixes)")
     a.add_argument("--engines", default=",".join(ANALYZER_ENGINES),
                    help=f"comma list from {', '.join(ENGINES)} (default {','.join(ANALYZER_ENGINES)})")
     a.add_argument("--repeat", type=int, default=20, help=f"timed calls per engine, 1..{LIMITS['max_repeat']} (default 20)")

@@ -59,7 +59,8 @@ def test_the_public_api_is_the_packages_top_level():
     layers: the top level, and ``engines.base.Engine`` for an engine of their own."""
     import engines
     import engines.base
-    assert sorted(engines.__all__) == ["ENGINES", "Engine", "EngineBusy", "EnginePool", "EngineUnavailable",
-                                       "MODELS", "Model", "OnnxImportError", "Op", "load_onnx"]
+    assert sorted(engines.__all__) == ["BatchRefused", "ENGINES", "Engine", "EngineBusy", "EnginePool",
+                                       "EngineUnavailable", "FixedBatch", "MODELS", "Model", "OnnxImportError",
+                                       "Op", "load_onnx"]
     assert all(hasattr(engines, name) for name in engines.__all__)
     assert engines.base.Engine is engines.Engine and engines.base.EngineUnavailable is engines.EngineUnavailable

@@ -15,10 +15,15 @@ on one sample: its per-sample shape is its batch-1 shape without the axis
 that grows with the batch (exporters move and merge that axis: PyTorch's
 attention runs (seq, batch·heads, head_dim)). Because ops then treat each
 sample independently, the import checks that the file does too: at batch 2,
-the first sample's output must equal the batch-1 output. A file that fixes its
-batch at 1 is run at batch 2 with its literal ``Reshape`` targets led by -1
-(``_batch_free``); if that fails the checks, the model runs at batch 1 only
-(``Model.fixed_batch`` says why and where).
+the first sample's output must equal the batch-1 output.
+
+A file that fixes its first axis at N is run the same way at batch 1 and 2 with
+that axis made symbolic and its literal ``Reshape`` targets led by N made to lead
+by -1 (``_batch_free``). If that passes the checks (and, for N > 1, the per-sample
+model reproduces the file at N), the first axis is the batch: at N = 1 the model
+runs at any batch, at N > 1 at N only. Otherwise no axis is the batch: the model
+holds the file's whole shapes and runs them as one row, at N only (a rank-0 or
+rank-1 input always does). ``Model.fixed_batch`` (``FixedBatch``) says which, and why.
 
 Lowering is one table, ``onnx_lower.LOWER``: ONNX op type -> a function that
 emits IR ops. A new op type is one entry. The passes that turn generic ops into the
@@ -32,10 +37,11 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from ..ir.models import Model, Op
+from ..ir.models import FixedBatch, Model, Op
 from .lower import LOWER, Act, lower
 from .passes import PASSES, live_ops
 
@@ -91,8 +97,7 @@ def file_workload(path: str | os.PathLike, batch: int, **limits) -> FileWorkload
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
         raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
     model = load_onnx(path, **limits)
-    if model.fixed_batch and batch > 1:
-        raise ValueError(f"{model.name}: batch {batch} refused: {model.fixed_batch}")
+    model.rows(int(batch))            # BatchRefused (a ValueError) naming the file's fixed batch
     return FileWorkload(model, int(batch), workload_version(model.source))
 
 
@@ -158,8 +163,33 @@ def _dims(value_info) -> list:
             for d in value_info.type.tensor_type.shape.dim]
 
 
-def check_signature(proto) -> tuple[str, tuple[int, ...], bool]:
-    """(input name, per-sample shape, whether the batch axis is symbolic) of the single float32 input."""
+class Signature(NamedTuple):
+    """The single float32 input: its name, its shape past the first axis, and the first axis'
+    size where the file fixes it (None: symbolic, the batch). A rank-0 input has ``rest`` () and
+    ``fixed`` 1: one shape, run as it is."""
+    input: str
+    rest: tuple[int, ...]
+    fixed: int | None
+    rank: int
+
+    def shape(self, batch: int) -> tuple[int, ...]:
+        """The input's shape at this size of its first axis."""
+        return () if self.rank == 0 else (batch, *self.rest)
+
+
+def _output_problems(proto) -> list[str]:
+    from onnx import TensorProto
+    if len(proto.graph.output) != 1:
+        return [f"the graph has {len(proto.graph.output)} outputs; exactly one is supported"]
+    out = proto.graph.output[0].type.tensor_type.elem_type
+    if out != TensorProto.FLOAT:
+        return [f"output {proto.graph.output[0].name!r} is {TensorProto.DataType.Name(out)}; "
+                f"only float32 outputs are supported"]
+    return []
+
+
+def check_signature(proto) -> Signature:
+    """The single float32 input and single float32 output, every problem at once."""
     from onnx import TensorProto
     inits = {t.name for t in proto.graph.initializer}
     inputs = [i for i in proto.graph.input if i.name not in inits]
@@ -167,29 +197,27 @@ def check_signature(proto) -> tuple[str, tuple[int, ...], bool]:
     if len(inputs) != 1:
         problems.append(f"the graph has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); "
                         f"exactly one float32 input is supported")
-    if len(proto.graph.output) != 1:
-        problems.append(f"the graph has {len(proto.graph.output)} outputs; exactly one is supported")
+    problems += _output_problems(proto)
     if problems or not inputs:
         raise OnnxImportError(problems)
     (x,) = inputs
     elem = x.type.tensor_type.elem_type
     if elem != TensorProto.FLOAT:
         problems.append(f"input {x.name!r} is {TensorProto.DataType.Name(elem)}; only float32 inputs are supported")
-    dims = _dims(x)
-    if not x.type.tensor_type.HasField("shape") or not dims:
-        problems.append(f"input {x.name!r} has no batch axis (rank 0 or unknown rank)")
+    if not x.type.tensor_type.HasField("shape"):
+        problems.append(f"input {x.name!r} has an unknown rank; export it with its shape")
         raise OnnxImportError(problems)
-    batch, rest = dims[0], dims[1:]
-    if isinstance(batch, int) and batch != 1:
-        problems.append(f"input {x.name!r} has a fixed first axis of {batch}; the batch axis must be "
-                        f"symbolic or 1")
+    dims = _dims(x)
+    first, rest = (dims[0], dims[1:]) if dims else (1, [])
     dynamic = [f"axis {i + 1} ({d!r})" for i, d in enumerate(rest) if not isinstance(d, int) or d < 1]
     if dynamic:
         problems.append(f"input {x.name!r} has dynamic axes other than the batch: {', '.join(dynamic)}; "
                         f"export it with fixed sizes there")
+    if isinstance(first, int) and first < 1:
+        problems.append(f"input {x.name!r} has a first axis of {first}; it must be symbolic or at least 1")
     if problems:
         raise OnnxImportError(problems)
-    return x.name, tuple(rest), not isinstance(batch, int)
+    return Signature(x.name, tuple(rest), first if isinstance(first, int) else None, len(dims))
 
 
 # --- evaluation: fold what does not depend on the input, measure the rest -------------
@@ -211,7 +239,7 @@ def unsupported_nodes(proto, dynamic: set[str]) -> list[str]:
         domain = node.domain or "ai.onnx"
         runs = any(i in dynamic for i in node.input if i) and node.op_type not in ("Shape", "Size")
         if domain != "ai.onnx" or (runs and node.op_type not in LOWER):
-            bad.append(f"node {node.name or '(unnamed)'!r}: {node.op_type} (domain {domain}, "
+            bad.append(f"node {node.name or node.output[0]!r}: {node.op_type} (domain {domain}, "
                        f"opset {opsets.get(domain, '?')}) is not supported")
     return bad
 
@@ -301,6 +329,16 @@ def _measure(proto, dynamic, one: dict, two: dict) -> tuple[dict[str, Act], list
         acts[name] = Act(name, tuple(s1), i if s1[i] == 1 else None)
     return acts, problems
 
+def _close(got: np.ndarray, expected: np.ndarray) -> bool:
+    """Equal within SEPARABLE_RTOL, relative to the larger of 1 and the expected values' size."""
+    if np.shape(got) != np.shape(expected):
+        return False
+    if not np.size(expected):
+        return True
+    top = float(np.max(np.abs(np.nan_to_num(expected, nan=0.0, posinf=0.0, neginf=0.0))))
+    return bool(np.allclose(got, expected, rtol=SEPARABLE_RTOL, atol=SEPARABLE_RTOL * max(1.0, top), equal_nan=True))
+
+
 def _separable(proto, acts, one, two) -> list[str]:
     """The output keeps its batch axis first, and the batch-2 run's first sample is the batch-1 run."""
     output = proto.graph.output[0].name
@@ -309,18 +347,18 @@ def _separable(proto, acts, one, two) -> list[str]:
         return [f"the output {output!r} does not depend on the input"]
     if out.bpos != 0:
         return [f"the output {output!r} does not have the batch axis first (shape {out.shape} at batch 1)"]
-    if not np.allclose(two[output][:1], one[output], rtol=SEPARABLE_RTOL,
-                       atol=SEPARABLE_RTOL * max(1.0, float(np.max(np.abs(one[output]))))):
+    if not _close(two[output][:1], one[output]):
         return ["the graph mixes samples: at batch 2 the first sample's output differs from its "
                 "output at batch 1 (an op works across the batch axis)"]
     return []
 
 
-def _batch_free(proto, input_name: str, one: dict):
-    """A copy of a file that fixes the batch at 1, with the batch axis made symbolic and every
-    Reshape to a literal shape led by 1 ((1, 2048)) made to lead by -1 instead; and the names of
-    those Reshape nodes. Whether the leading 1 really was the batch the batch-2 run then shows
-    (each value keeps one batch axis, the first sample's output unchanged)."""
+def _batch_free(proto, input_name: str, size: int, values: dict):
+    """A copy of a file that fixes the batch at ``size``, with the batch axis made symbolic and
+    every Reshape to a literal shape led by ``size`` ((1, 2048)) made to lead by -1 instead; and
+    the names of those Reshape nodes. Whether the leading axis really was the batch the batch-1
+    and batch-2 runs then show (each value keeps one batch axis, the first sample's output
+    unchanged). ``values``: the file's values at its own batch (Reshape targets computed there)."""
     import onnx
     from onnx import numpy_helper
     proto2 = onnx.ModelProto()
@@ -331,11 +369,11 @@ def _batch_free(proto, input_name: str, one: dict):
     for node in graph.node:
         if node.op_type != "Reshape" or len(node.input) < 2:
             continue
-        target = one.get(node.input[1], inits.get(node.input[1]))
-        if target is None or np.ndim(target) != 1 or len(target) < 1 or int(target[0]) != 1:
+        target = values.get(node.input[1], inits.get(node.input[1]))
+        if target is None or np.ndim(target) != 1 or len(target) < 1 or int(target[0]) != size:
             continue
         literal.append(f"node {node.name or node.output[0]!r}: Reshape to {tuple(int(d) for d in target)}")
-        if -1 in target:                 # (1, -1): a second -1 is not allowed; stays batch 1
+        if -1 in target:                 # (1, -1): a second -1 is not allowed; stays fixed
             continue
         shape = np.array(target, dtype=np.int64)
         shape[0] = -1
@@ -374,59 +412,78 @@ def _oversized_values(inferred, max_value_bytes: int) -> list[str]:
     return problems
 
 
-def load_onnx(source, *, randomize_weights: int | None = None, name: str | None = None,
-              passes: bool = True, max_value_bytes: int = MAX_VALUE_BYTES, **limits) -> Model:
-    """A ``Model`` from an ONNX file (a path, or its bytes), ready for every engine.
+class Batching(NamedTuple):
+    """One way to read the batch of a graph: the graph to lower (the file, or its batch-free
+    copy), each activation's shape and batch axis, the folded values, and the fixed batch."""
+    proto: object
+    acts: dict[str, Act]
+    one: dict[str, np.ndarray]
+    fixed: FixedBatch | None
 
-    ``randomize_weights``: a seed; every float initializer and ``ConstantOfShape`` weight is
-    replaced by seeded random values of its shape before import (the model's ``source`` then holds the file so
-    changed), for graphs exported with untrained or absent weights.
-    ``max_value_bytes``: the largest value shape inference may find (checked before the graph runs).
-    ``limits``: ``allow_external_data``, ``max_nodes``, ``max_initializer_bytes`` (see ``read``).
-    Raises ``OnnxImportError`` naming every problem found.
-    """
-    proto, data = read(source, **limits)
-    if randomize_weights is not None:
-        proto, data = _randomized(proto, randomize_weights)
-    input_name, sample_shape, symbolic = check_signature(proto)
-    try:
-        import onnx
-        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False, data_prop=True)
-    except Exception as exc:
-        raise OnnxImportError(f"ONNX shape inference fails: {str(exc).strip().splitlines()[0][:300]}") from exc
-    oversized = _oversized_values(inferred, max_value_bytes)
-    if oversized:
-        raise OnnxImportError(oversized)
-    dynamic = dynamic_values(proto, input_name)
-    bad = unsupported_nodes(proto, dynamic)
-    if bad:
-        raise OnnxImportError(bad)
-    rng = np.random.default_rng(0)
-    x2 = rng.standard_normal((2, *sample_shape)).astype(np.float32)
-    one = evaluate(proto, input_name, x2[:1])
-    fixed_batch = None
-    if symbolic:
-        two = evaluate(proto, input_name, x2)
-        acts, problems = _measure(proto, dynamic, one, two)
-        problems += _separable(proto, acts, one, two)
-    else:     # a fixed batch of 1: try it at 2 anyway, to find each value's batch axis
-        proto2, literal = _batch_free(proto, input_name, one)
-        try:
-            two = evaluate(proto2, input_name, x2)
-            acts, problems = _measure(proto2, dynamic, one, two)
-            problems += _separable(proto, acts, one, two)
-        except OnnxImportError as exc:
-            problems = [exc.problems[0]]
-        if problems:        # batch 1 only: every activation's leading axis is the batch
-            where = ", ".join(literal) if literal else "a shape computed in the graph"
-            fixed_batch = (f"the file fixes the batch at 1 ({where}), and at batch 2 {problems[0]}; "
-                           f"it runs at batch 1 only: export with a dynamic batch axis (torch: "
-                           f"dynamic_axes={{'x': {{0: 'batch'}}}} or dynamic_shapes)")
-            acts, problems = _batch_one(proto, dynamic, one)
+
+def _symbolic(proto, sig: Signature, dynamic, x2: np.ndarray) -> Batching:
+    """A symbolic batch axis: measured at batch 1 and 2; any batch."""
+    one = evaluate(proto, sig.input, x2[:1])
+    two = evaluate(proto, sig.input, x2)
+    acts, problems = _measure(proto, dynamic, one, two)
+    problems += _separable(proto, acts, one, two)
     if problems:
         raise OnnxImportError(problems)
+    return Batching(proto, acts, one, None)
+
+
+def _fixed_ways(proto, sig: Signature, dynamic, rng):
+    """The ways to read a file that fixes its first axis at N, most useful first, each a
+    ``Batching`` or the problems that ruled it out:
+
+    1. the first axis is the batch (the batch-free copy measured at batch 1 and 2, as a symbolic
+       file): at N = 1 the model then runs at any batch, at N > 1 at N only;
+    2. N = 1 only: every activation leads with the batch axis at batch 1 (it runs at batch 1);
+    3. no axis is the batch: the file's whole shapes as one row, at N only."""
+    n = sig.fixed
+    x2 = rng.standard_normal((2, *sig.rest)).astype(np.float32)
+    at_n = evaluate(proto, sig.input, x2[:1] if n == 1 and sig.rank else
+                    rng.standard_normal(sig.shape(n)).astype(np.float32))
+    literal, why = [], "its input has rank 0 or 1"
+    if sig.rank >= 2 or (sig.rank == 1 and n == 1):
+        proto2, literal = _batch_free(proto, sig.input, n, at_n)
+        try:
+            one = evaluate(proto2, sig.input, x2[:1])
+            two = evaluate(proto2, sig.input, x2)
+            acts, problems = _measure(proto2, dynamic, one, two)
+            problems += _separable(proto2, acts, one, two)
+        except OnnxImportError as exc:
+            problems = exc.problems
+        where = f" ({', '.join(literal)})" if literal else ""
+        fixed = None if n == 1 else FixedBatch(n, True, f"the file fixes the batch at {n}{where}: its input is "
+                                                      f"{sig.shape(n)}; export with a dynamic batch axis for others")
+        yield problems or Batching(proto2, acts, one, fixed)
+        why = f"at batch 2 {problems[0]}" if problems else "the per-sample model differs from the file at its batch"
+    where = ", ".join(literal) if literal else "a shape computed in the graph"
+    if n == 1 and sig.rank >= 1:
+        acts, problems = _batch_one(proto, dynamic, at_n)
+        yield problems or Batching(proto, acts, at_n, FixedBatch(1, True, (
+            f"the file fixes the batch at 1 ({where}), and {why}; it runs at batch 1 only: export with a "
+            f"dynamic batch axis (torch: dynamic_axes={{'x': {{0: 'batch'}}}} or dynamic_shapes)")))
+    acts = {name: Act(name, tuple(np.shape(at_n[name])), None) for name in dynamic if name in at_n}
+    yield Batching(proto, acts, at_n, FixedBatch(n, False, (
+        f"the file fixes the batch at {n} and no axis could be shown to be the batch ({why}); "
+        f"it runs at its one shape {sig.shape(n)}")))
+
+
+def _reproduces(model: Model, proto, sig: Signature, rng) -> bool:
+    """A per-sample model of a file fixed at N > 1 gives the file's output at N (ONNX's evaluator)."""
+    x = rng.standard_normal(sig.shape(sig.fixed)).astype(np.float32)
+    expected = evaluate(proto, sig.input, x)[proto.graph.output[0].name]
+    with np.errstate(all="ignore"):
+        return _close(model.reference(x), expected)
+
+
+def _build(b: Batching, sig: Signature, name: str, data: bytes, passes: bool) -> Model:
+    """The model of one reading of the batch: lowered, then the passes; OnnxImportError else."""
+    proto = b.proto
     output = proto.graph.output[0].name
-    L, problems = lower(proto, input_name, one, acts)
+    L, problems = lower(proto, sig.input, b.one, b.acts)
     if problems:
         raise OnnxImportError(problems)
     result = L.values[output].name
@@ -438,12 +495,68 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
     L.ops = ops
     used = {p for op in ops for p in op.params}
     L.params = {k: v for k, v in L.params.items() if k in used}
-    model = Model(name or _stem(source, proto), tuple(L.ops), dict(L.shapes), dict(L.params),
-                  input=input_name, source=data, origin=dict(L.origin), fixed_batch=fixed_batch)
+    model = Model(name, tuple(L.ops), dict(L.shapes), dict(L.params),
+                  input=sig.input, source=data, origin=dict(L.origin), fixed_batch=b.fixed)
     if passes:
         for p in PASSES:
             model = p(model)
     return model
+
+
+def _build_fixed(proto, sig: Signature, dynamic, build) -> Model:
+    """The first reading of a fixed batch (``_fixed_ways``) that lowers and, per sample at
+    N > 1, reproduces the file at N. Else the problems of the first reading that got as far as
+    lowering (the most specific), or of the last."""
+    rng = np.random.default_rng(0)
+    first, last = None, []
+    for way in _fixed_ways(proto, sig, dynamic, rng):
+        if isinstance(way, list):
+            last = way
+            continue
+        try:
+            model = build(way)
+        except OnnxImportError as exc:
+            first, last = first or exc.problems, exc.problems
+            continue
+        if way.fixed is None or not way.fixed.per_sample or way.fixed.size == 1 or _reproduces(model, proto, sig, rng):
+            return model
+    raise OnnxImportError(first or last)
+
+
+def load_onnx(source, *, randomize_weights: int | None = None, name: str | None = None,
+              passes: bool = True, max_value_bytes: int = MAX_VALUE_BYTES, **limits) -> Model:
+    """A ``Model`` from an ONNX file (a path, or its bytes), ready for every engine.
+
+    ``randomize_weights``: a seed; every float initializer and ``ConstantOfShape`` weight is
+    replaced by seeded random values of its shape before import (the model's ``source`` then holds the file so
+    changed), for graphs exported with untrained or absent weights.
+    ``max_value_bytes``: the largest value shape inference may find (checked before the graph runs).
+    ``limits``: ``allow_external_data``, ``max_nodes``, ``max_initializer_bytes`` (see ``read``).
+    A file that fixes its input's first axis at N runs at batch N (``Model.fixed_batch``; at N = 1,
+    at any batch when the importer shows the leading 1 is the batch).
+    Raises ``OnnxImportError`` naming every problem found.
+    """
+    proto, data = read(source, **limits)
+    if randomize_weights is not None:
+        proto, data = _randomized(proto, randomize_weights)
+    sig = check_signature(proto)
+    try:
+        import onnx
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise OnnxImportError(f"ONNX shape inference fails: {str(exc).strip().splitlines()[0][:300]}") from exc
+    oversized = _oversized_values(inferred, max_value_bytes)
+    if oversized:
+        raise OnnxImportError(oversized)
+    dynamic = dynamic_values(proto, sig.input)
+    bad = unsupported_nodes(proto, dynamic)
+    if bad:
+        raise OnnxImportError(bad)
+    build = lambda b: _build(b, sig, name or _stem(source, proto), data, passes)  # noqa: E731
+    if sig.fixed is not None:
+        return _build_fixed(proto, sig, dynamic, build)
+    x2 = np.random.default_rng(0).standard_normal((2, *sig.rest)).astype(np.float32)
+    return build(_symbolic(proto, sig, dynamic, x2))
 
 
 def _stem(source, proto) -> str:

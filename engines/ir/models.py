@@ -23,6 +23,27 @@ ABS_TOL = 1e-4
 REL_TOL = 1e-5
 
 
+class BatchRefused(ValueError):
+    """A batch a model does not run at: its file fixes the batch (``Model.fixed_batch``)."""
+
+
+@dataclass(frozen=True)
+class FixedBatch:
+    """A file whose input fixes its first axis at ``size``: the model runs at that batch only.
+
+    ``per_sample``: the importer showed the first axis is the batch (samples independent), so the
+    IR is per sample as for any model and runs ``size`` rows. Otherwise no axis is the batch (a
+    rank-0 or rank-1 input, an op that mixes the first axis with others): the IR's shapes are
+    the file's whole shapes, run as one row, and ``Model.rows``/``as_rows``/``from_rows`` put that
+    one row around the file's input and output. ``reason`` says which, and why, for messages."""
+    size: int
+    per_sample: bool
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+
 @dataclass(frozen=True)
 class Op:
     kind: str                    # a key of engines.ir.ops.OPS
@@ -43,9 +64,8 @@ class Model:
     # runs as they are, and for each op's output the names of the file's nodes it came from.
     source: bytes | None = field(default=None, repr=False)
     origin: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
-    # Why the model runs at batch 1 only (a file that fixes its batch at 1 where the importer
-    # cannot show which axis is the batch), or None: any batch.
-    fixed_batch: str | None = None
+    # A file that fixes its batch: the one batch it runs at, and how (FixedBatch); None: any batch.
+    fixed_batch: FixedBatch | None = None
 
     def __post_init__(self):
         defined = {self.input}
@@ -63,23 +83,58 @@ class Model:
     def output(self) -> str:
         return self.ops[-1].output
 
+    # --- the batch a caller names, and the rows the IR runs -------------------------------
+    # Every method below that takes ``batch`` takes the caller's batch (the file's, for a file
+    # that fixes it) and refuses any other with BatchRefused naming the fixed one. Engines run
+    # ``rows(batch)`` rows of the per-sample ``shapes``: the batch itself, except for a fixed
+    # batch with no batch axis, which is one row of the file's whole shapes.
+
+    @property
+    def whole(self) -> bool:
+        """True when the IR runs the file's whole shapes as one row (no axis is the batch)."""
+        return self.fixed_batch is not None and not self.fixed_batch.per_sample
+
+    def rows(self, batch: int) -> int:
+        """The IR's rows for a caller's batch; BatchRefused for a batch the file does not fix."""
+        fixed = self.fixed_batch
+        if fixed is None or batch == fixed.size:
+            return 1 if self.whole else batch
+        raise BatchRefused(f"{self.name}: batch {batch} refused: the file fixes the batch at {fixed.size} "
+                           f"({fixed.reason}); run it at batch {fixed.size}")
+
+    def as_rows(self, x: np.ndarray) -> np.ndarray:
+        """A caller's input as the IR's (rows, *per-sample) array: a view, never a copy."""
+        return x.reshape(1, *x.shape) if self.whole else x
+
+    def from_rows(self, y: np.ndarray) -> np.ndarray:
+        """The IR's (rows, *per-sample) output as the caller's: a view, never a copy."""
+        return y[0] if self.whole else y
+
     def input_shape(self, batch: int) -> tuple[int, ...]:
-        return (batch, *self.shapes[self.input])
+        rows = self.rows(batch)
+        return self.shapes[self.input] if self.whole else (rows, *self.shapes[self.input])
 
     def output_shape(self, batch: int) -> tuple[int, ...]:
-        return (batch, *self.shapes[self.output])
+        rows = self.rows(batch)
+        return self.shapes[self.output] if self.whole else (rows, *self.shapes[self.output])
 
-    def tensor_bytes(self, name: str, batch: int = 1) -> int:
-        return 4 * batch * math.prod(self.shapes[name])
+    def tensor_bytes(self, name: str, batch: int | None = None) -> int:
+        """Bytes of one tensor at this batch (default: 1, or the file's fixed batch)."""
+        if batch is None:
+            batch = 1 if self.fixed_batch is None else self.fixed_batch.size
+        return 4 * self.rows(batch) * math.prod(self.shapes[name])
 
     @property
     def weight_bytes(self) -> int:
         return sum(p.nbytes for p in self.params.values())
 
     def flops(self, batch: int = 1) -> int:
-        return batch * sum(
-            OPS[op.kind].flop_count([self.shapes[t] for t in op.inputs], self.shapes[op.output], op.attrs)
-            for op in self.ops)
+        """Flops of a forward at this batch. Linear in the batch, so it does not refuse one: a
+        whole-shape model's flops per row are its one row's over the fixed batch (cost estimates
+        ask for ``flops(1)`` and multiply)."""
+        one = sum(OPS[op.kind].flop_count([self.shapes[t] for t in op.inputs], self.shapes[op.output], op.attrs)
+                  for op in self.ops)
+        return round(one * batch / self.fixed_batch.size) if self.whole else batch * one
 
     def eager_peak_bytes(self, batch: int) -> int:
         """Peak bytes of ``run_eager`` at this batch, the caller's input excluded.
@@ -87,29 +142,32 @@ class Model:
         Replays its liveness: at each op, the tensors still to be read, the new
         output and the op's own temporaries (``OpKind.eager_extra_bytes``).
         """
+        rows = self.rows(batch)
+        size = lambda t: 4 * rows * math.prod(self.shapes[t])  # noqa: E731
         last_read = {t: i for i, op in enumerate(self.ops) for t in op.inputs}
         live, peak = 0, 0
         for i, op in enumerate(self.ops):
-            out = self.tensor_bytes(op.output, batch)
-            extra = OPS[op.kind].eager_extra_bytes(self.output_shape(batch)[:1] + self.shapes[op.output])
+            out = size(op.output)
+            extra = OPS[op.kind].eager_extra_bytes((rows, *self.shapes[op.output]))
             peak = max(peak, live + out + extra)
             live += out
-            live -= sum(self.tensor_bytes(t, batch) for t in set(op.inputs)
-                        if last_read[t] == i and t != self.input)
+            live -= sum(size(t) for t in set(op.inputs) if last_read[t] == i and t != self.input)
         return peak
 
     def no_reuse_peak_bytes(self, batch: int) -> int:
         """Every intermediate alive at once, plus the largest op's eager temporaries."""
-        shape = lambda t: self.output_shape(batch)[:1] + self.shapes[t]  # noqa: E731
-        return (sum(self.tensor_bytes(op.output, batch) for op in self.ops)
-                + max(OPS[op.kind].eager_extra_bytes(shape(op.output)) for op in self.ops))
+        rows = self.rows(batch)
+        return (sum(4 * rows * math.prod(self.shapes[op.output]) for op in self.ops)
+                + max(OPS[op.kind].eager_extra_bytes((rows, *self.shapes[op.output])) for op in self.ops))
 
     def random_input(self, batch: int, rng: np.random.Generator | int | None = None) -> np.ndarray:
         rng = np.random.default_rng(rng)
         return rng.standard_normal(self.input_shape(batch), dtype=np.float32)
 
     def run_eager(self, x: np.ndarray, dtype=np.float32, on_op: Callable | None = None) -> np.ndarray:
-        """Run op by op with fresh arrays, dropping each tensor after its last read."""
+        """Run op by op with fresh arrays, dropping each tensor after its last read.
+
+        ``x`` is the IR's (rows, *per-sample) array (``as_rows`` of a caller's input)."""
         last_read = {t: i for i, op in enumerate(self.ops) for t in op.inputs}
         params = {k: v.astype(dtype, copy=False) for k, v in self.params.items()}
         env = {self.input: np.asarray(x, dtype=dtype)}
@@ -125,8 +183,14 @@ class Model:
         return env[self.output]
 
     def reference(self, x: np.ndarray) -> np.ndarray:
-        """The float64 evaluation every engine is checked against."""
-        return self.run_eager(x, dtype=np.float64)
+        """The float64 evaluation every engine is checked against, of a caller's input."""
+        x = np.asarray(x)
+        if self.whole and x.shape != self.shapes[self.input]:
+            raise BatchRefused(f"{self.name}: expected the file's input shape {self.shapes[self.input]}, "
+                               f"got {x.shape}")
+        if not self.whole:
+            self.rows(len(x))
+        return self.from_rows(self.run_eager(self.as_rows(x), dtype=np.float64))
 
 
 class _Builder:

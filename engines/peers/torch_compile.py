@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from ..ir.models import Model
 from .torch_eager import TorchEngine
 
@@ -39,8 +41,10 @@ class TorchCompileEngine(TorchEngine):
         start = time.perf_counter()
         self._compiled = torch.compile(self.run, dynamic=True)
         with torch.inference_mode():
-            for batch in sorted({self.max_batch, 1}, reverse=True):
-                self._compiled(torch.from_numpy(model.random_input(batch, rng=0)))
+            rng = np.random.default_rng(0)
+            for rows in sorted({self.max_batch, self._min_batch}, reverse=True):    # the IR's rows
+                self._compiled(torch.from_numpy(rng.standard_normal((rows, *model.shapes[model.input]),
+                                                                    dtype=np.float32)))
         self.compile_seconds = time.perf_counter() - start
 
     def _call(self, x):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from engines import OnnxImportError, load_onnx
+from engines import BatchRefused, OnnxImportError, load_onnx
 
 from ..case import FAMILIES, Case, Family, shape_parts
 
@@ -107,8 +107,11 @@ def file_grid(path, batches: str) -> dict[str, list[Case]]:
     except (OnnxImportError, ValueError) as exc:
         raise ReportError(f"--model {path}: {exc}" if isinstance(exc, OnnxImportError)
                           else f"expected --batches like 1,8, got {batches!r}") from None
-    if model.fixed_batch and max(sizes, default=1) > 1:
-        raise ReportError(f"--model {path}: batch {max(sizes)} refused: {model.fixed_batch}; use --batches 1")
+    for size in sizes:
+        try:
+            model.rows(size)
+        except BatchRefused as exc:      # a file that fixes its batch: that batch only
+            raise ReportError(f"--model {path}: {exc}; use --batches {model.fixed_batch.size}") from None
     return {model.name: [Case.of(model, b, str(path)) for b in dict.fromkeys(sizes)]}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from typing import NamedTuple
 
 from ..case import FAMILIES, Case
 
@@ -15,24 +16,37 @@ def file_case(path: str, batch: int) -> Case:
     return Case(Path(path).stem, batch, path=str(path))
 
 
-def file_cases(paths, batches) -> list[Case]:
-    """Every model file at every batch, checked now: a file that does not import, or a batch it
-    refuses, raises ValueError naming the file (one line)."""
-    cases = []
+class FileCases(NamedTuple):
+    """The model files' cases, and a line for each file measured at other batches than asked."""
+    cases: list[Case]
+    notes: list[str]
+
+
+def file_cases(paths, batches) -> FileCases:
+    """Every model file at every batch, checked now: a file that does not import raises
+    ValueError naming the file (one line). A file that fixes its batch at N is measured at N
+    only, whatever ``batches`` says, and a note says so."""
+    cases, notes = [], []
+    batches = list(batches)
     for path in dict.fromkeys(paths):
-        for batch in batches:
-            case = file_case(path, batch)
-            try:
-                model = case.build()
-                model.input_shape(batch)
-            except (OSError, ValueError, NotImplementedError) as exc:
-                raise ValueError(f"--mlexec-model {path} at batch {batch}: {exc}") from None
-            cases.append(case)
+        first = batches[0] if batches else 1
+        try:
+            model = file_case(path, first).build()
+        except (OSError, ValueError, NotImplementedError) as exc:
+            raise ValueError(f"--mlexec-model {path} at batch {first}: {exc}") from None
+        sizes = batches
+        if model.fixed_batch is not None:
+            n = model.fixed_batch.size
+            sizes = [n]
+            if batches != sizes:
+                notes.append(f"--mlexec-model {path}: measured at batch {n} only, not at "
+                             f"{','.join(map(str, batches))}: {model.fixed_batch}")
+        cases += [file_case(path, batch) for batch in sizes]
     ids = [c.id for c in cases]
     clash = sorted({i for i in ids if ids.count(i) > 1})
     if clash:
         raise ValueError(f"--mlexec-model: two files share the stem of {clash}; rename one")
-    return cases
+    return FileCases(cases, notes)
 
 
 def full_matrix() -> list[Case]:

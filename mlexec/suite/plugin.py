@@ -101,6 +101,7 @@ def pytest_addoption(parser):
 
 
 FILE_CASES = pytest.StashKey[list]()
+FILE_NOTES = pytest.StashKey[list]()     # model files measured at their fixed batch only
 
 
 def pytest_configure(config):
@@ -118,8 +119,8 @@ def _matrix(config) -> list[Case]:
     """The chosen grid, then every --mlexec-model file at every --mlexec-batches size."""
     if FILE_CASES not in config.stash:
         try:
-            config.stash[FILE_CASES] = file_cases(config.getoption("mlexec_model"),
-                                                  config.getoption("mlexec_batches"))
+            found = file_cases(config.getoption("mlexec_model"), config.getoption("mlexec_batches"))
+            config.stash[FILE_CASES], config.stash[FILE_NOTES] = found.cases, found.notes
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     return MATRICES[config.getoption("mlexec_matrix")]() + config.stash[FILE_CASES]
@@ -207,6 +208,11 @@ def pytest_collection_modifyitems(config, items):
             return (-1, 0)
         return (order[callspec.params["case_id"]], getattr(item, "originalname", "") == "test_peak_memory")
     items[:] = sorted(keep, key=key)
+
+
+def pytest_report_collectionfinish(config):
+    """A model file that fixes its batch: measured at that batch only, said once after collection."""
+    return config.stash.get(FILE_NOTES, [])
 
 
 def pytest_collection_finish(session):
