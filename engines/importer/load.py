@@ -209,12 +209,14 @@ def check_signature(proto) -> Signature:
         raise OnnxImportError(problems)
     dims = _dims(x)
     first, rest = (dims[0], dims[1:]) if dims else (1, [])
-    dynamic = [f"axis {i + 1} ({d!r})" for i, d in enumerate(rest) if not isinstance(d, int) or d < 1]
+    dynamic = [f"axis {i + 1} ({d!r})" for i, d in enumerate(rest) if not isinstance(d, int)]
     if dynamic:
         problems.append(f"input {x.name!r} has dynamic axes other than the batch: {', '.join(dynamic)}; "
                         f"export it with fixed sizes there")
-    if isinstance(first, int) and first < 1:
-        problems.append(f"input {x.name!r} has a first axis of {first}; it must be symbolic or at least 1")
+    empty = [i for i, d in enumerate(dims) if isinstance(d, int) and d < 1]
+    if empty:
+        problems.append(f"input {x.name!r} has zero-sized axes ({', '.join(map(str, empty))}); "
+                        f"an empty tensor is not supported")
     if problems:
         raise OnnxImportError(problems)
     return Signature(x.name, tuple(rest), first if isinstance(first, int) else None, len(dims))
