@@ -224,19 +224,31 @@ def lower_matmul(L: Lowering):
 
 def lower_gemm(L: Lowering):
     a = L.values[L.node.input[0]]
-    if not isinstance(a, Act) or L.attr("transA", 0):
-        raise Unsupported("its A operand is a constant or transposed")
+    if not isinstance(a, Act):
+        raise Unsupported("its A operand is a constant")
+    src = a.name
+    if L.attr("transA", 0):
+        if a.bpos is not None:      # A^T would move the batch axis; a fixed batch read whole has none
+            raise Unsupported("its A operand is transposed, batch axis and all")
+        src = L.emit("transpose", [a.name], a.per_sample[::-1], name=L._fresh(a.name + ".t"), perm=(1, 0))
     b = L.const(1, "B")
     c = L.const(2, "C")
     alpha, beta = float(L.attr("alpha", 1.0)), float(L.attr("beta", 1.0))
     w = (b.T if L.attr("transB", 0) else b).astype(np.float64) * alpha
     n = w.shape[1]
     bias = np.zeros(n) if c is None else np.asarray(c, dtype=np.float64)
+    rows = None
     if bias.size not in (1, n) or (bias.ndim == 2 and bias.shape[0] != 1):
-        raise Unsupported("its C operand varies per row")
+        if a.bpos is not None:      # rows are samples: a per-row C would differ per sample
+            raise Unsupported("its C operand varies per row")
+        rows, bias = bias * beta, np.zeros(n)        # no batch axis: added after the product
     bias = np.broadcast_to(bias.reshape(-1), (n,)) * beta
-    name = L.node.output[0]
-    L.result(L.emit("linear", [a.name], L.out().per_sample, [L.param(w, name + ".w"), L.param(bias, name + ".b")]))
+    name, out = L.node.output[0], L.out()
+    y = L.emit("linear", [src], out.per_sample, [L.param(w, name + ".w"), L.param(bias, name + ".b")])
+    if rows is not None:
+        extra = _const_operand(L, rows, out)
+        y = L.emit("binary", [y], out.per_sample, extra.pop("params", ()), fn="add", swap=False, **extra)
+    L.result(y)
 
 
 def _trailing(L: Lowering, x: Act, axes: list[int]) -> tuple[str, int]:
@@ -263,7 +275,9 @@ def lower_reduce(kind: str):
         if not axes:
             if L.attr("noop_with_empty_axes", 0):
                 return L.result(x.name)
-            raise Unsupported("it reduces every axis, the batch axis included")
+            if x.bpos is not None:
+                raise Unsupported("it reduces every axis, the batch axis included")
+            axes = range(len(x.shape))         # no batch axis (a fixed batch read whole): all of it
         axes = sorted({x.axis(a) for a in axes})
         name, _ = _trailing(L, x, axes)
         L.result(L.emit(kind, [name], L.shapes[name][:-1] + (1,)))
