@@ -57,7 +57,8 @@ class Engine:
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         if self._whole:      # the file's own shape in and out: views around the IR's one row
-            return self._forward(self.check_input(self._rows(x)))[0]
+            y = self._forward(self.check_input(self._rows(x)))
+            return y.reshape(y.shape[1:])       # a view, a 0-d array for a rank-0 output
         return self._forward(self.check_input(x))
 
     def _rows(self, x) -> np.ndarray:

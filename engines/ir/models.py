@@ -108,7 +108,7 @@ class Model:
 
     def from_rows(self, y: np.ndarray) -> np.ndarray:
         """The IR's (rows, *per-sample) output as the caller's: a view, never a copy."""
-        return y[0] if self.whole else y
+        return y.reshape(y.shape[1:]) if self.whole else y     # a view; 0-d stays an array
 
     def input_shape(self, batch: int) -> tuple[int, ...]:
         rows = self.rows(batch)

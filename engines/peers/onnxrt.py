@@ -126,11 +126,12 @@ class OnnxRuntimeEngine(Engine):
         self._input = self.session.get_inputs()[0].name
         self._outputs = [self.session.get_outputs()[0].name]
         # A file whose batch axis is fixed at 1 runs one sample at a time.
-        self._per_sample = self.session.get_inputs()[0].shape[0] == 1 and not model.whole
+        shape = self.session.get_inputs()[0].shape
+        self._per_sample = not model.whole and bool(shape) and shape[0] == 1
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
         if self.model.whole:        # one row of the file's whole shape: the file's input is that row
-            return self.session.run(self._outputs, {self._input: x[0]})[0][None]
+            return self.session.run(self._outputs, {self._input: x.reshape(x.shape[1:])})[0][None]
         if self._per_sample and x.shape[0] > 1:
             return np.concatenate([self.session.run(self._outputs, {self._input: x[i:i + 1]})[0]
                                    for i in range(x.shape[0])])
