@@ -300,17 +300,59 @@ def _evaluator_ops() -> list:
             return (batchnorm_eager(x, scale, bias, mean, var, epsilon=1e-5 if epsilon is None else epsilon)
                     .astype(x.dtype),)
 
-    return [MaxPool, AveragePool, BatchNormalization]
+    class GatherElements(OpRun):
+        op_domain = ""
+
+        def _run(self, data, indices, axis=None):
+            # The evaluator's own picks with np.choose, which takes at most 64 choices: along an
+            # axis of 64 or more it fails (BERT's constant token-type buffer, expanded).
+            axis = (axis or 0) % max(1, np.ndim(data))
+            indices = np.where(indices < 0, indices + np.shape(data)[axis], indices)
+            return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
+
+    return [MaxPool, AveragePool, BatchNormalization, GatherElements]
+
+
+class NodeFailed(Exception):
+    """A node of the graph raised while ONNX's reference evaluator ran it: the node and the error."""
+
+    def __init__(self, node, error: BaseException):
+        self.node, self.error = node, error
+        super().__init__(f"node {node.name or node.output[0]!r} ({node.op_type}): {type(error).__name__}: "
+                         f"{str(error).strip().splitlines()[0][:300] if str(error).strip() else ''}")
+
+
+def _guard(rt_node) -> None:
+    """Make an evaluator node raise ``NodeFailed`` naming itself, whatever goes wrong inside it."""
+    run = rt_node.run
+
+    def guarded(*args, **kwargs):
+        try:
+            return run(*args, **kwargs)
+        except NodeFailed:
+            raise
+        except Exception as exc:
+            raise NodeFailed(rt_node.onnx_node, exc) from exc
+
+    rt_node.run = guarded
 
 
 def evaluate(proto, input_name: str, x: np.ndarray) -> dict[str, np.ndarray]:
-    """Every value of the graph for this input, with ONNX's reference evaluator."""
+    """Every value of the graph for this input, with ONNX's reference evaluator (and the fixed ops
+    of ``_evaluator_ops``). A node that fails is an ``OnnxImportError`` naming it, its op type and
+    the error."""
     from onnx.reference import ReferenceEvaluator
+    at = f"batch {x.shape[0]}" if np.ndim(x) else "its input's shape ()"
     try:
-        results = ReferenceEvaluator(proto, new_ops=_evaluator_ops()).run(None, {input_name: x}, intermediate=True)
+        evaluator = ReferenceEvaluator(proto, new_ops=_evaluator_ops())
+        for rt_node in evaluator.rt_nodes_:
+            _guard(rt_node)
+        results = evaluator.run(None, {input_name: x}, intermediate=True)
+    except NodeFailed as exc:
+        raise OnnxImportError(f"the graph does not run at {at}: {exc}") from exc
     except Exception as exc:
-        raise OnnxImportError(f"the graph does not run at batch {x.shape[0]} "
-                              f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]})") from exc
+        text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        raise OnnxImportError(f"the graph does not run at {at} ({type(exc).__name__}: {text})") from exc
     return {k: np.asarray(v) for k, v in results.items()}
 
 def _measure(proto, dynamic, one: dict, two: dict) -> tuple[dict[str, Act], list[str]]:

@@ -1,0 +1,237 @@
+"""Export the model families people export (tiny configurations) with both of PyTorch's
+exporters, import each file, and check every NumPy engine against ONNX Runtime on it.
+
+    pip install torchvision==0.28.0 --no-deps transformers    # CPU, beside torch 2.13; not test deps
+    python scripts/export_zoo.py                   # every family, both exporters; a Markdown table
+    python scripts/export_zoo.py --only gpt2 --keep /tmp/zoo   # keep the .onnx files
+
+Each model takes one float32 input with a dynamic batch axis: a classifier its image, a text
+model its token embeddings (``inputs_embeds``: the importer takes one float32 input, so the
+embedding lookup of integer ids stays outside), Whisper's encoder its log-mel features. Weights
+are the random initialisation of each tiny configuration. A file passes when it imports and every
+NumPy engine matches ONNX Runtime on the original file to 1e-4 relative (to the largest output
+magnitude, at least 1) at batch 1 and 3, on fresh random inputs. Nothing here is run by the tests.
+The table is what docs/importing.md records.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import platform
+import sys
+import traceback
+import types
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT)]
+
+import numpy as np  # noqa: E402
+
+from engines import ENGINES, OnnxImportError, load_onnx  # noqa: E402
+
+OWN = ["naive", "static", "arena", "fused", "packed", "onednn"]
+RTOL = 1e-4
+
+
+def _torch():
+    import torch
+    torch.manual_seed(0)
+    return torch
+
+
+def _torchvision():
+    # torchvision 0.28's wheel beside torch 2.13+cpu fails registering its C ops' meta kernels
+    # (operator torchvision::nms does not exist); the classifiers need none of them.
+    sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+    import torchvision
+    return torchvision
+
+
+class Embeds:
+    """A text model taking float32 token embeddings (batch, seq, dim), returning its last hidden state;
+    ``mask``: an attention mask (ones, the last two positions of every sample padded) held inside."""
+
+    @staticmethod
+    def wrap(model, seq: int, mask: bool):
+        torch = _torch()
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+                m = torch.ones(1, seq, dtype=torch.int64)
+                m[:, -2:] = 0
+                self.register_buffer("mask", m)
+
+            def forward(self, x):
+                kwargs = {"attention_mask": self.mask.expand(x.shape[0], -1)} if mask else {}
+                return self.model(inputs_embeds=x, **kwargs).last_hidden_state
+
+        return Wrapped().eval()
+
+
+def mobilenet_v3_small():
+    torch = _torch()
+    return _torchvision().models.mobilenet_v3_small().eval(), torch.randn(2, 3, 64, 64)
+
+
+def resnet18():
+    torch = _torch()
+    return _torchvision().models.resnet18().eval(), torch.randn(2, 3, 64, 64)
+
+
+def gpt2(attn="sdpa"):
+    import transformers
+    torch = _torch()
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=100,
+                                     attn_implementation=attn)
+    return Embeds.wrap(transformers.GPT2Model(config), 16, mask=False), torch.randn(2, 16, 64)
+
+
+def bert(mask=True, attn="sdpa"):
+    import transformers
+    torch = _torch()
+    config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, vocab_size=100, max_position_embeddings=64,
+                                     attn_implementation=attn)
+    return Embeds.wrap(transformers.BertModel(config, add_pooling_layer=False), 16, mask=mask), torch.randn(2, 16, 64)
+
+
+def distilbert():
+    import transformers
+    torch = _torch()
+    config = transformers.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=100,
+                                           max_position_embeddings=64)
+    return Embeds.wrap(transformers.DistilBertModel(config), 16, mask=True), torch.randn(2, 16, 64)
+
+
+def t5_encoder():
+    import transformers
+    torch = _torch()
+    config = transformers.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=100)
+    return Embeds.wrap(transformers.T5EncoderModel(config), 16, mask=True), torch.randn(2, 16, 64)
+
+
+def vit():
+    import transformers
+    torch = _torch()
+    config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=128, image_size=32, patch_size=8)
+    model = transformers.ViTModel(config, add_pooling_layer=False).eval()
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(pixel_values=x).last_hidden_state
+
+    return Wrapped().eval(), torch.randn(2, 3, 32, 32)
+
+
+def whisper_encoder():
+    import transformers
+    torch = _torch()
+    config = transformers.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
+                                        encoder_ffn_dim=128, num_mel_bins=16, max_source_positions=32,
+                                        decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=128,
+                                        vocab_size=100)
+    encoder = transformers.WhisperModel(config).get_encoder().eval()
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+
+        def forward(self, x):
+            return self.encoder(input_features=x).last_hidden_state
+
+    return Wrapped().eval(), torch.randn(2, 16, 64)
+
+
+FAMILIES = {
+    "mobilenet_v3_small": mobilenet_v3_small,
+    "resnet18": resnet18,
+    "gpt2": gpt2,
+    "gpt2-eager": lambda: gpt2("eager"),
+    "bert-mask": bert,
+    "bert-mask-eager": lambda: bert(attn="eager"),
+    "distilbert-mask": distilbert,
+    "t5-encoder-mask": t5_encoder,
+    "vit": vit,
+    "whisper-encoder": whisper_encoder,
+}
+
+
+def export(module, x, dynamo: bool) -> bytes:
+    torch = _torch()
+    warnings.simplefilter("ignore")
+    if dynamo:
+        batch = torch.export.Dim("batch", min=1, max=1024)
+        program = torch.onnx.export(module, (x,), dynamo=True, input_names=["x"], dynamic_shapes=({0: batch},))
+        return program.model_proto.SerializeToString()
+    f = io.BytesIO()
+    torch.onnx.export(module, (x,), f, dynamo=False, opset_version=17, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    return f.getvalue()
+
+
+def check(data: bytes) -> str:
+    """'imported ...' when every NumPy engine matches ONNX Runtime on the file; else why not."""
+    import onnxruntime as ort
+    model = load_onnx(data)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for batch in (1, 3):
+        x = model.random_input(batch, rng=100 + batch)
+        expected = session.run(None, {model.input: x})[0]
+        bar = max(1.0, float(np.abs(expected).max()))
+        for name in OWN:
+            got = ENGINES[name](model, 3).forward(x)
+            err = float(np.abs(got - expected).max()) / bar
+            worst = max(worst, err)
+            if not err <= RTOL:
+                return f"wrong: {name} at batch {batch}, {err:.1e} relative"
+    kinds = sorted({op.kind for op in model.ops})
+    return f"imported: {len(model.ops)} IR ops ({', '.join(kinds)}); worst {worst:.1e} relative"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", help="a family (repeatable)")
+    parser.add_argument("--keep", type=Path, help="write the exported files into this folder")
+    args = parser.parse_args(argv)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    print(f"torch exports, both exporters; checked on {cpu}\n")
+    print("| family | exporter | nodes | result |\n|---|---|---|---|")
+    for family in args.only or FAMILIES:
+        for dynamo in (False, True):
+            exporter = "dynamo" if dynamo else "torchscript"
+            try:
+                module, x = FAMILIES[family]()
+                data = export(module, x, dynamo)
+            except Exception as exc:           # the exporter's own failure, reported as such
+                print(f"| {family} | {exporter} | - | export fails: {type(exc).__name__}: "
+                      f"{str(exc).strip().splitlines()[0][:160]} |", flush=True)
+                continue
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                (args.keep / f"{family}-{exporter}.onnx").write_bytes(data)
+            import onnx
+            nodes = len(onnx.load_from_string(data).graph.node)
+            try:
+                result = check(data)
+            except OnnxImportError as exc:
+                result = f"refused: {exc}"
+            except Exception as exc:
+                result = f"crash: {type(exc).__name__}: {exc} {traceback.format_exc().splitlines()[-3]}"
+            print(f"| {family} | {exporter} | {nodes} | {result.replace('|', '/')} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
