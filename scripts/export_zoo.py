@@ -10,7 +10,7 @@ model its token embeddings (``inputs_embeds``: the importer takes one float32 in
 embedding lookup of integer ids stays outside), Whisper's encoder its log-mel features. Weights
 are the random initialisation of each tiny configuration. A file passes when it imports and every
 NumPy engine matches ONNX Runtime on the original file to 1e-4 relative (to the largest output
-magnitude, at least 1) at batch 1 and 3, on fresh random inputs. Nothing here is run by the tests.
+magnitude) at batch 1 and 3, on fresh random inputs. Nothing here is run by the tests.
 The table is what docs/importing.md records.
 """
 from __future__ import annotations
@@ -138,7 +138,8 @@ def whisper_encoder():
     config = transformers.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
                                         encoder_ffn_dim=128, num_mel_bins=16, max_source_positions=32,
                                         decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=128,
-                                        vocab_size=100)
+                                        vocab_size=100, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                        decoder_start_token_id=1)
     encoder = transformers.WhisperModel(config).get_encoder().eval()
 
     class Wrapped(torch.nn.Module):
@@ -188,7 +189,7 @@ def check(data: bytes) -> str:
     for batch in (1, 3):
         x = model.random_input(batch, rng=100 + batch)
         expected = session.run(None, {model.input: x})[0]
-        bar = max(1.0, float(np.abs(expected).max()))
+        bar = float(np.abs(expected).max()) or 1.0       # random-init MobileNetV3's logits are ~1e-9
         for name in OWN:
             got = ENGINES[name](model, 3).forward(x)
             err = float(np.abs(got - expected).max()) / bar
@@ -226,7 +227,7 @@ def main(argv=None) -> int:
             try:
                 result = check(data)
             except OnnxImportError as exc:
-                result = f"refused: {exc}"
+                result = f"refused: {str(exc)[:400]}"
             except Exception as exc:
                 result = f"crash: {type(exc).__name__}: {exc} {traceback.format_exc().splitlines()[-3]}"
             print(f"| {family} | {exporter} | {nodes} | {result.replace('|', '/')} |", flush=True)

@@ -77,3 +77,183 @@ def test_a_failing_node_is_named_with_its_op_and_error():
     with pytest.raises(OnnxImportError, match=r"does not run at batch 1: node 'bad_reshape' \(Reshape\): "
                                               r"ValueError: cannot reshape"):
         load_onnx(data)
+
+
+# --- each new kind: its calls against its eager form, in float64 -----------------------------
+
+def run_kind(kind: str, inputs, params=(), **attrs):
+    """(eager, calls) outputs of one kind in float64; the calls bound as an engine binds them, to
+    NaN-filled output and scratch, so that reading memory never written shows."""
+    from engines.ir.ops import OPS
+    op = OPS[kind]
+    inputs = [np.asarray(x, np.float64) for x in inputs]
+    params = [np.asarray(p, np.float32).astype(np.float64) for p in params]   # engines hold them as float32
+    expected = op.eager(*inputs, *params, **attrs)
+    batch = inputs[0].shape[0]
+    scratch = [np.full((batch, *s), np.nan) for s in op.scratch_shapes([x.shape[1:] for x in inputs], attrs)]
+    out = np.full(expected.shape, np.nan)
+    for fn, args in op.calls(out, *inputs, *op.operands(params, 2), *scratch, **attrs):
+        fn(*args)
+    return expected, out
+
+
+R = np.random.default_rng(3)
+X = R.standard_normal((3, 5, 7))
+Y = R.standard_normal((3, 5, 7))
+V = R.standard_normal(7)
+XNAN = np.where(R.random(X.shape) < 0.2, np.nan, X)
+
+KIND_CASES = {
+    "reciprocal": ("reciprocal", [X], (), {}),
+    "hardsigmoid": ("hardsigmoid", [X * 3], (), dict(alpha=0.3, beta=0.4)),
+    "hardswish": ("hardswish", [X * 4], (), {}),
+    "max-tensors": ("extremum", [X, Y], (), dict(fn="max")),
+    "min-scalar": ("extremum", [X], (), dict(fn="min", scalar=0.1)),
+    "max-vector": ("extremum", [X], (V,), dict(fn="max", width=7)),
+    **{f"{fn}-tensors": ("compare", [X, np.where(R.random(X.shape) < 0.3, X, Y)], (), dict(fn=fn))
+       for fn in ("equal", "not_equal", "less", "greater", "less_equal", "greater_equal")},
+    "less-scalar-swapped": ("compare", [X], (), dict(fn="less", scalar=0.2, swap=True)),
+    "greater-vector": ("compare", [X], (V,), dict(fn="greater", width=7)),
+    "isnan": ("isnan", [XNAN], (), {}),
+    "where-tensors": ("where", [(X > 0).astype(float), X, Y], (), dict(order="ttt")),
+    "where-scalars": ("where", [(X > 0).astype(float)], (), dict(order="tss", scalars=(1.5, -np.inf))),
+    "where-nan-to-zero": ("where", [np.isnan(XNAN).astype(float), XNAN], (), dict(order="tst", scalars=(0.0,))),
+    "where-constant-mask": ("where", [X], (np.tril(np.ones((5, 7)))[None],), dict(order="pts", scalars=(-1e4,))),
+    "where-constant-operand": ("where", [(X > 0).astype(float), X], (np.arange(35.0).reshape(5, 7),),
+                               dict(order="tpt")),
+    **{f"reduce_{fn}-width{w}": (f"reduce_{fn}", [R.standard_normal((3, 4, w))], (), {})
+       for fn in ("max", "min", "prod") for w in (1, 2, 5, 64)},
+}
+
+
+@pytest.mark.parametrize("case", sorted(KIND_CASES))
+def test_kind_calls_match_eager_in_float64(case):
+    kind, inputs, params, attrs = KIND_CASES[case]
+    expected, got = run_kind(kind, inputs, params, **attrs)
+    assert not np.isnan(expected).all()
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0, equal_nan=True)
+
+
+def test_where_reads_its_mask_as_truth_and_keeps_infinities():
+    cond = np.array([[1.0, 0.0, 1.0, 0.0]])
+    expected, got = run_kind("where", [cond, np.array([[1.0, 2.0, np.inf, 4.0]])], (), order="tts",
+                             scalars=(-np.inf,))
+    np.testing.assert_array_equal(got, [[1.0, -np.inf, np.inf, -np.inf]])
+    np.testing.assert_array_equal(expected, got)
+
+
+# --- imported graphs: every NumPy engine against ONNX Runtime ----------------------------------
+
+F32 = lambda v: np.array(v, dtype=np.float32)  # noqa: E731
+BOOL = TensorProto.BOOL
+
+
+def _w(*shape, scale=0.5):
+    return (R.standard_normal(shape) * scale).astype(np.float32)
+
+
+GRAPHS = {
+    # MobileNetV3's activations, T5's rsqrt
+    "activations": build([
+        N("HardSwish", ["x"], ["hs"]),
+        N("HardSigmoid", ["hs"], ["hg"], alpha=0.3, beta=0.45),
+        N("Add", ["hg", "x"], ["a"]),
+        N("Mul", ["a", "a"], ["sq"]), N("Add", ["sq", "one"], ["p"]),
+        N("Sqrt", ["p"], ["s"]), N("Reciprocal", ["s"], ["r"]),
+        N("HardSigmoid", ["r"], ["y"]),
+    ], {"one": F32(1.0)}),
+    # mask arithmetic: comparisons, logic, casts, Where, IsNaN (SDPA's fully-masked rows)
+    "masks": build([
+        N("Less", ["x", "c6"], ["lt"]), N("GreaterOrEqual", ["x", "third"], ["ge"]),
+        N("Or", ["lt", "ge"], ["or"]), N("Not", ["or"], ["no"]),
+        N("LessOrEqual", ["x", "ninetenths"], ["le"]), N("And", ["no", "le"], ["and"]),
+        N("Greater", ["zero", "x"], ["gt"]), N("Xor", ["and", "gt"], ["xor"]),
+        N("Cast", ["xor"], ["i"], to=TensorProto.INT64), N("Cast", ["i"], ["fl"], to=TensorProto.FLOAT),
+        N("Equal", ["fl", "one"], ["eq"]),
+        N("Where", ["eq", "x", "minus5"], ["w1"]),
+        N("Cast", ["x"], ["xb"], to=BOOL), N("Cast", ["xb"], ["xf"], to=TensorProto.FLOAT),
+        N("Sqrt", ["x"], ["sq"]), N("IsNaN", ["sq"], ["nan"]),
+        N("Where", ["nan", "zero", "sq"], ["w2"]),
+        N("Max", ["w1", "w2"], ["mx"]), N("Min", ["mx", "c6"], ["mn"]),
+        N("Add", ["mn", "xf"], ["y"]),
+    ], {"c6": _w(6), "third": F32(0.3), "ninetenths": F32(0.9), "zero": F32(0.0), "one": F32(1.0),
+        "minus5": F32(-5.0)}),
+    # a causal mask from a constant (folded) and Trilu of an activation, a mask that broadcasts
+    "triangles": build([
+        N("Trilu", ["ones"], ["causal"], upper=0), N("Cast", ["causal"], ["cb"], to=BOOL),
+        N("Where", ["cb", "x", "big"], ["masked"]),
+        N("Trilu", ["masked", "k"], ["up"], upper=1),
+        N("Trilu", ["x", "km"], ["low"], upper=0),
+        N("ReduceMax", ["x", "ax1"], ["colmax"], keepdims=1),           # (N, 1, 6)
+        N("Greater", ["colmax", "zero"], ["pos"]),
+        N("Where", ["pos", "up", "c46"], ["w"]),                       # cond broadcasts
+        N("Add", ["w", "low"], ["y"]),
+    ], {"ones": np.ones((6, 6), np.float32)[:4], "big": F32(-1e4), "k": I64(1), "km": I64(-1),
+        "ax1": I64(1), "zero": F32(0.0), "c46": _w(4, 6)}),
+    # reductions over any axes (opset 18: axes as an input), keepdims either way
+    "reductions": build([
+        N("ReduceMax", ["x", "ax12"], ["mx"], keepdims=0),             # (N,)
+        N("ReduceMin", ["x", "axm1"], ["mn"], keepdims=1),             # (N, 4, 1)
+        N("ReduceProd", ["x", "ax1"], ["pr"], keepdims=1),             # (N, 1, 6)
+        N("ReduceMin", ["mn", "ax1"], ["mn2"], keepdims=0),            # (N, 1)
+        N("Unsqueeze", ["mx", "axm1"], ["mxu"]),                       # (N, 1)
+        N("Sub", ["mxu", "mn2"], ["span"]),                            # (N, 1)
+        N("Unsqueeze", ["span", "axm1"], ["span3"]),                   # (N, 1, 1)
+        N("Mul", ["pr", "span3"], ["y"]),                              # (N, 1, 6)
+    ], {"ax12": I64(1, 2), "axm1": I64(-1), "ax1": I64(1)}, out_shape=("N", 1, 6)),
+    # Whisper's and wav2vec's front ends: 1-D convolutions and pools over (N, C, L)
+    "conv1d": build([
+        N("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3], pads=[1, 1]),
+        N("Gelu", ["c1"], ["g1"]),
+        N("Conv", ["g1", "w2", "b2"], ["c2"], kernel_shape=[3], strides=[2], pads=[1, 1]),
+        N("Conv", ["c2", "wd"], ["c3"], kernel_shape=[5], pads=[2, 2], group=6, dilations=[1]),
+        N("MaxPool", ["c3"], ["p1"], kernel_shape=[2], strides=[2]),
+        N("AveragePool", ["c3"], ["p2"], kernel_shape=[3], strides=[2], pads=[1, 0], count_include_pad=0),
+        N("Concat", ["p1", "p2"], ["pc"], axis=1),
+        N("GlobalAveragePool", ["pc"], ["ga"]),
+        N("Add", ["pc", "ga"], ["y"]),
+    ], {"w1": _w(6, 4, 3), "b1": _w(6), "w2": _w(6, 6, 3), "b2": _w(6), "wd": _w(6, 1, 5)},
+        in_shape=("N", 4, 20), out_shape=("N", 12, 5)),
+}
+
+
+@pytest.mark.parametrize("graph", sorted(GRAPHS))
+def test_graph_on_every_engine_against_onnxruntime(graph):
+    with np.errstate(invalid="ignore"):                   # "masks" takes sqrt of negatives on purpose
+        check_every_engine(GRAPHS[graph])
+
+
+def test_constant_masks_fold_and_activations_get_kinds():
+    kinds = {graph: [op.kind for op in load_onnx(data).ops] for graph, data in GRAPHS.items()}
+    assert kinds["triangles"].count("where") == 4        # the masked fill, two Trilus, the broadcast Where
+    assert "compare" in kinds["triangles"]               # Greater of an activation; the causal mask folded
+    assert {"hardswish", "hardsigmoid", "reciprocal"} <= set(kinds["activations"])
+    assert {"compare", "extremum", "isnan", "where"} <= set(kinds["masks"])
+    assert kinds["conv1d"].count("conv") == 3 and {"maxpool", "averagepool", "globalaveragepool"} <= set(kinds["conv1d"])
+
+
+@pytest.mark.parametrize("name", PLANNED)
+def test_planned_engines_allocate_nothing_per_forward(name):
+    for graph, data in GRAPHS.items():
+        model = load_onnx(data)
+        engine = ENGINES[name](model, 16)
+        with np.errstate(invalid="ignore"):
+            peak = tracemalloc_peak(engine, model.random_input(16, rng=0))
+        assert peak <= 4096, f"{name} on {graph}: {peak} B per warm forward"
+
+
+# --- refusals name the node and the op ---------------------------------------------------------
+
+def test_a_cast_that_would_truncate_is_refused_by_name():
+    data = build([N("Cast", ["x"], ["i"], to=TensorProto.INT64, name="to_int"),
+                  N("Cast", ["i"], ["y"], to=TensorProto.FLOAT)])
+    with pytest.raises(OnnxImportError, match=r"node 'to_int': Cast is supported, but not here: a Cast of a "
+                                              r"float32 activation to INT64"):
+        load_onnx(data)
+
+
+def test_a_3d_window_is_refused_by_name():
+    data = build([N("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2], name="pool3d")],
+                 in_shape=("N", 2, 4, 4, 4), out_shape=("N", 2, 3, 3, 3))
+    with pytest.raises(OnnxImportError, match=r"node 'pool3d': MaxPool is supported, but not here: .*3-D kernel"):
+        load_onnx(data)

@@ -56,6 +56,7 @@ class Lowering:
     node: object = None                                           # the node being lowered
     opset: int = 0
     read: set = field(default_factory=set)                        # names some node or the graph output reads
+    evaluated: dict = field(default_factory=dict)                 # every value at batch 1 (ONNX's evaluator)
 
     def emit(self, kind: str, inputs, out_shape, params=(), name=None, **attrs) -> str:
         name = name or self._fresh(self.node.output[0])
@@ -94,6 +95,11 @@ class Lowering:
             if a.name == name:
                 return helper.get_attribute_value(a)
         return default
+
+    def dtype(self, name: str) -> np.dtype:
+        """The ONNX element type of a value, as its batch-1 evaluation has it (activations included:
+        the IR holds them all as float32, a bool as 0.0/1.0)."""
+        return np.asarray(self.evaluated[name]).dtype if name in self.evaluated else np.dtype(np.float32)
 
     def const(self, i: int, what: str) -> np.ndarray | None:
         """Input i as a constant (None when absent); an activation there is unsupported."""
@@ -148,21 +154,116 @@ def _const_operand(L: Lowering, c: np.ndarray, out: Act) -> dict:
     return {"params": [L.param(block, L.node.output[0] + ".c")], "width": int(block.size)}
 
 
-def lower_binary(L: Lowering, fn: str):
+COMMUTATIVE = {"add", "mul", "max", "min", "equal", "not_equal"}
+
+
+def lower_binary(L: Lowering, fn: str, kind: str = "binary"):
+    """An elementwise op of two operands (``binary``, ``extremum`` or ``compare``, by ``fn``)."""
     a, b = (L.values[n] for n in L.node.input[:2])
     out = L.out()
     if isinstance(a, Act) and isinstance(b, Act):
         ins = [_as_act(L, a, out), _as_act(L, b, out)]
-        if fn == "add":
+        if fn == "add" and kind == "binary":
             return L.result(L.emit("add", ins, out.per_sample))
-        return L.result(L.emit("binary", ins, out.per_sample, fn=fn))
+        return L.result(L.emit(kind, ins, out.per_sample, fn=fn))
     act, c, swap = (a, b, False) if isinstance(a, Act) else (b, a, True)
     src = _as_act(L, act, out)
     extra = _const_operand(L, c, out)
     params = extra.pop("params", ())
-    if fn in ("add", "mul"):
+    if fn in COMMUTATIVE:
         swap = False                              # commutative: one form for the passes to match
-    L.result(L.emit("binary", [src], out.per_sample, params, fn=fn, swap=swap, **extra))
+    L.result(L.emit(kind, [src], out.per_sample, params, fn=fn, swap=swap, **extra))
+
+
+def lower_not(L: Lowering):
+    """Not of a 0/1 mask: 1 - x."""
+    x = L.values[L.node.input[0]]
+    L.result(L.emit("binary", [x.name], x.per_sample, fn="sub", scalar=1.0, swap=True))
+
+
+def lower_extremum(fn: str):
+    def rule(L: Lowering):
+        """Max / Min of one or two operands (a 0/1 mask's Or is a Max)."""
+        if len(L.node.input) == 1:
+            return L.result(L.values[L.node.input[0]].name)
+        if len(L.node.input) > 2:
+            raise Unsupported(f"{len(L.node.input)} operands (only one or two)")
+        lower_binary(L, fn, "extremum")
+    return rule
+
+
+def lower_hardsigmoid(L: Lowering):
+    x = L.values[L.node.input[0]]
+    L.result(L.emit("hardsigmoid", [x.name], x.per_sample, alpha=float(L.attr("alpha", 0.2)),
+                    beta=float(L.attr("beta", 0.5))))
+
+
+def _per_sample_const(L: Lowering, c, out: Act) -> np.ndarray:
+    """A constant operand broadcast against the node's output, with the output's per-sample rank
+    (leading 1s; the batch axis, which it must not vary along, dropped)."""
+    c = np.asarray(c, dtype=np.float64)
+    rank = len(out.shape)
+    if c.ndim > rank:
+        raise Unsupported("a constant operand has more axes than the result")
+    aligned = (1,) * (rank - c.ndim) + c.shape
+    if out.bpos is not None:
+        if aligned[out.bpos] != 1:
+            raise Unsupported("a constant operand varies along the batch axis")
+        aligned = aligned[:out.bpos] + aligned[out.bpos + 1:]
+    return c.reshape(aligned)
+
+
+def _emit_where(L: Lowering, operands) -> str:
+    """A ``where`` of (cond, a, b), each an Act, a constant array or a scalar constant."""
+    out = L.out()
+    order, tensors, params, scalars = "", [], [], []
+    for v in operands:
+        if isinstance(v, Act):
+            tensors.append(_as_act(L, v, out))
+            order += "t"
+        elif np.size(v) == 1:
+            scalars.append(float(np.asarray(v, dtype=np.float64).reshape(())))
+            order += "s"
+        else:
+            params.append(L.param(_per_sample_const(L, v, out), L.node.output[0] + ".c"))
+            order += "p"
+    return L.emit("where", tensors, out.per_sample, params, order=order, scalars=tuple(scalars))
+
+
+def lower_where(L: Lowering):
+    """Where(cond, a, b); cond is a 0/1 mask, read as "non-zero"."""
+    L.result(_emit_where(L, [L.values[n] for n in L.node.input[:3]]))
+
+
+def lower_trilu(L: Lowering):
+    """Trilu of an activation: a ``where`` with the constant triangle as its condition."""
+    x = L.values[L.node.input[0]]
+    x.axis(-1), x.axis(-2)                         # Unsupported when the batch is one of the two
+    k = L.const(1, "k")
+    k = 0 if k is None else int(np.asarray(k).reshape(()))
+    ones = np.ones(x.shape[-2:])
+    mask = np.triu(ones, k) if L.attr("upper", 1) else np.tril(ones, k)
+    L.result(_emit_where(L, [mask, x, 0.0]))
+
+
+INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}        # TensorProto's UINT8 ... INT64, UINT32, UINT64
+
+
+def lower_cast(L: Lowering):
+    """A Cast of an activation. Every IR tensor is float32 (a bool as 0.0/1.0, an integer exact
+    up to 2**24): to float32, from bool or integers to integers, and from bool to bool is the
+    same values; to bool from anything else is ``x != 0``. A float to an integer type (which
+    truncates) or to another float type is refused."""
+    from onnx import TensorProto
+    to, source = L.attr("to"), L.dtype(L.node.input[0])
+    x = L.values[L.node.input[0]]
+    whole = source == np.bool_ or np.issubdtype(source, np.integer)
+    if to == TensorProto.FLOAT or (to in INTEGER_TYPES and whole) or (to == TensorProto.BOOL and source == np.bool_):
+        return L.result(x.name)
+    if to == TensorProto.BOOL:
+        return L.result(L.emit("compare", [x.name], x.per_sample, fn="not_equal", scalar=0.0))
+    raise Unsupported(f"a Cast of a {source} activation to {TensorProto.DataType.Name(to)} "
+                      f"(only to float32, to bool, and from bool or integers to integers)")
 
 
 def lower_unary(kind: str, **attrs):
@@ -173,11 +274,7 @@ def lower_unary(kind: str, **attrs):
 
 
 def lower_alias(L: Lowering):
-    """Identity, Dropout at inference, a Cast to float: the output is the input."""
-    if L.node.op_type == "Cast":
-        from onnx import TensorProto
-        if L.attr("to") != TensorProto.FLOAT:
-            raise Unsupported("a Cast of an activation to a type other than float32")
+    """Identity, Dropout at inference: the output is the input."""
     if L.node.op_type == "Dropout" and len(L.node.output) > 1 and L.node.output[1] in L.read:
         raise Unsupported("its mask output is used")
     x = L.values[L.node.input[0]]
@@ -435,21 +532,40 @@ def _problems(found: list[str]) -> None:
 
 
 def _window_attrs(L: Lowering, x, kernel, problems: list[str]) -> dict:
-    """kernel_shape, strides, pads, dilations of a 2-D window, refusing what the kinds cannot run."""
+    """kernel_shape, strides, pads, dilations of a 2-D window, refusing what the kinds cannot run.
+    A 1-D window over (N, C, L) is the 2-D window of height 1 over (N, C, 1, L) (``_unit_height``)."""
     auto_pad = L.attr("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     if auto_pad not in ("NOTSET", ""):
         problems.append(f"auto_pad={auto_pad} (only explicit pads, auto_pad=NOTSET)")
-    if isinstance(x, Act) and len(x.per_sample) != 3:
-        problems.append(f"its input has rank {len(x.shape)} (only 2-D windows over (N, C, H, W))")
     kernel = tuple(int(k) for k in kernel)
-    if len(kernel) != 2:
-        problems.append(f"a {len(kernel)}-D kernel (only 2-D)")
-    attrs = dict(kernel_shape=kernel, strides=tuple(L.attr("strides", [1, 1])),
-                 pads=tuple(L.attr("pads", [0, 0, 0, 0])), dilations=tuple(L.attr("dilations", [1, 1])))
-    if len(attrs["strides"]) != 2 or len(attrs["pads"]) != 4 or len(attrs["dilations"]) != 2:
-        problems.append("strides, pads or dilations not of a 2-D window")
-    return attrs
+    rank = len(kernel)
+    if isinstance(x, Act) and len(x.per_sample) != rank + 1:
+        problems.append(f"its input has rank {len(x.shape)} (only 1-D and 2-D windows over (N, C, L) or (N, C, H, W)); "
+                        f"a {rank}-D kernel {kernel}")
+    if rank not in (1, 2):
+        problems.append(f"a {rank}-D kernel (only 1-D and 2-D)")
+    strides, pads = tuple(L.attr("strides", [1] * rank)), tuple(L.attr("pads", [0] * (2 * rank)))
+    dilations = tuple(L.attr("dilations", [1] * rank))
+    if len(strides) != rank or len(pads) != 2 * rank or len(dilations) != rank:
+        problems.append(f"strides, pads or dilations not of a {rank}-D window")
+    elif rank == 1:
+        kernel, strides, pads, dilations = (1, *kernel), (1, *strides), (0, pads[0], 0, pads[1]), (1, *dilations)
+    return dict(kernel_shape=kernel, strides=strides, pads=pads, dilations=dilations)
+
+
+def _unit_height(L: Lowering, x: Act) -> str:
+    """x (C, L) per sample as (C, 1, L), a view, for a 1-D window run as a 2-D one; 2-D as it is."""
+    if len(x.per_sample) != 2:
+        return x.name
+    channels, length = x.per_sample
+    return L.emit("reshape", [x.name], (channels, 1, length), name=L._fresh(x.name + ".2d"), shape=(channels, 1, length))
+
+
+def _unit_height_out(L: Lowering, x: Act) -> tuple[int, ...]:
+    """The node's output per sample, with the unit height of a 1-D window put in."""
+    out = L.out().per_sample
+    return (out[0], 1, out[1]) if len(x.per_sample) == 2 else out
 
 
 def lower_conv(L: Lowering):
@@ -460,13 +576,14 @@ def lower_conv(L: Lowering):
     attrs = _window_attrs(L, x, L.attr("kernel_shape") or np.shape(w)[2:], problems)
     group = int(L.attr("group", 1))
     channels = x.per_sample[0]
-    if np.ndim(w) == 4 and group == channels > 1 and w.shape[0] != channels:
+    if np.ndim(w) in (3, 4) and group == channels > 1 and w.shape[0] != channels:
         problems.append(f"depthwise with a channel multiplier ({w.shape[0]} outputs from {channels} channels)")
     _problems(problems)
     b = np.zeros(w.shape[0]) if b is None else b
+    w = np.reshape(w, (*np.shape(w)[:2], 1, np.shape(w)[2])) if np.ndim(w) == 3 else w     # 1-D: height 1
     out = L.node.output[0]
-    L.result(L.emit("conv", [x.name], L.out().per_sample, [L.param(w, out + ".w"), L.param(b, out + ".b")],
-                    group=group, **attrs))
+    L.result(L.emit("conv", [_unit_height(L, x)], _unit_height_out(L, x),
+                    [L.param(w, out + ".w"), L.param(b, out + ".b")], group=group, **attrs))
 
 
 def lower_pool(kind: str):
@@ -483,15 +600,15 @@ def lower_pool(kind: str):
         else:
             attrs["count_include_pad"] = int(L.attr("count_include_pad", 0))
         _problems(problems)
-        L.result(L.emit(kind, [x.name], L.out().per_sample, **attrs))
+        L.result(L.emit(kind, [_unit_height(L, x)], _unit_height_out(L, x), **attrs))
     return rule
 
 
 def lower_global_pool(L: Lowering):
     x = L.values[L.node.input[0]]
-    if len(x.per_sample) != 3:
-        raise Unsupported(f"its input has rank {len(x.shape)} (only (N, C, H, W))")
-    L.result(L.emit("globalaveragepool", [x.name], L.out().per_sample))
+    if len(x.per_sample) not in (2, 3):
+        raise Unsupported(f"its input has rank {len(x.shape)} (only (N, C, L) and (N, C, H, W))")
+    L.result(L.emit("globalaveragepool", [_unit_height(L, x)], _unit_height_out(L, x)))
 
 
 def lower_batchnorm(L: Lowering):
@@ -547,6 +664,8 @@ def lower_pad(L: Lowering):
 
 
 BINARY_OPS = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}
+COMPARE_OPS = {"Equal": "equal", "Less": "less", "Greater": "greater", "LessOrEqual": "less_equal",
+               "GreaterOrEqual": "greater_equal"}
 
 # ONNX op type -> rule(L) that lowers one node whose input depends on the model's input.
 LOWER: dict[str, Callable[[Lowering], None]] = {
@@ -558,11 +677,24 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Neg": lower_unary("neg"),
     "Erf": lower_unary("erf"),
     "Sigmoid": lower_unary("sigmoid"),
+    "Reciprocal": lower_unary("reciprocal"),
+    "HardSigmoid": lower_hardsigmoid,
+    "HardSwish": lower_unary("hardswish"),
+    "IsNaN": lower_unary("isnan"),
+    "Max": lower_extremum("max"),
+    "Min": lower_extremum("min"),
+    **{op: (lambda fn: lambda L: lower_binary(L, fn, "compare"))(fn) for op, fn in COMPARE_OPS.items()},
+    "Not": lower_not,
+    "And": lambda L: lower_binary(L, "mul"),
+    "Or": lambda L: lower_binary(L, "max", "extremum"),
+    "Xor": lambda L: lower_binary(L, "not_equal", "compare"),
+    "Where": lower_where,
+    "Trilu": lower_trilu,
     "Clip": lower_clip,
     "Gelu": lower_gelu,
     "Identity": lower_alias,
     "Dropout": lower_alias,
-    "Cast": lower_alias,
+    "Cast": lower_cast,
     "Reshape": lower_view,
     "Flatten": lower_view,
     "Squeeze": lower_view,
@@ -573,6 +705,9 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "LayerNormalization": lower_layernorm,
     "ReduceMean": lower_reduce("reduce_mean"),
     "ReduceSum": lower_reduce("reduce_sum"),
+    "ReduceMax": lower_reduce("reduce_max"),
+    "ReduceMin": lower_reduce("reduce_min"),
+    "ReduceProd": lower_reduce("reduce_prod"),
     "Transpose": lower_transpose,
     "Expand": lower_expand,
     "Slice": lower_slice,
@@ -593,7 +728,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
 def lower(proto, input_name: str, one: dict, acts: dict[str, Act]) -> tuple[Lowering, list[str]]:
     """IR ops for every node that depends on the input; the problems of those that could not."""
     opsets = {o.domain or "": o.version for o in proto.opset_import}
-    L = Lowering(acts=acts, opset=opsets.get("", 0),
+    L = Lowering(acts=acts, opset=opsets.get("", 0), evaluated=one,
                  read={i for n in proto.graph.node for i in n.input} | {o.name for o in proto.graph.output})
     x = acts[input_name]
     L.shapes[input_name] = x.per_sample

@@ -371,7 +371,11 @@ BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divid
 
 
 def binary_eager(a, *rest, fn, scalar=None, width=None, swap=False):
-    ufunc = BINARY[fn]
+    return _pair_eager(BINARY[fn], a, rest, scalar, width, swap)
+
+
+def _pair_eager(ufunc, a, rest, scalar, width, swap):
+    """ufunc(a, b) where b is ``rest``'s tensor or parameter, or ``scalar``; ``swap``: b first."""
     if scalar is not None:
         return ufunc(scalar, a) if swap else ufunc(a, scalar)
     (b,) = rest
@@ -387,7 +391,11 @@ def binary_prepare(*args):
 
 
 def binary_calls(out, a, *rest, fn, scalar=None, width=None, swap=False) -> Calls:
-    ufunc = BINARY[fn]
+    return _pair_calls(BINARY[fn], out, a, rest, scalar, width, swap)
+
+
+def _pair_calls(ufunc, out, a, rest, scalar, width, swap) -> Calls:
+    """Calls for out = ufunc(a, b), b as in ``_pair_eager``, a parameter b pre-tiled (``binary_prepare``)."""
     if scalar is not None:
         return [(ufunc, (scalar, a, out) if swap else (a, scalar, out))]
     (b,) = rest
@@ -496,6 +504,135 @@ def reduce_sum_calls(out, x) -> Calls:
     return [(np.matmul, (rows2d(x), ones_column(x.shape[-1]), rows2d(out)))]
 
 
+
+# --- activations, extrema, reductions by a tree, masks (imported graphs) ---------------------
+
+def hardsigmoid_eager(x, *, alpha, beta):
+    return np.minimum(np.maximum(x * alpha + beta, 0), 1)
+
+
+def hardsigmoid_calls(out, x, *, alpha, beta) -> Calls:
+    return [(np.multiply, (x, alpha, out)), (np.add, (out, beta, out)),
+            (maximum, (out, 0.0, out)), (minimum, (out, 1.0, out))]
+
+
+HARDSWISH = dict(alpha=1.0 / 6.0, beta=0.5)      # ONNX HardSwish: x · HardSigmoid(x) with these
+
+
+def hardswish_eager(x):
+    return x * hardsigmoid_eager(x, **HARDSWISH)
+
+
+def hardswish_calls(out, x) -> Calls:
+    """Reads x after writing out: out must not alias x."""
+    return hardsigmoid_calls(out, x, **HARDSWISH) + [(np.multiply, (out, x, out))]
+
+
+EXTREMA = {"max": (np.maximum, maximum), "min": (np.minimum, minimum)}    # eager, calls (keyword out)
+
+
+def extremum_eager(a, *rest, fn, scalar=None, width=None, swap=False):
+    return _pair_eager(EXTREMA[fn][0], a, rest, scalar, width, swap)
+
+
+def extremum_calls(out, a, *rest, fn, scalar=None, width=None, swap=False) -> Calls:
+    return _pair_calls(EXTREMA[fn][1], out, a, rest, scalar, width, swap)
+
+
+def _reduce_tree_calls(ufunc, out, x, scratch) -> Calls:
+    """out[r] = ufunc over row r of x, all rows at once: x copied transposed into scratch
+    (width, rows), then halves folded onto the first (width -> ceil(width / 2)) until one row
+    is left. Every operand contiguous: no ufunc buffer, no reduction state (``np.max(axis=)``
+    keeps ~2 KiB per call)."""
+    x2 = rows2d(x)
+    rows, width = x2.shape
+    s = scratch.reshape(-1)[:rows * width].reshape(width, rows)
+    calls, n = [(np.copyto, (s, x2.T))], width
+    while n > 1:
+        h = n // 2
+        calls.append((ufunc, (s[:h], s[n - h:n], s[:h])))
+        n -= h
+    return calls + [(np.copyto, (out.reshape(-1), s[0]))]
+
+
+def _reduce_kind(eager, ufunc) -> OpKind:
+    return OpKind(eager, lambda out, x, scratch: _reduce_tree_calls(ufunc, out, x, scratch),
+                  scratch=lambda in_shapes, **_attrs: ((math.prod(in_shapes[0]),),),
+                  flops=lambda ins, out, **_attrs: math.prod(ins[0]))
+
+
+# Boolean values (comparisons, IsNaN, And/Or/Not, a Cast to bool) live in the IR as float32
+# buffers holding 0.0 and 1.0, like every other tensor: the planner, the views and every engine
+# stay float32 only. Logic is arithmetic on them (Not: 1 - x, And: a·b, Or: max(a, b)); only
+# ``where`` reads a mask as truth (non-zero). The comparisons write NumPy's bool result into a
+# scratch viewed as bool, then copy it into the float32 output (np.copyto casts without a buffer).
+COMPARE = {"equal": np.equal, "not_equal": np.not_equal, "less": np.less, "greater": np.greater,
+           "less_equal": np.less_equal, "greater_equal": np.greater_equal}
+
+
+def bool_view(scratch: np.ndarray, shape) -> np.ndarray:
+    """The first prod(shape) bytes of a contiguous scratch buffer as a bool array of ``shape``."""
+    return scratch.reshape(-1).view(np.bool_)[:math.prod(shape)].reshape(shape)
+
+
+def mask_scratch(in_shapes, **_attrs):
+    """A bool per element of the first input's shape, in float32 words."""
+    return ((-(-math.prod(in_shapes[0]) // 4),),)
+
+
+def compare_eager(a, *rest, fn, scalar=None, width=None, swap=False):
+    return _pair_eager(COMPARE[fn], a, rest, scalar, width, swap).astype(a.dtype)
+
+
+def compare_calls(out, a, *rest, fn, scalar=None, width=None, swap=False) -> Calls:
+    *operand, scratch = rest
+    mask = bool_view(scratch, out.shape)
+    return _pair_calls(COMPARE[fn], mask, a, operand, scalar, width, swap) + [(np.copyto, (out, mask))]
+
+
+def isnan_calls(out, x, scratch) -> Calls:
+    mask = bool_view(scratch, out.shape)
+    return [(np.isnan, (x, mask)), (np.copyto, (out, mask))]
+
+
+def _where_parts(args, order: str, scalars):
+    """(cond, a, b) from the tensors, then the parameters, in ``order`` ('t' tensor, 'p' parameter,
+    's' the next of ``scalars``); and what follows them (scratch)."""
+    tensors = iter(args)
+    parts = [next(tensors) if o == "t" else None for o in order]
+    for i, o in enumerate(order):
+        if o == "p":
+            parts[i] = next(tensors)
+    values = iter(scalars)
+    parts = [next(values) if o == "s" else p for o, p in zip(order, parts)]
+    return parts, list(tensors)
+
+
+def where_eager(*args, order, scalars=()):
+    """cond != 0 ? a : b; a parameter has the output's per-sample rank and broadcasts."""
+    (cond, a, b), _ = _where_parts(args, order, scalars)
+    return np.where(cond != 0, a, b).astype(args[0].dtype, copy=False)     # args[0]: a tensor, full shape
+
+
+def where_scratch(in_shapes, *, order, **_attrs):
+    """A bool mask when the condition is a tensor (the first input)."""
+    return mask_scratch(in_shapes) if order[0] == "t" else ()
+
+
+def where_calls(out, *args, order, scalars=()) -> Calls:
+    """out = b, then a copied in where the mask holds: two ``np.copyto`` (broadcasting parameters
+    and scalars without a buffer). A parameter condition becomes a bool array once, here, at bind
+    time. Reads a after writing out: out must not alias a (nor the condition)."""
+    (cond, a, b), rest = _where_parts(args, order, scalars)
+    calls = []
+    if order[0] == "t":
+        mask = bool_view(rest[0], cond.shape)
+        calls.append((np.not_equal, (cond, 0.0, mask)))
+    else:
+        mask = np.not_equal(cond, 0)
+    return calls + [(np.copyto, (out, b)), (np.copyto, (out, a, "same_kind", mask))]
+
+
 OPS: dict[str, OpKind] = {
     "linear": OpKind(linear_eager, linear_calls, prepare=linear_prepare, flops=linear_flops,
                      eager_temps=1, eager_broadcast=True),
@@ -533,5 +670,18 @@ OPS: dict[str, OpKind] = {
                           flops=lambda ins, out, **_attrs: math.prod(ins[0])),
     "reduce_sum": OpKind(lambda x: x.sum(axis=-1, keepdims=True), reduce_sum_calls,
                          flops=lambda ins, out, **_attrs: math.prod(ins[0])),
+    "reduce_max": _reduce_kind(lambda x: x.max(axis=-1, keepdims=True), maximum),
+    "reduce_min": _reduce_kind(lambda x: x.min(axis=-1, keepdims=True), minimum),
+    "reduce_prod": _reduce_kind(lambda x: x.prod(axis=-1, keepdims=True), np.multiply),
+    "reciprocal": OpKind(**unary(np.reciprocal, lambda out, x: [(np.reciprocal, (x, out))])),
+    "hardsigmoid": OpKind(**unary(hardsigmoid_eager, hardsigmoid_calls, flops=4), eager_temps=2),
+    "hardswish": OpKind(**unary(hardswish_eager, hardswish_calls, flops=5, inplace=()), eager_temps=3),
+    "extremum": OpKind(extremum_eager, extremum_calls, prepare=binary_prepare, inplace=(0, 1),
+                       eager_broadcast=True),
+    "compare": OpKind(compare_eager, compare_calls, prepare=binary_prepare, scratch=mask_scratch,
+                      inplace=(0, 1), eager_temps=1, eager_broadcast=True),     # reads all before writing out
+    "isnan": OpKind(lambda x: np.isnan(x).astype(x.dtype), isnan_calls, scratch=mask_scratch, inplace=(0,),
+                    eager_temps=1),
+    "where": OpKind(where_eager, where_calls, scratch=where_scratch, eager_temps=1),
 }
 OPS.update(CONV_OPS)
