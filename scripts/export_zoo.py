@@ -16,6 +16,7 @@ The table is what docs/importing.md records.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import platform
 import sys
@@ -47,6 +48,13 @@ def _torchvision():
     sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
     import torchvision
     return torchvision
+
+
+def _transformers():
+    _torchvision()                       # transformers imports torchvision when it is installed
+    import transformers
+    transformers.logging.set_verbosity_error()
+    return transformers
 
 
 class Embeds:
@@ -83,7 +91,7 @@ def resnet18():
 
 
 def gpt2(attn="sdpa"):
-    import transformers
+    transformers = _transformers()
     torch = _torch()
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=100,
                                      attn_implementation=attn)
@@ -91,7 +99,7 @@ def gpt2(attn="sdpa"):
 
 
 def bert(mask=True, attn="sdpa"):
-    import transformers
+    transformers = _transformers()
     torch = _torch()
     config = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=128, vocab_size=100, max_position_embeddings=64,
@@ -100,7 +108,7 @@ def bert(mask=True, attn="sdpa"):
 
 
 def distilbert():
-    import transformers
+    transformers = _transformers()
     torch = _torch()
     config = transformers.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=100,
                                            max_position_embeddings=64)
@@ -108,14 +116,14 @@ def distilbert():
 
 
 def t5_encoder():
-    import transformers
+    transformers = _transformers()
     torch = _torch()
     config = transformers.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=100)
     return Embeds.wrap(transformers.T5EncoderModel(config), 16, mask=True), torch.randn(2, 16, 64)
 
 
 def vit():
-    import transformers
+    transformers = _transformers()
     torch = _torch()
     config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                     intermediate_size=128, image_size=32, patch_size=8)
@@ -133,7 +141,7 @@ def vit():
 
 
 def whisper_encoder():
-    import transformers
+    transformers = _transformers()
     torch = _torch()
     config = transformers.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
                                         encoder_ffn_dim=128, num_mel_bins=16, max_source_positions=32,
@@ -172,7 +180,8 @@ def export(module, x, dynamo: bool) -> bytes:
     warnings.simplefilter("ignore")
     if dynamo:
         batch = torch.export.Dim("batch", min=1, max=1024)
-        program = torch.onnx.export(module, (x,), dynamo=True, input_names=["x"], dynamic_shapes=({0: batch},))
+        with contextlib.redirect_stdout(io.StringIO()):          # its progress lines
+            program = torch.onnx.export(module, (x,), dynamo=True, input_names=["x"], dynamic_shapes=({0: batch},))
         return program.model_proto.SerializeToString()
     f = io.BytesIO()
     torch.onnx.export(module, (x,), f, dynamo=False, opset_version=17, input_names=["x"], output_names=["y"],
@@ -216,8 +225,9 @@ def main(argv=None) -> int:
                 module, x = FAMILIES[family]()
                 data = export(module, x, dynamo)
             except Exception as exc:           # the exporter's own failure, reported as such
-                print(f"| {family} | {exporter} | - | export fails: {type(exc).__name__}: "
-                      f"{str(exc).strip().splitlines()[0][:160]} |", flush=True)
+                text = " ".join(str(exc).split())
+                cause = text[text.find("<class"):][:200] if "<class" in text else text[:200]
+                print(f"| {family} | {exporter} | - | export fails: {type(exc).__name__}: {cause} |", flush=True)
                 continue
             if args.keep:
                 args.keep.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from engines import ENGINES, OnnxImportError, load_onnx  # noqa: E402
 from engines.importer.load import evaluate  # noqa: E402
-from tests.test_zero_alloc import tracemalloc_peak  # noqa: E402
+from tests.test_zero_alloc import memray_peak, tracemalloc_peak  # noqa: E402
 
 OWN = ["naive", "static", "arena", "fused", "packed", "onednn"]
 PLANNED = OWN[1:]
@@ -160,8 +160,13 @@ GRAPHS = {
         N("Add", ["hg", "x"], ["a"]),
         N("Mul", ["a", "a"], ["sq"]), N("Add", ["sq", "one"], ["p"]),
         N("Sqrt", ["p"], ["s"]), N("Reciprocal", ["s"], ["r"]),
-        N("HardSigmoid", ["r"], ["y"]),
-    ], {"one": F32(1.0)}),
+        N("HardSigmoid", ["r"], ["hr"]),
+        N("Abs", ["x"], ["ab"]), N("Add", ["ab", "one"], ["ab1"]), N("Log", ["ab1"], ["lg"]),
+        N("CastLike", ["half64", "x"], ["half"]),                      # of a constant: folded
+        N("Greater", ["x", "zero"], ["pos"]), N("CastLike", ["pos", "x"], ["posf"]),
+        N("Mul", ["lg", "half"], ["lh"]), N("Add", ["lh", "posf"], ["lp"]),
+        N("Add", ["hr", "lp"], ["y"]),
+    ], {"one": F32(1.0), "zero": F32(0.0), "half64": np.array(0.5)}),
     # mask arithmetic: comparisons, logic, casts, Where, IsNaN (SDPA's fully-masked rows)
     "masks": build([
         N("Less", ["x", "c6"], ["lt"]), N("GreaterOrEqual", ["x", "third"], ["ge"]),
@@ -227,7 +232,7 @@ def test_constant_masks_fold_and_activations_get_kinds():
     kinds = {graph: [op.kind for op in load_onnx(data).ops] for graph, data in GRAPHS.items()}
     assert kinds["triangles"].count("where") == 4        # the masked fill, two Trilus, the broadcast Where
     assert "compare" in kinds["triangles"]               # Greater of an activation; the causal mask folded
-    assert {"hardswish", "hardsigmoid", "reciprocal"} <= set(kinds["activations"])
+    assert {"hardswish", "hardsigmoid", "reciprocal", "abs", "log"} <= set(kinds["activations"])
     assert {"compare", "extremum", "isnan", "where"} <= set(kinds["masks"])
     assert kinds["conv1d"].count("conv") == 3 and {"maxpool", "averagepool", "globalaveragepool"} <= set(kinds["conv1d"])
 
@@ -239,6 +244,17 @@ def test_planned_engines_allocate_nothing_per_forward(name):
         engine = ENGINES[name](model, 16)
         with np.errstate(invalid="ignore"):
             peak = tracemalloc_peak(engine, model.random_input(16, rng=0))
+        assert peak <= 4096, f"{name} on {graph}: {peak} B per warm forward"
+
+
+@pytest.mark.parametrize("name", PLANNED)
+def test_planned_engines_allocate_nothing_under_memray(name):
+    """Native allocations too (a ufunc's buffer, a reduction's state), BLAS on one thread."""
+    for graph in ("masks", "reductions", "triangles"):
+        model = load_onnx(GRAPHS[graph])
+        engine = ENGINES[name](model, 16)
+        with np.errstate(invalid="ignore"):
+            peak = memray_peak(engine, model.random_input(16, rng=0))
         assert peak <= 4096, f"{name} on {graph}: {peak} B per warm forward"
 
 
@@ -256,4 +272,15 @@ def test_a_3d_window_is_refused_by_name():
     data = build([N("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2], name="pool3d")],
                  in_shape=("N", 2, 4, 4, 4), out_shape=("N", 2, 3, 3, 3))
     with pytest.raises(OnnxImportError, match=r"node 'pool3d': MaxPool is supported, but not here: .*3-D kernel"):
+        load_onnx(data)
+
+
+def test_a_subgraph_reading_the_input_makes_its_node_dynamic():
+    """An If whose branches read x depends on x, though x is none of its inputs: refused by name
+    (not folded as a constant, nor a crash)."""
+    branch = lambda op: helper.make_graph(  # noqa: E731
+        [N(op, ["x"], ["b"])], op, [], [helper.make_tensor_value_info("b", TensorProto.FLOAT, ["N", 4, 6])])
+    data = build([N("If", ["cond"], ["y"], name="choose", then_branch=branch("Neg"), else_branch=branch("Relu"))],
+                 {"cond": np.array(True)})
+    with pytest.raises(OnnxImportError, match=r"node 'choose': If \(domain ai.onnx, opset 20\) is not supported"):
         load_onnx(data)

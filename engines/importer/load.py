@@ -224,11 +224,39 @@ def check_signature(proto) -> Signature:
 
 # --- evaluation: fold what does not depend on the input, measure the rest -------------
 
+# Inputs whose data a node does not read, only their shape or type (None: every input).
+SHAPE_OR_TYPE_ONLY = {"Shape": None, "Size": None, "CastLike": (1,)}
+
+
+def _subgraph_reads(node) -> set[str]:
+    """Names the subgraphs of a node (If, Loop, Scan) read, their own values included."""
+    from onnx import AttributeProto
+    names = set()
+    for a in node.attribute:
+        graphs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS else []
+        for g in graphs:
+            for inner in g.node:
+                names.update(i for i in inner.input if i)
+                names |= _subgraph_reads(inner)
+    return names
+
+
+def reads_data_of(node, dynamic: set[str]) -> bool:
+    """Whether the node reads the data of a value in ``dynamic`` (``SHAPE_OR_TYPE_ONLY`` aside),
+    through its inputs or inside its subgraphs."""
+    if node.op_type in SHAPE_OR_TYPE_ONLY and SHAPE_OR_TYPE_ONLY[node.op_type] is None:
+        return False
+    skip = SHAPE_OR_TYPE_ONLY.get(node.op_type, ())
+    return any(i in dynamic for j, i in enumerate(node.input) if i and j not in skip) or \
+        bool(_subgraph_reads(node) & dynamic)
+
+
 def dynamic_values(proto, input_name: str) -> set[str]:
-    """Values that depend on the input's data; ``Shape`` and ``Size`` cut the dependency."""
+    """Values that depend on the input's data; ``Shape``, ``Size`` and the type operand of
+    ``CastLike`` cut the dependency."""
     dynamic = {input_name}
     for node in proto.graph.node:
-        if node.op_type not in ("Shape", "Size") and any(i in dynamic for i in node.input if i):
+        if reads_data_of(node, dynamic):
             dynamic.update(o for o in node.output if o)
     return dynamic
 
@@ -239,7 +267,7 @@ def unsupported_nodes(proto, dynamic: set[str]) -> list[str]:
     bad = []
     for node in proto.graph.node:
         domain = node.domain or "ai.onnx"
-        runs = any(i in dynamic for i in node.input if i) and node.op_type not in ("Shape", "Size")
+        runs = reads_data_of(node, dynamic)
         if domain != "ai.onnx" or (runs and node.op_type not in LOWER):
             bad.append(f"node {node.name or node.output[0]!r}: {node.op_type} (domain {domain}, "
                        f"opset {opsets.get(domain, '?')}) is not supported")

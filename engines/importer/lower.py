@@ -250,12 +250,13 @@ INTEGER_TYPES = {2, 3, 4, 5, 6, 7, 12, 13}        # TensorProto's UINT8 ... INT6
 
 
 def lower_cast(L: Lowering):
-    """A Cast of an activation. Every IR tensor is float32 (a bool as 0.0/1.0, an integer exact
+    """A Cast (or CastLike: to its second input's type) of an activation. Every IR tensor is float32 (a bool as 0.0/1.0, an integer exact
     up to 2**24): to float32, from bool or integers to integers, and from bool to bool is the
     same values; to bool from anything else is ``x != 0``. A float to an integer type (which
     truncates) or to another float type is refused."""
-    from onnx import TensorProto
-    to, source = L.attr("to"), L.dtype(L.node.input[0])
+    from onnx import TensorProto, helper
+    source = L.dtype(L.node.input[0])
+    to = L.attr("to") if L.node.op_type == "Cast" else helper.np_dtype_to_tensor_dtype(L.dtype(L.node.input[1]))
     x = L.values[L.node.input[0]]
     whole = source == np.bool_ or np.issubdtype(source, np.integer)
     if to == TensorProto.FLOAT or (to in INTEGER_TYPES and whole) or (to == TensorProto.BOOL and source == np.bool_):
@@ -678,6 +679,8 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Erf": lower_unary("erf"),
     "Sigmoid": lower_unary("sigmoid"),
     "Reciprocal": lower_unary("reciprocal"),
+    "Abs": lower_unary("abs"),
+    "Log": lower_unary("log"),
     "HardSigmoid": lower_hardsigmoid,
     "HardSwish": lower_unary("hardswish"),
     "IsNaN": lower_unary("isnan"),
@@ -695,6 +698,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Identity": lower_alias,
     "Dropout": lower_alias,
     "Cast": lower_cast,
+    "CastLike": lower_cast,
     "Reshape": lower_view,
     "Flatten": lower_view,
     "Squeeze": lower_view,
@@ -725,6 +729,22 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
 }
 
 
+def _lower_node(L: Lowering, node, problems: list[str], failed: set[str]) -> None:
+    """One node by its ``LOWER`` rule; a problem, and a stand-in for its outputs, if it cannot be."""
+    L.node = node
+    try:
+        LOWER[node.op_type](L)
+    except Unsupported as exc:
+        problems.append(f"node {node.name or node.output[0]!r}: {node.op_type} is supported, but not here: {exc}")
+        for o in node.output:          # a stand-in of the measured shape: the nodes after it are checked too
+            if o in L.acts:
+                L.shapes[o + ".unlowered"] = L.acts[o].per_sample
+                L.values[o] = Act(o + ".unlowered", L.acts[o].shape, L.acts[o].bpos)
+    except KeyError as exc:
+        problems.append(f"node {node.name or node.output[0]!r}: {node.op_type}: missing value {exc}")
+        failed.update(node.output)
+
+
 def lower(proto, input_name: str, one: dict, acts: dict[str, Act]) -> tuple[Lowering, list[str]]:
     """IR ops for every node that depends on the input; the problems of those that could not."""
     opsets = {o.domain or "": o.version for o in proto.opset_import}
@@ -741,20 +761,11 @@ def lower(proto, input_name: str, one: dict, acts: dict[str, Act]) -> tuple[Lowe
             for o in node.output:                                  # folded: its batch-1 value
                 if o:
                     L.values[o] = one.get(o)
-            continue
-        if any(i in failed for i in node.input if i):
+        elif any(i in failed for i in node.input if i):
             failed.update(node.output)
-            continue
-        L.node = node
-        try:
-            LOWER[node.op_type](L)
-        except Unsupported as exc:
-            problems.append(f"node {node.name or node.output[0]!r}: {node.op_type} is supported, but not here: {exc}")
-            for o in node.output:          # a stand-in of the measured shape: the nodes after it are checked too
-                if o in acts:
-                    L.shapes[o + ".unlowered"] = acts[o].per_sample
-                    L.values[o] = Act(o + ".unlowered", acts[o].shape, acts[o].bpos)
-        except KeyError as exc:
-            problems.append(f"node {node.name or node.output[0]!r}: {node.op_type}: missing value {exc}")
-            failed.update(node.output)
+        else:
+            _lower_node(L, node, problems, failed)
+    output = proto.graph.output[0].name
+    if not problems and not isinstance(L.values.get(output), Act):
+        problems.append(f"the output {output!r} does not depend on the input's data (a constant)")
     return L, problems

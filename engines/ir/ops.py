@@ -674,6 +674,8 @@ OPS: dict[str, OpKind] = {
     "reduce_min": _reduce_kind(lambda x: x.min(axis=-1, keepdims=True), minimum),
     "reduce_prod": _reduce_kind(lambda x: x.prod(axis=-1, keepdims=True), np.multiply),
     "reciprocal": OpKind(**unary(np.reciprocal, lambda out, x: [(np.reciprocal, (x, out))])),
+    "abs": OpKind(**unary(np.absolute, lambda out, x: [(np.absolute, (x, out))])),
+    "log": OpKind(**unary(np.log, lambda out, x: [(np.log, (x, out))])),
     "hardsigmoid": OpKind(**unary(hardsigmoid_eager, hardsigmoid_calls, flops=4), eager_temps=2),
     "hardswish": OpKind(**unary(hardswish_eager, hardswish_calls, flops=5, inplace=()), eager_temps=3),
     "extremum": OpKind(extremum_eager, extremum_calls, prepare=binary_prepare, inplace=(0, 1),
