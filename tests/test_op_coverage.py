@@ -204,8 +204,17 @@ GRAPHS = {
         N("Unsqueeze", ["mx", "axm1"], ["mxu"]),                       # (N, 1)
         N("Sub", ["mxu", "mn2"], ["span"]),                            # (N, 1)
         N("Unsqueeze", ["span", "axm1"], ["span3"]),                   # (N, 1, 1)
-        N("Mul", ["pr", "span3"], ["y"]),                              # (N, 1, 6)
-    ], {"ax12": I64(1, 2), "axm1": I64(-1), "ax1": I64(1)}, out_shape=("N", 1, 6)),
+        N("Mul", ["pr", "span3"], ["m"]),                              # (N, 1, 6)
+        N("Mul", ["x", "fifty"], ["big"]),                             # exp(50 x) overflows float32
+        N("ReduceLogSumExp", ["big", "ax1"], ["lse"], keepdims=1),     # (N, 1, 6)
+        N("ReduceL2", ["x", "ax1"], ["l2"], keepdims=1),
+        N("ReduceL1", ["x", "ax1"], ["l1"], keepdims=1),
+        N("ReduceSumSquare", ["x", "ax1"], ["ss"], keepdims=1),
+        N("Add", ["l1", "one"], ["l1p"]), N("ReduceLogSum", ["l1p", "axm1"], ["ls"], keepdims=1),   # (N, 1, 1)
+        N("Sum", ["m", "lse", "l2", "ss"], ["s4"]),
+        N("Add", ["s4", "ls"], ["y"]),
+    ], {"ax12": I64(1, 2), "axm1": I64(-1), "ax1": I64(1), "fifty": F32(50.0), "one": F32(1.0)},
+        out_shape=("N", 1, 6)),
     # Whisper's and wav2vec's front ends: 1-D convolutions and pools over (N, C, L)
     "conv1d": build([
         N("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3], pads=[1, 1]),

@@ -364,22 +364,54 @@ def _trailing(L: Lowering, x: Act, axes: list[int]) -> tuple[str, int]:
     return name, width
 
 
-def lower_reduce(kind: str):
+def _reduced_rows(L: Lowering) -> str | None:
+    """The reduced axes of the node's input moved last and flattened into rows (``_trailing``);
+    None when ``noop_with_empty_axes`` leaves the input as it is."""
+    x = L.values[L.node.input[0]]
+    axes = L.attr("axes")
+    if axes is None and len(L.node.input) > 1 and L.node.input[1]:
+        axes = _ints(L.const(1, "axes"))
+    if not axes:
+        if L.attr("noop_with_empty_axes", 0):
+            return None
+        if x.bpos is not None:
+            raise Unsupported("it reduces every axis, the batch axis included")
+        axes = range(len(x.shape))         # no batch axis (a fixed batch read whole): all of it
+    return _trailing(L, x, sorted({x.axis(a) for a in axes}))[0]
+
+
+def _then(L: Lowering, kind: str | None, name: str) -> str:
+    """``kind`` applied elementwise to ``name`` ("square": x·x), or ``name`` for None."""
+    if kind is None:
+        return name
+    if kind == "square":
+        return L.emit("binary", [name, name], L.shapes[name], fn="mul")
+    return L.emit(kind, [name], L.shapes[name])
+
+
+def lower_reduce(kind: str, pre: str | None = None, post: str | None = None):
+    """A reduction over any axes but the batch's: ``pre`` on every element, ``kind`` over the rows
+    of the reduced axes, ``post`` on the result (ReduceL2: square, reduce_sum, sqrt)."""
     def rule(L: Lowering):
-        x = L.values[L.node.input[0]]
-        axes = L.attr("axes")
-        if axes is None and len(L.node.input) > 1 and L.node.input[1]:
-            axes = _ints(L.const(1, "axes"))
-        if not axes:
-            if L.attr("noop_with_empty_axes", 0):
-                return L.result(x.name)
-            if x.bpos is not None:
-                raise Unsupported("it reduces every axis, the batch axis included")
-            axes = range(len(x.shape))         # no batch axis (a fixed batch read whole): all of it
-        axes = sorted({x.axis(a) for a in axes})
-        name, _ = _trailing(L, x, axes)
-        L.result(L.emit(kind, [name], L.shapes[name][:-1] + (1,)))
+        rows = _reduced_rows(L)
+        if rows is None:                   # noop_with_empty_axes: pre and post, elementwise
+            return L.result(_then(L, post, _then(L, pre, L.values[L.node.input[0]].name)))
+        y = _then(L, pre, rows)
+        L.result(_then(L, post, L.emit(kind, [y], L.shapes[y][:-1] + (1,))))
     return rule
+
+
+def lower_reduce_log_sum_exp(L: Lowering):
+    """log(sum(exp(x - m))) + m over the rows, m their maximum: no overflow for large x."""
+    rows = _reduced_rows(L)
+    if rows is None:
+        return L.result(L.values[L.node.input[0]].name)
+    shape = L.shapes[rows]
+    peak = L.emit("reduce_max", [rows], shape[:-1] + (1,))
+    wide = L.emit("expand", [peak], shape, aligned=shape[:-1] + (1,), shape=shape)
+    e = L.emit("exp", [L.emit("binary", [rows, wide], shape, fn="sub")], shape)
+    total = L.emit("log", [L.emit("reduce_sum", [e], shape[:-1] + (1,))], shape[:-1] + (1,))
+    L.result(L.emit("add", [total, peak], shape[:-1] + (1,)))
 
 
 def lower_softmax(L: Lowering):
@@ -712,6 +744,11 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "ReduceMax": lower_reduce("reduce_max"),
     "ReduceMin": lower_reduce("reduce_min"),
     "ReduceProd": lower_reduce("reduce_prod"),
+    "ReduceSumSquare": lower_reduce("reduce_sum", pre="square"),
+    "ReduceL1": lower_reduce("reduce_sum", pre="abs"),
+    "ReduceL2": lower_reduce("reduce_sum", pre="square", post="sqrt"),
+    "ReduceLogSum": lower_reduce("reduce_sum", post="log"),
+    "ReduceLogSumExp": lower_reduce_log_sum_exp,
     "Transpose": lower_transpose,
     "Expand": lower_expand,
     "Slice": lower_slice,
