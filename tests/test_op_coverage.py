@@ -293,3 +293,10 @@ def test_a_subgraph_reading_the_input_makes_its_node_dynamic():
                  {"cond": np.array(True)})
     with pytest.raises(OnnxImportError, match=r"node 'choose': If \(domain ai.onnx, opset 20\) is not supported"):
         load_onnx(data)
+
+
+def test_a_graph_that_mixes_samples_names_the_first_node_that_does():
+    data = build([N("Relu", ["x"], ["r"]), N("Softmax", ["r"], ["s"], axis=0, name="over_batch"),
+                  N("Add", ["r", "s"], ["y"])])
+    with pytest.raises(OnnxImportError, match=r"mixes samples.*first at node 'over_batch' \(Softmax\)"):
+        load_onnx(data)

@@ -421,8 +421,22 @@ def _separable(proto, acts, one, two) -> list[str]:
         return [f"the output {output!r} does not have the batch axis first (shape {out.shape} at batch 1)"]
     if not _close(two[output][:1], one[output]):
         return ["the graph mixes samples: at batch 2 the first sample's output differs from its "
-                "output at batch 1 (an op works across the batch axis)"]
+                f"output at batch 1 (an op works across the batch axis{_first_mixing(proto, acts, one, two)})"]
     return []
+
+
+def _first_mixing(proto, acts, one, two) -> str:
+    """', first at node NAME (OpType)': the first node whose output's first sample at batch 2
+    differs from batch 1; '' when none shows it (the output alone)."""
+    for node in proto.graph.node:
+        for name in node.output:
+            act = acts.get(name)
+            if act is None or act.bpos is None or name not in two:
+                continue
+            first = np.take(two[name], [0], axis=act.bpos)
+            if not _close(first, one[name]):
+                return f", first at node {node.name or name!r} ({node.op_type})"
+    return ""
 
 
 def _batch_free(proto, input_name: str, size: int, values: dict):
