@@ -7,10 +7,11 @@ exporters, import each file, and check every NumPy engine against ONNX Runtime o
 
 Each model takes one float32 input with a dynamic batch axis: a classifier its image, a text
 model its token embeddings (``inputs_embeds``: the importer takes one float32 input, so the
-embedding lookup of integer ids stays outside), Whisper's encoder its log-mel features. Weights
-are the random initialisation of each tiny configuration. A file passes when it imports and every
+embedding lookup of integer ids stays outside), Whisper's encoder its log-mel features, wav2vec 2.0
+its raw audio. Weights are the random initialisation of each tiny configuration. A file passes when it imports and every
 NumPy engine matches ONNX Runtime on the original file to 1e-4 relative (to the largest output
-magnitude) at batch 1 and 3, on fresh random inputs. Nothing here is run by the tests.
+magnitude) at batch 1 and 3, on fresh random inputs; the bytes tracemalloc sees over warm
+forwards of the planned engines are reported beside. Nothing here is run by the tests.
 The table is what docs/importing.md records.
 """
 from __future__ import annotations
@@ -161,6 +162,26 @@ def whisper_encoder():
     return Wrapped().eval(), torch.randn(2, 16, 64)
 
 
+def wav2vec2():
+    transformers = _transformers()
+    torch = _torch()
+    config = transformers.Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=128, conv_dim=(32, 32), conv_stride=(5, 2),
+                                         conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                                         num_conv_pos_embedding_groups=4, vocab_size=100)
+    model = transformers.Wav2Vec2Model(config).eval()
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model(input_values=x).last_hidden_state
+
+    return Wrapped().eval(), torch.randn(2, 800)
+
+
 FAMILIES = {
     "mobilenet_v3_small": mobilenet_v3_small,
     "resnet18": resnet18,
@@ -172,6 +193,7 @@ FAMILIES = {
     "t5-encoder-mask": t5_encoder,
     "vit": vit,
     "whisper-encoder": whisper_encoder,
+    "wav2vec2": wav2vec2,
 }
 
 
@@ -206,7 +228,24 @@ def check(data: bytes) -> str:
             if not err <= RTOL:
                 return f"wrong: {name} at batch {batch}, {err:.1e} relative"
     kinds = sorted({op.kind for op in model.ops})
-    return f"imported: {len(model.ops)} IR ops ({', '.join(kinds)}); worst {worst:.1e} relative"
+    peak = max(_warm_peak(ENGINES[name](model, 3), model.random_input(3, rng=0)) for name in OWN[1:])
+    return (f"imported: {len(model.ops)} IR ops ({', '.join(kinds)}); worst {worst:.1e} relative; "
+            f"a warm forward of the planned engines traced at most {peak} B")
+
+
+def _warm_peak(engine, x) -> int:
+    """tracemalloc's peak over three warm forwards (Python objects included: a few hundred bytes)."""
+    import tracemalloc
+    for _ in range(2):
+        engine.forward(x)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(3):
+            engine.forward(x)
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
 
 
 def main(argv=None) -> int:

@@ -195,6 +195,9 @@ GRAPHS = {
         N("Add", ["w", "low"], ["y"]),
     ], {"ones": np.ones((6, 6), np.float32)[:4], "big": F32(-1e4), "k": I64(1), "km": I64(-1),
         "ax1": I64(1), "zero": F32(0.0), "c46": _w(4, 6)}),
+    # InstanceNormalization over (N, C, H, W)
+    "instancenorm": build([N("InstanceNormalization", ["x", "s", "b"], ["y"])],
+                          {"s": 1 + _w(3), "b": _w(3)}, in_shape=("N", 3, 4, 5)),
     # reductions over any axes (opset 18: axes as an input), keepdims either way
     "reductions": build([
         N("ReduceMax", ["x", "ax12"], ["mx"], keepdims=0),             # (N,)
@@ -217,7 +220,8 @@ GRAPHS = {
         out_shape=("N", 1, 6)),
     # Whisper's and wav2vec's front ends: 1-D convolutions and pools over (N, C, L)
     "conv1d": build([
-        N("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3], pads=[1, 1]),
+        N("Conv", ["x", "w1", "b1"], ["c0"], kernel_shape=[3], pads=[1, 1]),
+        N("InstanceNormalization", ["c0", "s6", "b6"], ["c1"], epsilon=1e-4),     # wav2vec 2.0's GroupNorm
         N("Gelu", ["c1"], ["g1"]),
         N("Conv", ["g1", "w2", "b2"], ["c2"], kernel_shape=[3], strides=[2], pads=[1, 1]),
         N("Conv", ["c2", "wd"], ["c3"], kernel_shape=[5], pads=[2, 2], group=6, dilations=[1]),
@@ -226,7 +230,8 @@ GRAPHS = {
         N("Concat", ["p1", "p2"], ["pc"], axis=1),
         N("GlobalAveragePool", ["pc"], ["ga"]),
         N("Add", ["pc", "ga"], ["y"]),
-    ], {"w1": _w(6, 4, 3), "b1": _w(6), "w2": _w(6, 6, 3), "b2": _w(6), "wd": _w(6, 1, 5)},
+    ], {"w1": _w(6, 4, 3), "b1": _w(6), "w2": _w(6, 6, 3), "b2": _w(6), "wd": _w(6, 1, 5), "s6": 1 + _w(6),
+        "b6": _w(6)},
         in_shape=("N", 4, 20), out_shape=("N", 12, 5)),
 }
 

@@ -448,6 +448,25 @@ def lower_layernorm(L: Lowering):
                     eps=float(L.attr("epsilon", 1e-5))))
 
 
+def lower_instancenorm(L: Lowering):
+    """InstanceNormalization over (N, C, ...) (wav2vec 2.0's GroupNorm with a group per channel):
+    each channel standardized over its spatial axes, a ``layernorm`` of unit scale over rows of
+    (C, spatial), then the per-channel scale and bias as two ``binary`` ops."""
+    x = L.values[L.node.input[0]]
+    if x.bpos != 0 or len(x.per_sample) < 2:
+        raise Unsupported(f"its input is not (N, C, ...) with the batch first (shape {x.shape})")
+    rows, width = _trailing(L, x, list(range(1, len(x.per_sample))))
+    out, channels = L.node.output[0], x.per_sample[0]
+    y = L.emit("layernorm", [rows], L.shapes[rows], [L.param(np.ones(width), out + ".g"),
+                                                     L.param(np.zeros(width), out + ".b")],
+               eps=float(L.attr("epsilon", 1e-5)))
+    spatial = (1,) * (len(x.per_sample) - 1)
+    for fn, c in (("mul", L.const(1, "scale")), ("add", L.const(2, "B"))):
+        extra = _const_operand(L, np.reshape(c, (channels, *spatial)), L.out())
+        y = L.emit("binary", [y], L.shapes[y], extra.pop("params", ()), fn=fn, swap=False, **extra)
+    L.result(y)
+
+
 def lower_transpose(L: Lowering):
     x = L.values[L.node.input[0]]
     perm = L.attr("perm") or list(range(len(x.shape)))[::-1]
@@ -739,6 +758,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Gemm": lower_gemm,
     "Softmax": lower_softmax,
     "LayerNormalization": lower_layernorm,
+    "InstanceNormalization": lower_instancenorm,
     "ReduceMean": lower_reduce("reduce_mean"),
     "ReduceSum": lower_reduce("reduce_sum"),
     "ReduceMax": lower_reduce("reduce_max"),
