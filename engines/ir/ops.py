@@ -24,6 +24,10 @@ Every op kind is one `OpKind`:
 
 Calling convention: ``calls(out, *inputs, *prepared, *scratch, **attrs) -> [(fn, args), ...]``,
 every array with its batch axis first.
+
+Every tensor is float32 (float64 in the reference). Booleans (comparisons, IsNaN, masks) are
+float32 0.0/1.0 and integers float32 whole numbers, so planning and views need no other dtype;
+logic is arithmetic on masks and only ``where`` reads one as truth (``COMPARE`` below says how).
 """
 from __future__ import annotations
 
