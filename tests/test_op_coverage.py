@@ -195,6 +195,14 @@ GRAPHS = {
         N("Add", ["w", "low"], ["y"]),
     ], {"ones": np.ones((6, 6), np.float32)[:4], "big": F32(-1e4), "k": I64(1), "km": I64(-1),
         "ax1": I64(1), "zero": F32(0.0), "c46": _w(4, 6)}),
+    # LogSoftmax on the last axis (inputs that make log(softmax) -inf), on another, and LeakyRelu
+    "log-softmax": build([
+        N("Mul", ["x", "hundred"], ["big"]),
+        N("LogSoftmax", ["big"], ["l1"], axis=-1), N("LogSoftmax", ["x"], ["l2"], axis=1),
+        N("LeakyRelu", ["l1"], ["r1"], alpha=0.1), N("LeakyRelu", ["x"], ["r2"], alpha=2.0),
+        N("Sum", ["r1", "l2", "r2"], ["y"]),
+    ], {"hundred": F32(100.0)}),
+    "log-softmax-opset11": build([N("LogSoftmax", ["x"], ["y"], axis=1)], opset=11),
     # InstanceNormalization over (N, C, H, W)
     "instancenorm": build([N("InstanceNormalization", ["x", "s", "b"], ["y"])],
                           {"s": 1 + _w(3), "b": _w(3)}, in_shape=("N", 3, 4, 5)),

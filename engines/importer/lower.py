@@ -433,6 +433,41 @@ def lower_softmax(L: Lowering):
     L.result(L.emit("transpose", [soft], x.per_sample, perm=back))
 
 
+def lower_log_softmax(L: Lowering):
+    """x - m - log(sum(exp(x - m))) over an axis, m the row's maximum (exact where log(softmax)
+    would give -inf); off the last axis transposed there and back, before opset 13 over every
+    axis from ``axis`` on as one row (as ``lower_softmax``)."""
+    x = L.values[L.node.input[0]]
+    axis = x.axis(L.attr("axis", -1 if L.opset >= 13 else 1))
+    shape, last = x.per_sample, len(x.per_sample) - 1
+    perm = list(range(len(shape)))
+    if L.opset < 13:
+        rows_shape = shape[:axis] + (math.prod(shape[axis:]),)
+        rows = L.emit("reshape", [x.name], rows_shape, name=L._fresh(x.name + ".rows"), shape=rows_shape)
+    elif axis != last:
+        perm = [i for i in perm if i != axis] + [axis]
+        rows = L.emit("transpose", [x.name], [shape[i] for i in perm], name=L._fresh(x.name + ".t"), perm=tuple(perm))
+    else:
+        rows = x.name
+    wide = L.shapes[rows]
+    column = wide[:-1] + (1,)
+    peak = L.emit("expand", [L.emit("reduce_max", [rows], column)], wide, aligned=column, shape=wide)
+    shifted = L.emit("binary", [rows, peak], wide, fn="sub")
+    total = L.emit("log", [L.emit("reduce_sum", [L.emit("exp", [shifted], wide)], column)], column)
+    y = L.emit("binary", [shifted, L.emit("expand", [total], wide, aligned=column, shape=wide)], wide, fn="sub")
+    if L.opset >= 13 and axis != last:
+        y = L.emit("transpose", [y], shape, perm=tuple(int(i) for i in np.argsort(perm)))
+    L.result(y)
+
+
+def lower_leaky_relu(L: Lowering):
+    """x >= 0 ? x : alpha x, as max(x, alpha x) for alpha <= 1 and min(x, alpha x) above."""
+    x = L.values[L.node.input[0]]
+    alpha = float(L.attr("alpha", 0.01))
+    scaled = L.emit("binary", [x.name], x.per_sample, fn="mul", scalar=alpha, swap=False)
+    L.result(L.emit("extremum", [x.name, scaled], x.per_sample, fn="max" if alpha <= 1 else "min"))
+
+
 def lower_layernorm(L: Lowering):
     x = L.values[L.node.input[0]]
     if any(o for o in L.node.output[1:]):
@@ -757,6 +792,8 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "MatMul": lower_matmul,
     "Gemm": lower_gemm,
     "Softmax": lower_softmax,
+    "LogSoftmax": lower_log_softmax,
+    "LeakyRelu": lower_leaky_relu,
     "LayerNormalization": lower_layernorm,
     "InstanceNormalization": lower_instancenorm,
     "ReduceMean": lower_reduce("reduce_mean"),
