@@ -4,8 +4,6 @@ against ONNX Runtime on every NumPy engine, no allocation per warm forward on th
 and the importer's folding (GatherElements on long axes) and its errors naming the node."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 

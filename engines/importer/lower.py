@@ -10,6 +10,7 @@ every such problem. Adding an ONNX op type is one entry in ``LOWER``.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -756,7 +757,7 @@ COMPARE_OPS = {"Equal": "equal", "Less": "less", "Greater": "greater", "LessOrEq
 
 # ONNX op type -> rule(L) that lowers one node whose input depends on the model's input.
 LOWER: dict[str, Callable[[Lowering], None]] = {
-    **{op: (lambda fn: lambda L: lower_binary(L, fn))(fn) for op, fn in BINARY_OPS.items()},
+    **{op: functools.partial(lower_binary, fn=fn) for op, fn in BINARY_OPS.items()},
     "Relu": lower_unary("relu"),
     "Exp": lower_unary("exp"),
     "Sqrt": lower_unary("sqrt"),
@@ -772,11 +773,11 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "IsNaN": lower_unary("isnan"),
     "Max": lower_extremum("max"),
     "Min": lower_extremum("min"),
-    **{op: (lambda fn: lambda L: lower_binary(L, fn, "compare"))(fn) for op, fn in COMPARE_OPS.items()},
+    **{op: functools.partial(lower_binary, fn=fn, kind="compare") for op, fn in COMPARE_OPS.items()},
     "Not": lower_not,
-    "And": lambda L: lower_binary(L, "mul"),
-    "Or": lambda L: lower_binary(L, "max", "extremum"),
-    "Xor": lambda L: lower_binary(L, "not_equal", "compare"),
+    "And": functools.partial(lower_binary, fn="mul"),
+    "Or": functools.partial(lower_binary, fn="max", kind="extremum"),
+    "Xor": functools.partial(lower_binary, fn="not_equal", kind="compare"),
     "Where": lower_where,
     "Trilu": lower_trilu,
     "Clip": lower_clip,
