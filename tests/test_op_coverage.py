@@ -201,6 +201,10 @@ GRAPHS = {
         N("Sum", ["r1", "l2", "r2"], ["y"]),
     ], {"hundred": F32(100.0)}),
     "log-softmax-opset11": build([N("LogSoftmax", ["x"], ["y"], axis=1)], opset=11),
+    # RMSNormalization (opset 23) over the last axis and over the last two
+    "rmsnorm": build([N("RMSNormalization", ["x", "g6"], ["r1"], axis=-1, epsilon=1e-3),
+                      N("RMSNormalization", ["r1", "g46"], ["y"], axis=1)],
+                     {"g6": 1 + _w(6), "g46": 1 + _w(4, 6)}, opset=23),
     # InstanceNormalization over (N, C, H, W)
     "instancenorm": build([N("InstanceNormalization", ["x", "s", "b"], ["y"])],
                           {"s": 1 + _w(3), "b": _w(3)}, in_shape=("N", 3, 4, 5)),

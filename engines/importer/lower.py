@@ -503,6 +503,23 @@ def lower_instancenorm(L: Lowering):
     L.result(y)
 
 
+def lower_rmsnorm(L: Lowering):
+    """RMSNormalization (opset 23): x / sqrt(mean(x^2) + eps) * scale over the axes from ``axis`` on,
+    as generic kinds over rows of those axes (a row mean is a matrix-vector product)."""
+    x = L.values[L.node.input[0]]
+    axis = x.axis(L.attr("axis", -1))
+    rows, width = _trailing(L, x, list(range(axis, len(x.per_sample))))
+    wide = L.shapes[rows]
+    column = wide[:-1] + (1,)
+    mean = L.emit("reduce_mean", [L.emit("binary", [rows, rows], wide, fn="mul")], column)
+    shifted = L.emit("binary", [mean], column, fn="add", scalar=float(L.attr("epsilon", 1e-5)), swap=False)
+    inverse = L.emit("reciprocal", [L.emit("sqrt", [shifted], column)], column)
+    normed = L.emit("binary", [rows, L.emit("expand", [inverse], wide, aligned=column, shape=wide)], wide, fn="mul")
+    scale = np.broadcast_to(L.const(1, "scale"), x.per_sample[axis:]).reshape(-1)
+    L.result(L.emit("binary", [normed], wide, [L.param(scale, L.node.output[0] + ".g")], fn="mul", swap=False,
+                    width=width))
+
+
 def lower_transpose(L: Lowering):
     x = L.values[L.node.input[0]]
     perm = L.attr("perm") or list(range(len(x.shape)))[::-1]
@@ -797,6 +814,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "LeakyRelu": lower_leaky_relu,
     "LayerNormalization": lower_layernorm,
     "InstanceNormalization": lower_instancenorm,
+    "RMSNormalization": lower_rmsnorm,
     "ReduceMean": lower_reduce("reduce_mean"),
     "ReduceSum": lower_reduce("reduce_sum"),
     "ReduceMax": lower_reduce("reduce_max"),
