@@ -163,8 +163,10 @@ GRAPHS = {
         N("CastLike", ["half64", "x"], ["half"]),                      # of a constant: folded
         N("Greater", ["x", "zero"], ["pos"]), N("CastLike", ["pos", "x"], ["posf"]),
         N("Mul", ["lg", "half"], ["lh"]), N("Add", ["lh", "posf"], ["lp"]),
-        N("Add", ["hr", "lp"], ["y"]),
-    ], {"one": F32(1.0), "zero": F32(0.0), "half64": np.array(0.5)}),
+        N("Add", ["hr", "lp"], ["h2"]),
+        N("Sigmoid", ["h2"], ["sg"]), N("Mul", ["h2", "sg"], ["silu"]),   # SiLU as torch exports it
+        N("Swish", ["silu"], ["y"], alpha=1.5),
+    ], {"one": F32(1.0), "zero": F32(0.0), "half64": np.array(0.5)}, opset=24),
     # mask arithmetic: comparisons, logic, casts, Where, IsNaN (SDPA's fully-masked rows)
     "masks": build([
         N("Less", ["x", "c6"], ["lt"]), N("GreaterOrEqual", ["x", "third"], ["ge"]),

@@ -469,6 +469,14 @@ def lower_leaky_relu(L: Lowering):
     L.result(L.emit("extremum", [x.name, scaled], x.per_sample, fn="max" if alpha <= 1 else "min"))
 
 
+def lower_swish(L: Lowering):
+    """Swish (opset 24): x · sigmoid(alpha x); SiLU as exporters write it is Sigmoid then Mul."""
+    x = L.values[L.node.input[0]]
+    alpha = float(L.attr("alpha", 1.0))
+    src = x.name if alpha == 1.0 else L.emit("binary", [x.name], x.per_sample, fn="mul", scalar=alpha, swap=False)
+    L.result(L.emit("binary", [x.name, L.emit("sigmoid", [src], x.per_sample)], x.per_sample, fn="mul"))
+
+
 def lower_layernorm(L: Lowering):
     x = L.values[L.node.input[0]]
     if any(o for o in L.node.output[1:]):
@@ -812,6 +820,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Softmax": lower_softmax,
     "LogSoftmax": lower_log_softmax,
     "LeakyRelu": lower_leaky_relu,
+    "Swish": lower_swish,
     "LayerNormalization": lower_layernorm,
     "InstanceNormalization": lower_instancenorm,
     "RMSNormalization": lower_rmsnorm,
