@@ -136,15 +136,8 @@ def _const_operand(L: Lowering, c: np.ndarray, out: Act) -> dict:
     c = np.asarray(c, dtype=np.float64)
     if c.size == 1:
         return {"scalar": float(c.reshape(()))}
-    rank = len(out.shape)
-    if c.ndim > rank:
-        raise Unsupported("a constant operand has more axes than the result")
-    aligned = (1,) * (rank - c.ndim) + c.shape
-    if out.bpos is not None:
-        if aligned[out.bpos] != 1:
-            raise Unsupported("a constant operand varies along the batch axis")
-        aligned = aligned[:out.bpos] + aligned[out.bpos + 1:]
-    c = c.reshape(aligned)
+    c = _per_sample_const(L, c, out)
+    aligned = c.shape
     target = out.per_sample
     lead = 0
     while lead < len(aligned) and aligned[lead] == 1:
