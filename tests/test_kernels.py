@@ -322,7 +322,8 @@ def test_tuned_engine_is_right_and_reports_every_linear(engine, tuned):
     report = eng.report()["kernels"]
     linears = sum(op.kind == "linear" for op in model.ops)
     assert 1 <= len(report) <= linears               # one entry per distinct GEMM shape
-    assert {r["how"] for r in report} <= {"measured", "cached"}
+    # measured (on a busy machine "measured while busy ..., not cached") or from the cache
+    assert all(r["how"] == "cached" or r["how"].startswith("measured") for r in report), report
     for r in report:                                 # the engine's own default is measured too
         offered = {*eng.kernel_candidates, r["default"]}
         assert r["kernel"] in offered and set(r["candidates_us"]) == offered - set(kernels.unavailable())

@@ -93,6 +93,27 @@ def corner_peaks(engine_cls, model_name, measure):
     return peaks
 
 
+def _constant(peaks, spread) -> bool:
+    return max(peaks.values()) <= BOOKKEEPING_BYTES and max(peaks.values()) - min(peaks.values()) <= spread
+
+
+# On a busy machine one corner once read 1 KiB above the others in all its sessions (seen once,
+# not reproduced idle or beside a busy process). A temporary the engine makes shows up in every
+# measurement, so a corner set that fails is measured again, with fresh engines, and each corner
+# keeps its lowest figure: a real temporary still fails (the planted tests below go through this).
+REMEASURE = 2
+
+
+def stable_peaks(engine_cls, model_name, measure, spread=SPREAD_BYTES):
+    peaks = corner_peaks(engine_cls, model_name, measure)
+    for _ in range(REMEASURE):
+        if _constant(peaks, spread):
+            break
+        again = corner_peaks(engine_cls, model_name, measure)
+        peaks = {corner: min(peak, again[corner]) for corner, peak in peaks.items()}
+    return peaks
+
+
 def assert_constant_bookkeeping(peaks, spread=SPREAD_BYTES):
     assert max(peaks.values()) <= BOOKKEEPING_BYTES, peaks
     assert max(peaks.values()) - min(peaks.values()) <= spread, peaks
@@ -101,18 +122,18 @@ def assert_constant_bookkeeping(peaks, spread=SPREAD_BYTES):
 @pytest.mark.parametrize("model_name", sorted(CORNERS))
 @pytest.mark.parametrize("engine_name", ZERO_ALLOC)
 def test_no_array_allocation_tracemalloc(engine_name, model_name):
-    assert_constant_bookkeeping(corner_peaks(ENGINES[engine_name], model_name, tracemalloc_peak))
+    assert_constant_bookkeeping(stable_peaks(ENGINES[engine_name], model_name, tracemalloc_peak))
 
 
 @pytest.mark.parametrize("model_name", sorted(CORNERS))
 @pytest.mark.parametrize("engine_name", ZERO_ALLOC)
 def test_no_native_allocation_memray(engine_name, model_name):
     spread = SPREAD_BYTES + (OPENMP_TEAM_BYTES if engine_name in ON_MKL else 0)
-    assert_constant_bookkeeping(corner_peaks(ENGINES[engine_name], model_name, memray_peak), spread)
+    assert_constant_bookkeeping(stable_peaks(ENGINES[engine_name], model_name, memray_peak, spread), spread)
 
 
 def test_naive_allocates_and_the_check_sees_it():
-    peaks = corner_peaks(ENGINES["naive"], "mlp", tracemalloc_peak)
+    peaks = stable_peaks(ENGINES["naive"], "mlp", tracemalloc_peak)
     with pytest.raises(AssertionError):
         assert_constant_bookkeeping(peaks)
 
@@ -144,4 +165,4 @@ def test_one_planted_temporary_fails_the_check(planted, measure, monkeypatch):
         name = "planted"
 
     with pytest.raises(AssertionError):
-        assert_constant_bookkeeping(corner_peaks(Planted, "mlp", measure))
+        assert_constant_bookkeeping(stable_peaks(Planted, "mlp", measure))
