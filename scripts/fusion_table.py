@@ -1,0 +1,172 @@
+"""What the importer's passes make of every model we have, and what importing it costs: a Markdown table.
+
+    python scripts/export_zoo.py --keep /tmp/zoo          # the exported families, once
+    python scripts/fusion_table.py --exports /tmp/zoo --cnns           # this tree
+    python scripts/fusion_table.py --exports /tmp/zoo --cnns --before HEAD~3   # before / after
+
+Models: the ``.onnx`` files in ``--exports`` (``scripts/export_zoo.py --keep``), the graphs and
+torch exports of tests/test_onnx_import.py, and with ``--cnns`` the onnx package's light CNNs
+(random weights; ``--big`` adds AlexNet, VGG-19 and ZFNet-512).
+
+Per model: the IR op count after the passes, the fused kinds (``attn`` counts ``attn_scores``,
+``ln`` ``layernorm``, ``gelu`` ``gelu`` and ``gelu_erf``, ``conv+`` the convolutions that took a
+batch norm, an affine, an activation, a residual add or a pool), the generic kinds left around a
+softmax and GPT-2's GELU (``matmul``, ``isnan``, ``where``, ``tanh``), and the import time: ``load_onnx(passes=False)`` plus
+the passes, the median over ``--rounds`` rounds. With ``--before REV`` the tree at REV
+(``git archive``) is measured too, each round running both trees one after the other in fresh
+processes, so that load on the machine falls on both alike.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FUSED = ("attn_scores", "layernorm", "gelu", "gelu_erf", "linear")
+CONV_KINDS = ("conv", "conv_add", "conv_maxpool")
+GENERIC = ("matmul", "isnan", "where", "tanh", "batchnorm")
+CNNS = ("densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet")
+BIG = ("bvlc_alexnet", "vgg19", "zfnet512")
+
+
+def collect(args, folder: Path) -> list[tuple[str, Path, int | None]]:
+    """(name, file, random weights seed) of every model, its bytes written into ``folder``."""
+    sys.path[:0] = [str(ROOT)]
+    import onnx
+    warnings.simplefilter("ignore")
+    from tests import test_onnx_import as t
+    models = []
+    with contextlib.redirect_stdout(io.StringIO()):          # the dynamo exporter's progress lines
+        exported = t._torch_exports()
+    for name, data in {**t.GRAPHS, **exported}.items():
+        path = folder / f"{name}.onnx"
+        path.write_bytes(data)
+        models.append((f"tests: {name}", path, None))
+    if args.exports:
+        models += [(f"zoo: {p.stem}", p, None) for p in sorted(Path(args.exports).glob("*.onnx"))]
+    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    for name in (CNNS if args.cnns else ()) + (BIG if args.big else ()):
+        models.append((f"cnn: {name}", light / f"light_{name}.onnx", 17))
+    return models
+
+
+def worker(spec: str) -> None:
+    """Import each model of ``spec`` (a JSON file) once with this tree's engines; JSON lines out."""
+    from engines import load_onnx
+    from engines.importer.passes import PASSES
+    warnings.simplefilter("ignore")
+    models = json.loads(Path(spec).read_text())
+    load_onnx(models[0][1], randomize_weights=models[0][2])     # the lazy imports, before any timing
+    for name, path, seed in models:
+        try:
+            t0 = time.perf_counter()
+            model = load_onnx(path, passes=False, randomize_weights=seed)
+            t1 = time.perf_counter()
+            for p in PASSES:
+                model = p(model)
+            t2 = time.perf_counter()
+        except Exception as exc:            # refused or broken in this tree: said so in the table
+            print(json.dumps({"name": name, "error": f"{type(exc).__name__}: {str(exc)[:120]}"}), flush=True)
+            continue
+        kinds: dict[str, int] = {}
+        for op in model.ops:
+            kinds[op.kind] = kinds.get(op.kind, 0) + 1
+        conv_plus = sum(1 for op in model.ops if op.kind in CONV_KINDS and
+                        (op.kind != "conv" or op.attrs.get("activation", "none") != "none" or
+                         any(p.endswith((".bn", ".mul", ".add")) for p in op.params)))
+        print(json.dumps({"name": name, "ops": len(model.ops), "kinds": kinds, "conv_plus": conv_plus,
+                          "load": t1 - t0, "passes": t2 - t1}), flush=True)
+
+
+def run_tree(tree: Path, spec: Path) -> dict[str, dict]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "fusion_table.py"), "--worker", str(spec)],
+                         cwd=tree, env=env, capture_output=True, text=True, check=True).stdout
+    return {r["name"]: r for r in map(json.loads, out.splitlines())}
+
+
+def fused(r: dict) -> str:
+    if "error" in r:
+        return r["error"]
+    k = r["kinds"]
+    parts = [f"attn {k.get('attn_scores', 0)}", f"ln {k.get('layernorm', 0)}",
+             f"gelu {k.get('gelu', 0) + k.get('gelu_erf', 0)}"]
+    if r["conv_plus"]:
+        parts.append(f"conv+ {r['conv_plus']}")
+    left = [f"{g} {k[g]}" for g in GENERIC if k.get(g)]
+    return ", ".join(parts) + (f"; left: {', '.join(left)}" if left else "")
+
+
+def ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1e3:,.1f}" if values else "-"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--exports", help="a folder of exported .onnx files (scripts/export_zoo.py --keep)")
+    parser.add_argument("--cnns", action="store_true", help="the onnx package's light CNNs (random weights)")
+    parser.add_argument("--big", action="store_true", help="and AlexNet, VGG-19, ZFNet-512")
+    parser.add_argument("--before", help="a git revision to measure beside this tree, interleaved")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.worker)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        models = collect(args, folder)
+        spec = folder / "models.json"
+        spec.write_text(json.dumps([(n, str(p), s) for n, p, s in models]))
+        trees = {"after": ROOT}
+        if args.before:
+            base = folder / "before"
+            base.mkdir()
+            archive = subprocess.run(["git", "archive", args.before, "engines", "scripts"], cwd=ROOT,
+                                     capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+            (base / "scripts" / "fusion_table.py").write_text(Path(__file__).read_text())
+            trees = {"before": base, "after": ROOT}
+        runs: dict[str, list[dict]] = {side: [] for side in trees}
+        for i in range(args.rounds):              # the order alternates: neither side always goes first
+            for side, tree in (list(trees.items()) if i % 2 == 0 else list(trees.items())[::-1]):
+                runs[side].append(run_tree(tree, spec))
+    print_table(models, runs, args)
+    return 0
+
+
+def print_table(models, runs, args) -> None:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    load = os.getloadavg()[0]
+    print(f"{args.rounds} rounds on {cpu} ({os.cpu_count()} cores), load average {load:.1f} at the end; "
+          f"import = load_onnx(passes=False) + the passes, median ms\n")
+    sides = list(runs)
+    head = ["model", "IR ops"] + [f"fused ({s})" for s in sides] + [f"import ms ({s})" for s in sides] + \
+        [f"passes ms ({s})" for s in sides]
+    if len(sides) == 2:
+        head[1] = "IR ops (before / after)"
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for name, _, _ in models:
+        first = {s: runs[s][0].get(name, {"error": "missing"}) for s in sides}
+        ops = " / ".join(str(first[s].get("ops", "-")) for s in sides)
+        cells = [name, ops] + [fused(first[s]) for s in sides]
+        cells += [ms([r[name]["load"] + r[name]["passes"] for r in runs[s] if "load" in r.get(name, {})])
+                  for s in sides]
+        cells += [ms([r[name]["passes"] for r in runs[s] if "passes" in r.get(name, {})]) for s in sides]
+        print("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
