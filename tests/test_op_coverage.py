@@ -317,3 +317,39 @@ def test_a_graph_that_mixes_samples_names_the_first_node_that_does():
                   N("Add", ["r", "s"], ["y"])])
     with pytest.raises(OnnxImportError, match=r"mixes samples.*first at node 'over_batch' \(Softmax\)"):
         load_onnx(data)
+
+
+# --- ops defined by a function body: replaced by it before lowering (engines.importer.expand) -----
+
+FUNCTION_GRAPHS = {
+    # Elu with its default alpha (the body reads the attribute), Celu's body calls Elu, MVN's axes
+    "activation-bodies": build([
+        N("Elu", ["x"], ["e"], name="elu"), N("Celu", ["e"], ["c"], alpha=0.7, name="celu"),
+        N("Softsign", ["c"], ["s"]), N("Softplus", ["s"], ["p"]),
+        N("ThresholdedRelu", ["p"], ["t"], alpha=0.6),
+        N("MeanVarianceNormalization", ["t"], ["y"], axes=[2, 3]),
+    ], in_shape=("N", 3, 4, 5)),
+}
+
+
+@pytest.mark.parametrize("graph", sorted(FUNCTION_GRAPHS))
+def test_function_bodies_on_every_engine_against_onnxruntime(graph):
+    model = check_every_engine(FUNCTION_GRAPHS[graph])
+    named = {n for names in model.origin.values() for n in names}
+    assert {"elu", "celu"} <= named and not any("/" in n for n in named)     # the file's nodes, not the body's
+
+
+def test_function_bodies_allocate_nothing_per_forward():
+    for data in FUNCTION_GRAPHS.values():
+        model = load_onnx(data)
+        for name in PLANNED:
+            engine = ENGINES[name](model, 16)
+            assert tracemalloc_peak(engine, model.random_input(16, rng=0)) <= 4096, name
+
+
+def test_a_body_that_does_not_lower_refuses_the_node_by_name():
+    data = build([N("SoftmaxCrossEntropyLoss", ["x", "labels"], ["y"], reduction="none", name="loss")],
+                 {"labels": np.zeros((1, 6), np.int64)}, in_shape=("N", 4, 6), out_shape=("N", 6), opset=13)
+    with pytest.raises(OnnxImportError, match=r"^node 'loss': SoftmaxCrossEntropyLoss \(domain ai.onnx, "
+                                              r"opset 13\) is not supported: in its function body, "):
+        load_onnx(data)

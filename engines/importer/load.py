@@ -42,6 +42,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ir.models import FixedBatch, Model, Op
+from .expand import expand_functions
 from .lower import LOWER, Act, lower
 from .passes import PASSES, live_ops
 
@@ -636,14 +637,17 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
     if oversized:
         raise OnnxImportError(oversized)
     dynamic = dynamic_values(proto, sig.input)
-    bad = unsupported_nodes(proto, dynamic)
-    if bad:
-        raise OnnxImportError(bad)
-    build = lambda b: _build(b, sig, name or _stem(source, proto), data, passes)  # noqa: E731
-    if sig.fixed is not None:
-        return _build_fixed(proto, sig, dynamic, build)
-    x2 = np.random.default_rng(0).standard_normal((2, *sig.rest)).astype(np.float32)
-    return build(_symbolic(proto, sig, dynamic, x2))
+    bodies = expand_functions(proto, dynamic, LOWER, reads_data_of)     # ops defined by a function body
+    with bodies.traced():
+        proto, dynamic = bodies.proto, dynamic_values(bodies.proto, sig.input)
+        bad = unsupported_nodes(proto, dynamic)
+        if bad:
+            raise OnnxImportError(bad)
+        build = lambda b: _build(b, sig, name or _stem(source, proto), data, passes)  # noqa: E731
+        if sig.fixed is not None:
+            return bodies.trace(_build_fixed(proto, sig, dynamic, build))
+        x2 = np.random.default_rng(0).standard_normal((2, *sig.rest)).astype(np.float32)
+        return bodies.trace(build(_symbolic(proto, sig, dynamic, x2)))
 
 
 def _stem(source, proto) -> str:
