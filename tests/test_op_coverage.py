@@ -119,6 +119,8 @@ KIND_CASES = {
     "where-constant-mask": ("where", [X], (np.tril(np.ones((5, 7)))[None],), dict(order="pts", scalars=(-1e4,))),
     "where-constant-operand": ("where", [(X > 0).astype(float), X], (np.arange(35.0).reshape(5, 7),),
                                dict(order="tpt")),
+    "matmul_const-stacked": ("matmul_const", [X], (R.standard_normal((2, 7, 4)),), dict(aligned=(1, 5, 7), swap=False)),
+    "matmul_const-left": ("matmul_const", [X], (R.standard_normal((2, 6, 5)),), dict(aligned=(1, 5, 7), swap=True)),
     **{f"reduce_{fn}-width{w}": (f"reduce_{fn}", [R.standard_normal((3, 4, w))], (), {})
        for fn in ("max", "min", "prod") for w in (1, 2, 5, 64)},
 }
@@ -245,6 +247,18 @@ GRAPHS = {
     ], {"w1": _w(6, 4, 3), "b1": _w(6), "w2": _w(6, 6, 3), "b2": _w(6), "wd": _w(6, 1, 5), "s6": 1 + _w(6),
         "b6": _w(6)},
         in_shape=("N", 4, 20), out_shape=("N", 12, 5)),
+    # MatMul with a constant of any rank on either side (attention's K and V as initializers), a 1-D one
+    "matmul-constants": build([
+        N("MatMul", ["x", "kt"], ["s"]),                               # (N, 2, 4, 5): per-head constant
+        N("Softmax", ["s"], ["p"]),
+        N("MatMul", ["p", "v"], ["c"]),                                # (N, 2, 4, 6)
+        N("MatMul", ["left", "c"], ["l"]),                             # (N, 2, 3, 6): constant on the left
+        N("MatMul", ["l", "w1"], ["y1"]),                              # (N, 2, 3): a 1-D constant
+        N("MatMul", ["row", "l"], ["y2"]),                             # (N, 2, 6): 1-D on the left
+        N("MatMul", ["y2", "w2"], ["y3"]),                             # (N, 2, 3): 2-D, a linear
+        N("Add", ["y1", "y3"], ["y"]),
+    ], {"kt": _w(2, 6, 5), "v": _w(1, 5, 6), "left": _w(3, 4), "w1": _w(6), "row": _w(3), "w2": _w(6, 3)},
+        in_shape=("N", 2, 4, 6), out_shape=("N", 2, 3)),
 }
 
 
@@ -345,6 +359,20 @@ def test_function_bodies_allocate_nothing_per_forward():
         for name in PLANNED:
             engine = ENGINES[name](model, 16)
             assert tracemalloc_peak(engine, model.random_input(16, rng=0)) <= 4096, name
+
+
+def test_attention_runs_as_its_function_body_with_constant_keys_and_values():
+    """Attention (opset 23) has no rule of its own: its body, K and V initializers, on every engine."""
+    data = build([N("Attention", ["x", "k", "v"], ["y"], is_causal=1, q_num_heads=2, kv_num_heads=2)],
+                 {"k": _w(1, 5, 8), "v": _w(1, 5, 6)}, in_shape=(1, 3, 8), out_shape=(1, 3, 6), opset=23)
+    model = load_onnx(data)
+    x = model.random_input(1, rng=5)
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(model.reference(x), expected, rtol=1e-4, atol=1e-5)
+    for name in OWN:
+        np.testing.assert_allclose(ENGINES[name](model, 1).forward(x), expected, rtol=1e-4, atol=1e-5, err_msg=name)
+    assert "matmul_const" in [op.kind for op in model.ops]
+    assert "'y/" not in model.fixed_batch.reason          # the file's node, not its body's
 
 
 def test_a_body_that_does_not_lower_refuses_the_node_by_name():

@@ -13,6 +13,7 @@ the original nodes too (``Expansion.trace``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -72,6 +73,9 @@ class Expansion:
         """The model with its ops' origins named by the file's nodes."""
         for out, names in model.origin.items():
             model.origin[out] = tuple(dict.fromkeys(self.roots[n].name if n in self.roots else n for n in names))
+        if model.fixed_batch is not None and self.roots:
+            reason = re.sub(r"node '([^']*)'(?: \(([^)]*)\))?", self._named, model.fixed_batch.reason)
+            model.fixed_batch = dataclasses.replace(model.fixed_batch, reason=reason)
         return model
 
 

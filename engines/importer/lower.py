@@ -307,11 +307,36 @@ def lower_matmul(L: Lowering):
         if a.per_sample[:-2] != b.per_sample[:-2]:
             raise Unsupported("a product of activations that broadcasts")
         return L.result(L.emit("matmul", [a.name, b.name], out.per_sample))
-    if not isinstance(a, Act) or np.ndim(b) != 2:
-        raise Unsupported("a product with a constant other than a 2-D right-hand matrix")
+    if not isinstance(a, Act) or np.ndim(b) != 2 or a.bpos == len(a.shape) - 1:
+        return _matmul_const(L, a if isinstance(a, Act) else b, b if isinstance(a, Act) else a, not isinstance(a, Act))
     w = L.param(b, L.node.output[0] + ".w")
     zero = L.param(np.zeros(b.shape[1]), L.node.output[0] + ".b")
     L.result(L.emit("linear", [a.name], out.per_sample, [w, zero]))
+
+
+def _matmul_const(L: Lowering, x: Act, c, swap: bool):
+    """x @ c (c @ x when ``swap``) for a constant c of any rank, broadcasting their stacks as
+    ONNX's MatMul does (a 1-D c promoted to a matrix and its unit axis then dropped): a
+    ``matmul_const``. The batch axis must be one of x's stacked axes, along which c is 1."""
+    c = np.asarray(c, dtype=np.float64)
+    if c.ndim == 1:
+        c = c[None, :] if swap else c[:, None]
+    rank = max(len(x.shape), c.ndim)
+    if len(x.shape) < 2:
+        raise Unsupported("a product of a vector activation and a constant")
+    bpos = None if x.bpos is None else x.bpos + rank - len(x.shape)
+    if bpos is not None and bpos >= rank - 2:
+        raise Unsupported("the batch axis is one of the matrix axes of a product with a constant")
+    c = c.reshape((1,) * (rank - c.ndim) + c.shape)
+    if bpos is not None:
+        if c.shape[bpos] != 1:
+            raise Unsupported("a constant operand varies along the batch axis")
+        c = c.reshape(c.shape[:bpos] + c.shape[bpos + 1:])
+    aligned = (1,) * (c.ndim - len(x.per_sample)) + x.per_sample
+    stack = np.broadcast_shapes(aligned[:-2], c.shape[:-2])
+    out = stack + ((c.shape[-2], aligned[-1]) if swap else (aligned[-2], c.shape[-1]))
+    w = L.param(c, L.node.output[0] + ".w")
+    L.result(L.emit("matmul_const", [x.name], out, [w], aligned=aligned, swap=swap))
 
 
 def lower_gemm(L: Lowering):

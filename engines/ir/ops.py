@@ -493,6 +493,25 @@ def matmul_calls(out, a, b) -> Calls:
     return [(np.matmul, (a, b, out))]
 
 
+# A product with a constant of any rank (an imported MatMul whose other operand is an initializer:
+# attention's K and V). ``aligned``: x's per-sample shape with leading 1s to the constant's rank,
+# so that the per-sample constant broadcasts against (batch, *aligned) as ONNX's MatMul does;
+# ``swap``: the constant is the left operand. np.matmul broadcasts its stacks without a buffer.
+
+def matmul_const_eager(x, w, *, aligned, swap):
+    x = x.reshape(x.shape[0], *aligned)
+    return np.matmul(w, x) if swap else np.matmul(x, w)
+
+
+def matmul_const_calls(out, x, w, *, aligned, swap) -> Calls:
+    x = x.reshape(x.shape[0], *aligned)
+    return [(np.matmul, (w, x, out) if swap else (x, w, out))]
+
+
+def matmul_const_flops(in_shapes, out_shape, *, aligned, swap):
+    return 2 * math.prod(out_shape) * (aligned[-2] if swap else aligned[-1])
+
+
 @functools.lru_cache(maxsize=None)
 def _mean_row(width: int) -> np.ndarray:
     col = mean_column(width)
@@ -670,6 +689,7 @@ OPS: dict[str, OpKind] = {
     "take": OpKind(take_eager, take_calls, flops_per_element=0),
     "concat": OpKind(concat_eager, concat_calls, flops_per_element=0),
     "matmul": OpKind(np.matmul, matmul_calls, flops=matmul_flops),
+    "matmul_const": OpKind(matmul_const_eager, matmul_const_calls, flops=matmul_const_flops),
     "reduce_mean": OpKind(lambda x: x.mean(axis=-1, keepdims=True), reduce_mean_calls,
                           flops=lambda ins, out, **_attrs: math.prod(ins[0])),
     "reduce_sum": OpKind(lambda x: x.sum(axis=-1, keepdims=True), reduce_sum_calls,
