@@ -121,6 +121,9 @@ KIND_CASES = {
                                dict(order="tpt")),
     "matmul_const-stacked": ("matmul_const", [X], (R.standard_normal((2, 7, 4)),), dict(aligned=(1, 5, 7), swap=False)),
     "matmul_const-left": ("matmul_const", [X], (R.standard_normal((2, 6, 5)),), dict(aligned=(1, 5, 7), swap=True)),
+    **{f"math-{kind}": (kind, [np.round(X * 4) / 4], (), {}) for kind in
+       ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "floor", "ceil",
+        "round", "sign")},                                              # halves for round, zeros for sign
     **{f"reduce_{fn}-width{w}": (f"reduce_{fn}", [R.standard_normal((3, 4, w))], (), {})
        for fn in ("max", "min", "prod") for w in (1, 2, 5, 64)},
 }
@@ -247,6 +250,17 @@ GRAPHS = {
     ], {"w1": _w(6, 4, 3), "b1": _w(6), "w2": _w(6, 6, 3), "b2": _w(6), "wd": _w(6, 1, 5), "s6": 1 + _w(6),
         "b6": _w(6)},
         in_shape=("N", 4, 20), out_shape=("N", 12, 5)),
+    # elementwise maths, each op inside its domain (Round's halves go to even)
+    "math": build([
+        N("Tanh", ["x"], ["t"]), N("Asin", ["t"], ["a1"]), N("Acos", ["t"], ["a2"]), N("Atanh", ["t"], ["a3"]),
+        N("Abs", ["x"], ["ab"]), N("Add", ["ab", "one"], ["ab1"]), N("Acosh", ["ab1"], ["a4"]),
+        N("Sin", ["x"], ["s1"]), N("Cos", ["x"], ["s2"]), N("Tan", ["t"], ["s3"]), N("Atan", ["x"], ["s4"]),
+        N("Sinh", ["x"], ["h1"]), N("Cosh", ["x"], ["h2"]), N("Asinh", ["x"], ["h3"]),
+        N("Mul", ["x", "four"], ["x4"]), N("Floor", ["x4"], ["f1"]), N("Ceil", ["x4"], ["f2"]),
+        N("Round", ["x4"], ["f3"]), N("Floor", ["x4"], ["fl"]), N("Add", ["fl", "half"], ["halves"]),
+        N("Round", ["halves"], ["f4"]), N("Sign", ["f1"], ["f5"]),
+        N("Sum", ["a1", "a2", "a3", "a4", "s1", "s2", "s3", "s4", "h1", "h2", "h3", "f1", "f2", "f3", "f4", "f5"], ["y"]),
+    ], {"one": F32(1.0), "four": F32(4.0), "half": F32(0.5)}),
     # MatMul with a constant of any rank on either side (attention's K and V as initializers), a 1-D one
     "matmul-constants": build([
         N("MatMul", ["x", "kt"], ["s"]),                               # (N, 2, 4, 5): per-head constant
@@ -274,6 +288,7 @@ def test_constant_masks_fold_and_activations_get_kinds():
     assert "compare" in kinds["triangles"]               # Greater of an activation; the causal mask folded
     assert {"hardswish", "hardsigmoid", "reciprocal", "abs", "log"} <= set(kinds["activations"])
     assert {"compare", "extremum", "isnan", "where"} <= set(kinds["masks"])
+    assert {"sin", "acosh", "atanh", "floor", "ceil", "round", "sign"} <= set(kinds["math"])
     assert kinds["conv1d"].count("conv") == 3 and {"maxpool", "averagepool", "globalaveragepool"} <= set(kinds["conv1d"])
 
 

@@ -811,6 +811,8 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Reciprocal": lower_unary("reciprocal"),
     "Abs": lower_unary("abs"),
     "Log": lower_unary("log"),
+    **{op: lower_unary(op.lower()) for op in ("Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
+                                              "Acosh", "Atanh", "Floor", "Ceil", "Round", "Sign")},
     "HardSigmoid": lower_hardsigmoid,
     "HardSwish": lower_unary("hardswish"),
     "IsNaN": lower_unary("isnan"),

@@ -656,6 +656,18 @@ def where_calls(out, *args, order, scalars=()) -> Calls:
     return calls + [(np.copyto, (out, b)), (np.copyto, (out, a, "same_kind", mask))]
 
 
+# Elementwise maths of one tensor, each one NumPy ufunc (ONNX's Round rounds halves to even, as
+# np.rint; Sign of 0 is 0, as np.sign).
+MATH = {"sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
+        "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+        "floor": np.floor, "ceil": np.ceil, "round": np.rint, "sign": np.sign}
+
+
+def ufunc_kind(ufunc) -> OpKind:
+    """An elementwise kind that is one ufunc call into out (which may be its input)."""
+    return OpKind(**unary(ufunc, lambda out, x: [(ufunc, (x, out))]))
+
+
 OPS: dict[str, OpKind] = {
     "linear": OpKind(linear_eager, linear_calls, prepare=linear_prepare, flops=linear_flops,
                      eager_temps=1, eager_broadcast=True),
@@ -700,6 +712,7 @@ OPS: dict[str, OpKind] = {
     "reciprocal": OpKind(**unary(np.reciprocal, lambda out, x: [(np.reciprocal, (x, out))])),
     "abs": OpKind(**unary(np.absolute, lambda out, x: [(np.absolute, (x, out))])),
     "log": OpKind(**unary(np.log, lambda out, x: [(np.log, (x, out))])),
+    **{kind: ufunc_kind(ufunc) for kind, ufunc in MATH.items()},
     "hardsigmoid": OpKind(**unary(hardsigmoid_eager, hardsigmoid_calls, flops=4), eager_temps=2),
     "hardswish": OpKind(**unary(hardswish_eager, hardswish_calls, flops=5, inplace=()), eager_temps=3),
     "extremum": OpKind(extremum_eager, extremum_calls, prepare=binary_prepare, inplace=(0, 1),
