@@ -131,10 +131,10 @@ def _unexpanded(by_out, t) -> str:
     return e.inputs[0] if e is not None else ""
 
 
-def _escapes(names, inner: set[str], ops, readers, model: Model, reader: Op) -> bool:
+def _escapes(names, inner: set[str], ops, readers, model: Model, *allowed: Op) -> bool:
     """Whether a tensor of ``names`` is the model's output or is read by an op other than the
-    pattern's own (those writing ``inner``) and its last, ``reader``."""
-    return model.output in names or any(ops[i].output not in inner and ops[i] is not reader
+    pattern's own (those writing ``inner``) and those ``allowed`` (its last, say)."""
+    return model.output in names or any(ops[i].output not in inner and not any(ops[i] is a for a in allowed)
                                         for t in names for i in readers.get(t, ()))
 
 
@@ -202,6 +202,12 @@ def fuse_layernorm(model: Model) -> Model:
 MOVES = ("reshape", "transpose", "slice", "take")     # kinds that only move elements
 
 
+def _moves(op: Op) -> bool:
+    """Whether ``op`` only moves elements: a kind of ``MOVES``, or a ``concat`` of one tensor (a
+    copy: GPT-2's TorchScript export joins an empty key/value cache to k and v)."""
+    return op.kind in MOVES or (op.kind == "concat" and op.attrs.get("order") == "t" and not op.params)
+
+
 def _scale_of(op: Op) -> float | None:
     """The factor of a multiply or divide by a scalar, else None."""
     s, fn = op.attrs.get("scalar"), op.attrs.get("fn")
@@ -223,7 +229,7 @@ def _moves_from(t: str, by_out) -> _Moves:
     while t in by_out:
         op = by_out[t]
         factor = _scale_of(op)
-        if op.kind not in MOVES and factor is None:
+        if not _moves(op) and factor is None:
             break
         chain.append(op)
         scale *= 1.0 if factor is None else factor
@@ -234,7 +240,7 @@ def _moves_from(t: str, by_out) -> _Moves:
 def _replay(chain, x: np.ndarray) -> np.ndarray:
     """The element moves of chain applied to x (the scalings skipped): where each element comes from."""
     for op in chain:
-        if op.kind in MOVES:
+        if _moves(op):
             x = OPS[op.kind].eager(x, **op.attrs)
     return x
 
@@ -252,12 +258,75 @@ def _parallel_projections(sources, model: Model, by_out, readers) -> list[Op] | 
     return proj
 
 
+class _AroundSoftmax(NamedTuple):
+    """What surrounds an attention's softmax: the scores' matmul, its scaling, a constant mask
+    added to the scaled scores, the NaN guard after the softmax, and the matmul by v."""
+    scores: Op
+    scaled: Op | None
+    mask: Op | None
+    guard: tuple[Op, Op] | None          # (IsNaN, Where)
+    context: Op
+
+
+def _mask_add(op: Op | None, readers) -> Op | None:
+    """``op`` if it adds a constant block (a folded attention mask) to a tensor read only by it."""
+    if op is None or op.kind != "binary" or op.attrs.get("fn") != "add" or len(op.params) != 1:
+        return None
+    return op if len(readers.get(op.inputs[0], [])) == 1 else None
+
+
+def _nan_guard(soft: Op, ops, readers) -> tuple[Op, Op] | None:
+    """(IsNaN, Where) when the softmax's output is read only as Where(IsNaN(p), 0, p): the guard
+    exporters put after SDPA's softmax against fully masked rows."""
+    users = [ops[i] for i in readers.get(soft.output, [])]
+    isnan = next((u for u in users if u.kind == "isnan"), None)
+    where = next((u for u in users if u.kind == "where"), None)
+    if len(users) != 2 or isnan is None or where is None or len(readers.get(isnan.output, [])) != 1:
+        return None
+    plain = where.inputs == (isnan.output, soft.output) and not where.params
+    return (isnan, where) if plain and where.attrs.get("order") == "tst" and \
+        tuple(where.attrs.get("scalars", ())) == (0.0,) else None
+
+
+def _around_softmax(soft: Op, ops, by_out, readers) -> _AroundSoftmax | None:
+    """A matmul into the softmax (perhaps scaled, perhaps a constant mask added), and the one
+    matmul that reads its probabilities (perhaps NaN-guarded) as its left operand."""
+    mask = _mask_add(by_out.get(soft.inputs[0]), readers)
+    scores, scaled = by_out.get(mask.inputs[0] if mask else soft.inputs[0]), None
+    if scores is not None and _scale_of(scores) is not None and len(readers.get(scores.output, [])) == 1:
+        scaled, scores = scores, by_out.get(scores.inputs[0])
+    guard = _nan_guard(soft, ops, readers)
+    probs = guard[1].output if guard else soft.output
+    users = readers.get(probs, [])
+    if scores is None or scores.kind != "matmul" or len(users) != 1 or ops[users[0]].kind != "matmul":
+        return None
+    context = ops[users[0]]
+    if context.inputs[0] != probs or len(readers.get(scores.output, [])) != 1:
+        return None
+    return _AroundSoftmax(scores, scaled, mask, guard, context)
+
+
+def _unguarded_rows(block: np.ndarray, seq: int) -> bool:
+    """Whether every row of a mask block (rows of ``seq`` keys) leaves a finite score: no NaN, no
+    +inf, and a finite entry in each row. Then a softmax of finite scores plus the mask has no NaN
+    row, and Where(IsNaN(p), 0, p) is the identity."""
+    if block.size % seq:
+        return False
+    rows = block.reshape(-1, seq)
+    return not np.isnan(rows).any() and not np.isposinf(rows).any() and bool(np.isfinite(rows).any(axis=1).all())
+
+
 @dataclass(frozen=True)
 class _Attention:
-    """One matched self-attention: softmax(scaled q @ k^T) @ v, moved back to (seq, dim)."""
+    """One matched self-attention: softmax(scaled q @ k^T (+ mask)) @ v, moved back to (seq, dim).
+    ``mask`` and ``guard`` are those that stay as their own ops; ``dropped`` are those that go (a
+    mask of zeros, a guard that cannot fire)."""
     soft: Op
     scores: Op                   # q @ k^T
     scaled: Op | None            # a scalar scaling of the scores, if there is one
+    mask: Op | None              # the constant mask added to the scores, kept
+    guard: tuple[Op, Op] | None  # the NaN guard after the softmax, kept
+    dropped: tuple[Op, ...]      # a zero mask, a guard that is the identity
     context: Op                  # probs @ v
     moves: tuple[_Moves, _Moves, _Moves]   # q, k, v from their source
     merged: list[Op] | None      # three projections to merge into one qkv linear, or None
@@ -266,20 +335,29 @@ class _Attention:
     after: list[Op]              # the moves of the context back to (seq, dim)
     out: str                     # the tensor they write
 
+    @property
+    def scores_out(self) -> str:
+        """The tensor ``attn_scores`` writes: what the kept mask, or else the softmax, reads."""
+        return self.mask.inputs[0] if self.mask is not None else self.soft.inputs[0]
 
-def _around_softmax(soft: Op, ops, by_out, readers) -> tuple[Op, Op | None, Op] | None:
-    """(scores, their scaling or None, context): a matmul into the softmax (perhaps scaled), and
-    the one matmul that reads it as its left operand."""
-    scores, scaled = by_out.get(soft.inputs[0]), None
-    if scores is not None and _scale_of(scores) is not None and len(readers.get(scores.output, [])) == 1:
-        scaled, scores = scores, by_out.get(scores.inputs[0])
-    users = readers.get(soft.output, [])
-    if scores is None or scores.kind != "matmul" or len(users) != 1 or ops[users[0]].kind != "matmul":
-        return None
-    context = ops[users[0]]
-    if context.inputs[0] != soft.output or len(readers.get(scores.output, [])) != 1:
-        return None
-    return scores, scaled, context
+    @property
+    def probs(self) -> str:
+        """The tensor ``attn_context`` reads: the kept guard's output, or else the softmax's."""
+        return self.guard[1].output if self.guard is not None else self.soft.output
+
+
+def _mask_and_guard(around: _AroundSoftmax, model: Model, seq: int):
+    """(the mask kept, the guard kept, the ops dropped): a mask of zeros goes; the guard goes when
+    no row of the scores can be all -inf (no mask, or a mask that leaves every row a finite entry)."""
+    mask, guard, dropped = around.mask, around.guard, []
+    block = None if mask is None else model.params[mask.params[0]]
+    if block is not None and not np.any(block):
+        mask, block = None, None
+        dropped.append(around.mask)
+    if guard is not None and (block is None or _unguarded_rows(block, seq)):
+        dropped += guard
+        guard = None
+    return mask, guard, tuple(dropped)
 
 
 def _heads_layout(moves, merged, seq: int, width: int, heads: int) -> bool:
@@ -300,7 +378,7 @@ def _moves_back(context: Op, ops, readers, model: Model, seq: int, dim: int, hea
     """The moves after the context, each read once, that take it from heads back to (seq, dim)
     exactly (``ops.head_columns``' order), and the tensor they write."""
     after, t = [], context.output
-    while len(readers.get(t, [])) == 1 and ops[readers[t][0]].kind in MOVES and model.shapes[t] != (seq, dim):
+    while len(readers.get(t, [])) == 1 and _moves(ops[readers[t][0]]) and model.shapes[t] != (seq, dim):
         after.append(ops[readers[t][0]])
         t = after[-1].output
     heads_out = np.arange(seq * dim, dtype=np.float64).reshape(1, heads, seq, dim // heads)
@@ -315,7 +393,7 @@ def _match_attention(soft: Op, ops, model: Model) -> _Attention | None:
     around = _around_softmax(soft, ops, by_out, readers)
     if around is None:
         return None
-    scores, scaled, context = around
+    scores, scaled, context = around.scores, around.scaled, around.context
     moves = tuple(_moves_from(t, by_out) for t in (*scores.inputs, context.inputs[1]))
     sources = tuple(m.source for m in moves)
     merged = _parallel_projections(sources, model, by_out, readers)
@@ -335,27 +413,32 @@ def _match_attention(soft: Op, ops, model: Model) -> _Attention | None:
     back = _moves_back(context, ops, readers, model, seq, width // 3, heads)
     if back is None:
         return None
-    found = _Attention(soft, scores, scaled, context, moves, merged, qkv, heads, *back)
+    found = _Attention(soft, scores, scaled, *_mask_and_guard(around, model, seq), context, moves, merged, qkv,
+                       heads, *back)
     inner = _attention_outputs(found)
-    if _escapes(inner - {found.out}, inner, ops, readers, model, soft):
+    if _escapes(inner - {found.out}, inner, ops, readers, model, soft, *([found.mask] if found.mask else [])):
         return None                      # a piece of the pattern is read outside it
     return found
 
 
 def _attention_outputs(a: _Attention) -> set[str]:
     q, k, v = a.moves
-    return {op.output for op in (*q.ops, *k.ops, *v.ops, a.scores, a.context, *a.after, *([a.scaled] if a.scaled else []))}
+    return {op.output for op in (*q.ops, *k.ops, *v.ops, a.scores, a.context, *a.after, *a.dropped,
+                                 *([a.scaled] if a.scaled else []))}
 
 
 def _rewrite_attention(model: Model, a: _Attention) -> Model:
     """``attn_scores`` where the scores were, ``attn_context`` where the moved-back context was,
-    one qkv linear where the first of three projections was."""
+    one qkv linear where the first of three projections was; a kept mask and guard stay between."""
     q, k, v = a.moves
     inner = _attention_outputs(a)
     origin, params = dict(model.origin), dict(model.params)
     scaled = [a.scaled] if a.scaled else []
-    origin[a.soft.inputs[0]] = sum((model.origin.get(op.output, ()) for op in (*q.ops, *k.ops, a.scores, *scaled)), ())
-    origin[a.out] = sum((model.origin.get(op.output, ()) for op in (*v.ops, a.context, *a.after)), ())
+    masks = [op for op in a.dropped if op.kind == "binary"]
+    guards = [op for op in a.dropped if op.kind != "binary"]
+    origin[a.scores_out] = sum((model.origin.get(op.output, ()) for op in (*q.ops, *k.ops, a.scores, *scaled, *masks)),
+                               ())
+    origin[a.out] = sum((model.origin.get(op.output, ()) for op in (*guards, *v.ops, a.context, *a.after)), ())
     if a.merged is not None:            # one projection to (seq, 3·dim), as the zoo's qkv linear
         params[a.qkv + ".w"] = np.concatenate([params[p.params[0]] for p in a.merged], axis=1)
         params[a.qkv + ".b"] = np.concatenate([params[p.params[1]] for p in a.merged])
@@ -365,9 +448,9 @@ def _rewrite_attention(model: Model, a: _Attention) -> Model:
     rebuilt = []
     for op in model.ops:
         if op is a.scores:
-            rebuilt.append(Op("attn_scores", (a.qkv,), a.soft.inputs[0], (), {"heads": a.heads}))
+            rebuilt.append(Op("attn_scores", (a.qkv,), a.scores_out, (), {"heads": a.heads}))
         elif op.output == a.out:
-            rebuilt.append(Op("attn_context", (a.soft.output, a.qkv), a.out, (), {"heads": a.heads}))
+            rebuilt.append(Op("attn_context", (a.probs, a.qkv), a.out, (), {"heads": a.heads}))
         elif a.merged is not None and any(op is p for p in a.merged):
             if a.qkv not in {r.output for r in rebuilt}:
                 rebuilt.append(Op("linear", op.inputs, a.qkv, (a.qkv + ".w", a.qkv + ".b")))
@@ -379,12 +462,16 @@ def _rewrite_attention(model: Model, a: _Attention) -> Model:
 def fuse_attention(model: Model) -> Model:
     """Multi-head self-attention as exporters decompose it (q, k and v cut out of one fused
     projection by reshapes, transposes and slices, or projected by three linears of one input;
-    scores = q @ k^T scaled; softmax; context = probs @ v, moved back to (seq, dim)) becomes
-    ``attn_scores``, ``softmax``, ``attn_context`` (three projections become one).
+    scores = q @ k^T scaled, perhaps plus a constant mask; softmax, perhaps NaN-guarded;
+    context = probs @ v, moved back to (seq, dim)) becomes ``attn_scores``, ``softmax``,
+    ``attn_context`` (three projections become one).
 
     Exact by construction: the moves are replayed on element indices and must give precisely
     the zoo's head layout (``ops.split_heads``, ``ops.head_columns``), and the scalings must
-    multiply to 1/sqrt(head_dim) to float32 precision.
+    multiply to 1/sqrt(head_dim) to float32 precision. A mask (a folded causal or padding mask,
+    added to the scaled scores) stays one ``binary`` add between ``attn_scores`` and the softmax;
+    a mask of zeros goes. SDPA's guard Where(IsNaN(p), 0, p) goes where no row can be all -inf
+    (it is then the identity on finite scores); else it stays before ``attn_context``.
     """
     for soft in [op for op in model.ops if op.kind == "softmax"]:
         found = _match_attention(soft, model.ops, model)
