@@ -15,7 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ir.models import Model, Op
-from ..ir.ops import OPS, split_heads
+from ..ir.ops import GELU_C, OPS, split_heads
 from ..ir.conv import POOL_PREFIX, conv_lowering, fold_batchnorm as fold_conv_batchnorm, residual_fusable
 
 
@@ -111,6 +111,77 @@ def fuse_gelu_erf(model: Model) -> Model:
         ops[by_out[half.output]] = Op("gelu_erf", (x,), half.output)
         origin[half.output] = sum((model.origin.get(op.output, ()) for op in chain), ())
     return _rebuild(model, [op for op in ops if op is not None], origin=origin)
+
+
+class _TanhGelu(NamedTuple):
+    """0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))): x, and the ops from the cube to the end."""
+    x: str
+    ops: tuple[Op, ...]
+
+
+def _cubic_term(add: Op, by_out) -> tuple[str, list[Op]] | None:
+    """(x, [cube, 0.044715 · cube]) when ``add`` is x + 0.044715 · x³ (x³ as Pow 3 or x · x · x)."""
+    if add.kind != "add" or len(add.inputs) != 2:
+        return None
+    for x, c in (add.inputs, add.inputs[::-1]):
+        scaled = by_out.get(c)
+        cube = scaled is not None and _scalar_is(scaled, "mul", 0.044715) and by_out.get(scaled.inputs[0])
+        if not cube:
+            continue
+        if _scalar_is(cube, "pow", 3.0) and cube.inputs == (x,):
+            return x, [cube, scaled]
+        square = cube.kind == "binary" and cube.attrs.get("fn") == "mul" and x in cube.inputs and \
+            by_out.get(cube.inputs[1] if cube.inputs[0] == x else cube.inputs[0])
+        if square and square.kind == "binary" and square.attrs.get("fn") == "mul" and square.inputs == (x, x):
+            return x, [square, cube, scaled]
+    return None
+
+
+def _match_tanh_gelu(tanh: Op, by_out, only) -> _TanhGelu | None:
+    """The GELU around ``tanh``, its last op a product by 0.5 (of x, or of the whole)."""
+    inner = by_out.get(tanh.inputs[0])
+    add = inner is not None and _scalar_is(inner, "mul", GELU_C) and by_out.get(inner.inputs[0])
+    cubic = add and _cubic_term(add, by_out)
+    plus = cubic and only(tanh.output)
+    if not plus or not _scalar_is(plus, "add", 1.0):
+        return None
+    x, front = cubic
+    times = only(plus.output)
+    if times is None or times.kind != "binary" or times.attrs.get("fn") != "mul" or len(times.inputs) != 2:
+        return None
+    other = times.inputs[1] if times.inputs[0] == plus.output else times.inputs[0]
+    chain = [*front, add, inner, tanh, plus, times]
+    if other == x:                                        # x · (1 + tanh) · 0.5
+        half = only(times.output)
+        return _TanhGelu(x, (*chain, half)) if half is not None and _scalar_is(half, "mul", 0.5) else None
+    half = by_out.get(other)                               # (0.5 · x) · (1 + tanh)
+    if half is None or not _scalar_is(half, "mul", 0.5) or half.inputs != (x,) or only(half.output) is not times:
+        return None
+    return _TanhGelu(x, (half, *chain))
+
+
+def fuse_gelu_tanh(model: Model) -> Model:
+    """GELU's tanh form as exporters write it (GPT-2's ``gelu_new``): 0.5 · x · (1 + tanh(√(2/π) ·
+    (x + 0.044715 · x³))), every intermediate read once inside it, becomes one ``gelu``."""
+    ops, readers = list(model.ops), _readers(model.ops)
+    by_out = {op.output: op for op in ops}
+    origin = dict(model.origin)
+
+    def only(t):                     # the one op reading t, if t is read once
+        r = readers.get(t, ())
+        return ops[r[0]] if len(r) == 1 and t != model.output else None
+
+    gone: set[str] = set()
+    for tanh in [op for op in model.ops if op.kind == "tanh"]:
+        found = _match_tanh_gelu(tanh, by_out, only)
+        if found is None or _escapes({op.output for op in found.ops[:-1]}, {op.output for op in found.ops},
+                                     ops, readers, model):
+            continue
+        last = found.ops[-1]
+        gone |= {op.output for op in found.ops[:-1]}
+        ops[ops.index(last)] = Op("gelu", (found.x,), last.output)
+        origin[last.output] = sum((model.origin.get(op.output, ()) for op in found.ops), ())
+    return _rebuild(model, [op for op in ops if op.output not in gone], origin=origin)
 
 
 def _producer(by_out, t, kind: str) -> Op | None:
@@ -629,5 +700,5 @@ def fuse_conv_maxpool(model: Model) -> Model:
 
 
 # In order: fusions first, then what they left unread.
-PASSES = (fold_bias, fuse_gelu_erf, fuse_layernorm, fuse_attention, fold_batchnorm, fold_affine,
+PASSES = (fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm, fuse_attention, fold_batchnorm, fold_affine,
           fuse_conv_add, fuse_conv_activation, fuse_conv_maxpool, remove_dead)

@@ -1,0 +1,176 @@
+"""The importer's fusions, one pattern each: a graph built with ``onnx.helper`` holding the pattern
+as exporters write it becomes the fused kind and still matches ONNX Runtime on every NumPy engine
+at batch 1 and 4; a graph that almost matches stays generic and matches too.
+
+The patterns are those of Hugging Face exports (scripts/export_zoo.py): attention with a folded
+causal or padding mask and SDPA's NaN guard (GPT-2, BERT, DistilBERT), an export's mask of zeros
+(the dynamo exports of ViT and wav2vec 2.0), and GPT-2's GELU in tanh form.
+"""
+import math
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="importing ONNX files needs the peers extra")
+ort = pytest.importorskip("onnxruntime", reason="the comparison runs ONNX Runtime on the file")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from engines import ENGINES, load_onnx  # noqa: E402
+from engines.importer import passes  # noqa: E402
+
+OWN = ["naive", "static", "arena", "fused", "packed", "onednn"]
+BATCHES = (1, 4)
+SEQ, DIM, HEADS = 4, 8, 2
+N = helper.make_node
+RNG = np.random.default_rng(7)
+
+
+def _i64(*v):
+    return np.array(v, dtype=np.int64)
+
+
+def _f32(v):
+    return np.asarray(v, dtype=np.float32)
+
+
+def build(nodes, inits, in_shape=("N", SEQ, DIM), out_shape=None, opset=17) -> bytes:
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_shape))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape or in_shape))
+    proto = helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(proto)
+    return proto.SerializeToString()
+
+
+def check(data: bytes) -> list[str]:
+    """Every NumPy engine against ONNX Runtime on the file at batch 1 and 4, to 1e-4 relative to
+    the largest output; the op kinds after the passes."""
+    model = load_onnx(data)
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for batch in BATCHES:
+        x = model.random_input(batch, rng=batch)
+        expected = session.run(None, {"x": x})[0]
+        bar = 1e-4 * max(1.0, float(np.abs(expected).max()))
+        for name in OWN:
+            got = ENGINES[name](model, max(BATCHES)).forward(x)
+            assert np.abs(got - expected).max() <= bar, f"{name} at batch {batch}"
+    return [op.kind for op in model.ops]
+
+
+def causal() -> np.ndarray:
+    return np.triu(np.full((SEQ, SEQ), -np.inf, np.float32), 1)
+
+
+def sdpa(mask=None, guard: float | None = 0.0, scale: float = (DIM // HEADS) ** -0.25) -> bytes:
+    """GPT-2's attention as the dynamo exporter writes SDPA: one qkv projection split three ways,
+    q and k each scaled by head_dim^-1/4, an empty key cache joined to k (a one-input Concat), a
+    constant mask added to the scores, the softmax, Where(IsNaN(p), guard, p), the context moved
+    back to (seq, dim)."""
+    head = DIM // HEADS
+    nodes = [
+        N("MatMul", ["x", "w"], ["qkv0"]), N("Add", ["qkv0", "b"], ["qkv"]),
+        N("Split", ["qkv", "split"], ["q0", "k0", "v0"], axis=2),
+        *[N("Reshape", [f"{t}0", "heads"], [f"{t}1"]) for t in "qkv"],
+        N("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]), N("Transpose", ["k1"], ["kT0"], perm=[0, 2, 3, 1]),
+        N("Concat", ["kT0"], ["kT"], axis=3), N("Transpose", ["v1"], ["v"], perm=[0, 2, 1, 3]),
+        N("Mul", ["q", "s"], ["qs"]), N("Mul", ["kT", "s"], ["ks"]), N("MatMul", ["qs", "ks"], ["scores"]),
+    ]
+    inits = {"w": _f32(RNG.standard_normal((DIM, 3 * DIM)) / math.sqrt(DIM)), "b": _f32(RNG.standard_normal(3 * DIM) * 0.1),
+             "split": _i64(DIM, DIM, DIM), "heads": _i64(0, SEQ, HEADS, head), "back": _i64(0, SEQ, DIM),
+             "s": _f32(scale)}
+    scores = "scores"
+    if mask is not None:
+        nodes.append(N("Add", ["scores", "mask"], ["masked"]))
+        inits["mask"], scores = _f32(mask), "masked"
+    nodes.append(N("Softmax", [scores], ["p"], axis=-1))
+    probs = "p"
+    if guard is not None:
+        nodes += [N("IsNaN", ["p"], ["nan"]), N("Where", ["nan", "fill", "p"], ["pg"])]
+        inits["fill"], probs = _f32(guard), "pg"
+    nodes += [N("MatMul", [probs, "v"], ["ctx"]), N("Transpose", ["ctx"], ["ctxT"], perm=[0, 2, 1, 3]),
+              N("Reshape", ["ctxT", "back"], ["y"])]
+    return build(nodes, inits)
+
+
+ATTENTION = ["linear", "attn_scores", "softmax", "attn_context"]
+MASKED = ["linear", "attn_scores", "binary", "softmax", "attn_context"]
+
+
+def test_causal_sdpa_with_its_nan_guard_is_the_fused_attention():
+    """No row of a causal mask is all -inf: the guard is the identity and goes; the mask stays one
+    add between the scores and the softmax."""
+    assert check(sdpa(causal())) == MASKED
+
+
+def test_padding_mask_without_a_guard_is_the_fused_attention():
+    mask = np.zeros((1, SEQ), np.float32)                   # BERT's: the last key padded, every query
+    mask[0, -1] = np.finfo(np.float32).min
+    assert check(sdpa(mask, guard=None)) == MASKED
+
+
+def test_a_mask_of_zeros_goes():
+    """The dynamo exports of ViT and wav2vec 2.0 add an all-zero mask to unmasked attention."""
+    assert check(sdpa(np.zeros((SEQ, SEQ), np.float32))) == ATTENTION
+
+
+NAN_ROWS = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # -inf - -inf
+
+
+@NAN_ROWS
+def test_a_fully_masked_row_keeps_the_guard():
+    """A row of -inf only gives NaN probabilities, which the guard turns into 0: it stays, between
+    the softmax and the context."""
+    mask = causal()
+    mask[0] = -np.inf
+    kinds = check(sdpa(mask))
+    assert kinds == ["linear", "attn_scores", "binary", "softmax", "isnan", "where", "attn_context"], kinds
+
+
+@pytest.mark.parametrize("graph", [sdpa(causal(), guard=1.0), sdpa(causal(), scale=0.5)], ids=["guard-fill-1", "misscaled"])
+def test_attention_that_almost_matches_stays_generic(graph):
+    kinds = check(graph)
+    assert "attn_scores" not in kinds and kinds.count("matmul") == 2, kinds
+
+
+def tanh_gelu(form: str, c: float = 0.044715) -> bytes:
+    """0.5 · x · (1 + tanh(√(2/π) · (x + c · x³))) in the orders exporters write: ``half-first``
+    (GPT-2's gelu_new: (0.5 · x) · (1 + tanh), x³ as Pow), ``half-last`` (x · (1 + tanh) · 0.5,
+    x³ as x · x · x)."""
+    cube = [N("Pow", ["x", "three"], ["x3"])] if form == "half-first" else \
+        [N("Mul", ["x", "x"], ["x2"]), N("Mul", ["x", "x2"], ["x3"])]
+    inner = [*cube, N("Mul", ["x3", "c"], ["cx3"]), N("Add", ["x", "cx3"], ["u0"]), N("Mul", ["u0", "k"], ["u"]),
+             N("Tanh", ["u"], ["t"]), N("Add", ["t", "one"], ["a"])]
+    if form == "half-first":
+        tail = [N("Mul", ["x", "half"], ["h"]), N("Mul", ["h", "a"], ["y"])]
+    else:
+        tail = [N("Mul", ["x", "a"], ["m"]), N("Mul", ["m", "half"], ["y"])]
+    inits = {"three": _f32(3.0), "c": _f32(c), "k": _f32(math.sqrt(2 / math.pi)), "one": _f32(1.0), "half": _f32(0.5)}
+    return build(inner + tail, inits)
+
+
+@pytest.mark.parametrize("form", ["half-first", "half-last"])
+def test_gelu_in_tanh_form_is_one_gelu(form):
+    assert check(tanh_gelu(form)) == ["gelu"]
+
+
+def test_gelu_in_tanh_form_with_another_constant_stays_generic():
+    kinds = check(tanh_gelu("half-first", c=0.045))
+    assert "gelu" not in kinds and "tanh" in kinds, kinds
+
+
+@NAN_ROWS
+@pytest.mark.parametrize("graph", ["causal", "guarded-row", "zeros", "gelu-first", "gelu-last"])
+def test_each_fusion_keeps_the_float64_reference(graph):
+    """The pass alone, on the generic ops: the same float64 output (the dropped guard and the
+    dropped zero mask are exact on finite scores)."""
+    row = causal()
+    row[0] = -np.inf
+    data = {"causal": sdpa(causal()), "guarded-row": sdpa(row), "zeros": sdpa(np.zeros((SEQ, SEQ), np.float32)),
+            "gelu-first": tanh_gelu("half-first"), "gelu-last": tanh_gelu("half-last")}[graph]
+    raw = load_onnx(data, passes=False)
+    fused = passes.fuse_attention(passes.fuse_gelu_tanh(raw))
+    assert len(fused.ops) < len(raw.ops)
+    x = raw.random_input(3, rng=11)
+    ref = raw.reference(x)
+    assert np.abs(fused.reference(x) - ref).max() <= 1e-6 * max(1.0, float(np.abs(ref).max()))
