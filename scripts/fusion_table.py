@@ -3,6 +3,8 @@
     python scripts/export_zoo.py --keep /tmp/zoo          # the exported families, once
     python scripts/fusion_table.py --exports /tmp/zoo --cnns           # this tree
     python scripts/fusion_table.py --exports /tmp/zoo --cnns --before HEAD~3   # before / after
+    python scripts/fusion_table.py --exports /tmp/zoo --before REV --paths engines/importer/passes.py
+    python scripts/fusion_table.py --exports /tmp/zoo --onnxscript    # and onnxscript's rewriter on each file
 
 Models: the ``.onnx`` files in ``--exports`` (``scripts/export_zoo.py --keep``), the graphs and
 torch exports of tests/test_onnx_import.py, and with ``--cnns`` the onnx package's light CNNs
@@ -13,8 +15,11 @@ Per model: the IR op count after the passes, the fused kinds (``attn`` counts ``
 batch norm, an affine, an activation, a residual add or a pool), the generic kinds left around a
 softmax and GPT-2's GELU (``matmul``, ``isnan``, ``where``, ``tanh``), and the import time: ``load_onnx(passes=False)`` plus
 the passes, the median over ``--rounds`` rounds. With ``--before REV`` the tree at REV
-(``git archive``) is measured too, each round running both trees one after the other in fresh
-processes, so that load on the machine falls on both alike.
+(``git archive``; with ``--paths``, this tree with only those files from REV) is measured too,
+each round running both trees one after the other in fresh processes, in alternating order, so
+that load on the machine falls on both alike. ``--onnxscript`` adds what onnxscript's optimizer
+and fusion rules (``onnxscript.rewriter.ort_fusions``, ``rules.common``) cost and recognise on
+the same files.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import io
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,6 +95,52 @@ def worker(spec: str) -> None:
                           "load": t1 - t0, "passes": t2 - t1}), flush=True)
 
 
+def onnxscript_rows(models, rounds: int) -> dict[str, str]:
+    """Per file: onnxscript's own pipeline for ONNX Runtime (``ort_fusions.fuse_xformers``: its
+    optimizer, constant folding and shape arithmetic, then every fusion rule), and its pattern rules
+    alone on the file as exported (SDPA, GELU in tanh and erf form, skip LayerNorm; batch norm,
+    conv affine and HardSwish from ``rules.common``): median ms and what each recognised."""
+    import logging
+    logging.disable(logging.WARNING)
+    t0 = time.perf_counter()
+    import onnx
+    import onnx_ir as ir
+    from onnxscript.rewriter import RewriteRuleSet
+    from onnxscript.rewriter.ort_fusions import _core, erfgelu, gelu, sdpa, skip_normalization
+    from onnxscript.rewriter.rules.common import _fuse_batchnorm, _fuse_conv_affine, _fuse_hardswish
+    rows = {"": f"import onnxscript and its rules: {(time.perf_counter() - t0) * 1e3:.0f} ms"}
+    common = [*_fuse_batchnorm.rules.rules, *_fuse_hardswish.fuse_hardswish_rules().rules,
+              _fuse_conv_affine.affine_conv_fusion_rule, _fuse_conv_affine.conv_affine_fusion_rule]
+    rules = {"sdpa": sdpa.fuse_sdpa, "gelu": gelu.fuse_gelu, "erfgelu": erfgelu.fuse_erfgelu,
+             "skip_ln": skip_normalization.fuse_skip_layer_normalization,
+             "bn/affine/hardswish": RewriteRuleSet(common).apply_to_model}
+    for name, path, _ in models:
+        proto = onnx.load(str(path))
+        full, alone = [], []
+        for _ in range(rounds):
+            model = ir.serde.deserialize_model(proto)
+            t = time.perf_counter()
+            try:
+                with contextlib.redirect_stdout(io.StringIO()):     # it prints graphs it fails on
+                    model, counts = _core.fuse_xformers(model)
+            except Exception as exc:         # its own failure, said so
+                counts = {f"fails: {type(exc).__name__}": 1}
+            full.append(time.perf_counter() - t)
+            model = ir.serde.deserialize_model(proto)
+            t = time.perf_counter()
+            found = {}
+            for rule, fn in rules.items():
+                try:
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        found[rule] = fn(model)
+                except Exception as exc:
+                    found[f"{rule} fails ({type(exc).__name__})"] = 1
+            alone.append(time.perf_counter() - t)
+        said = lambda c: ", ".join(f"{k} {v}" for k, v in c.items() if v) or "nothing"   # noqa: E731
+        rows[name] = f"{ms(full)}: {said(counts)} | {ms(alone)}: {said(found)}"
+    return rows
+
+
 def run_tree(tree: Path, spec: Path) -> dict[str, dict]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "fusion_table.py"), "--worker", str(spec)],
@@ -118,7 +170,10 @@ def main(argv=None) -> int:
     parser.add_argument("--cnns", action="store_true", help="the onnx package's light CNNs (random weights)")
     parser.add_argument("--big", action="store_true", help="and AlexNet, VGG-19, ZFNet-512")
     parser.add_argument("--before", help="a git revision to measure beside this tree, interleaved")
+    parser.add_argument("--paths", nargs="+", help="with --before: only these files from REV, the rest this tree's")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--onnxscript", action="store_true",
+                        help="also onnxscript's optimizer and fusion rules on each file: cost and matches")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -133,16 +188,29 @@ def main(argv=None) -> int:
         if args.before:
             base = folder / "before"
             base.mkdir()
-            archive = subprocess.run(["git", "archive", args.before, "engines", "scripts"], cwd=ROOT,
-                                     capture_output=True, check=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+            if args.paths:                    # this tree, with only these files as they were at REV
+                for sub in ("engines", "scripts"):
+                    shutil.copytree(ROOT / sub, base / sub, ignore=shutil.ignore_patterns("__pycache__"))
+                for path in args.paths:
+                    (base / path).write_bytes(subprocess.run(["git", "show", f"{args.before}:{path}"], cwd=ROOT,
+                                                             capture_output=True, check=True).stdout)
+            else:
+                archive = subprocess.run(["git", "archive", args.before, "engines", "scripts"], cwd=ROOT,
+                                         capture_output=True, check=True).stdout
+                subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
             (base / "scripts" / "fusion_table.py").write_text(Path(__file__).read_text())
             trees = {"before": base, "after": ROOT}
         runs: dict[str, list[dict]] = {side: [] for side in trees}
         for i in range(args.rounds):              # the order alternates: neither side always goes first
             for side, tree in (list(trees.items()) if i % 2 == 0 else list(trees.items())[::-1]):
                 runs[side].append(run_tree(tree, spec))
-    print_table(models, runs, args)
+        print_table(models, runs, args)
+        if args.onnxscript:
+            rows = onnxscript_rows(models, args.rounds)
+            print(f"\nonnxscript on the same files ({rows.pop('')}); median ms over {args.rounds} rounds\n")
+            print("| model | optimizer + ort_fusions (ms: fusions) | pattern rules alone (ms: matches) |\n|---|---|---|")
+            for name, row in rows.items():
+                print(f"| {name} | {row} |")
     return 0
 
 
