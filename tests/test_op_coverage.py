@@ -261,6 +261,29 @@ GRAPHS = {
         N("Round", ["halves"], ["f4"]), N("Sign", ["f1"], ["f5"]),
         N("Sum", ["a1", "a2", "a3", "a4", "s1", "s2", "s3", "s4", "h1", "h2", "h3", "f1", "f2", "f3", "f4", "f5"], ["y"]),
     ], {"one": F32(1.0), "four": F32(4.0), "half": F32(0.5)}),
+    # Sum, Mean, Max, Min of any number of operands, broadcasting, constants among them
+    "variadic": build([
+        N("ReduceMax", ["x", "axm1"], ["col"], keepdims=1),             # (N, 4, 1)
+        N("Sum", ["x", "col", "c6", "c46"], ["s"]), N("Mean", ["x", "s", "col", "c6"], ["m"]),
+        N("Max", ["x", "m", "col", "c6"], ["mx"]), N("Min", ["mx", "s", "c46", "c6"], ["mn"]),
+        N("Mean", ["mn"], ["y"]),
+    ], {"axm1": I64(-1), "c6": _w(6), "c46": _w(4, 6)}),
+    # auto_pad as explicit pads, LpPool (p 1, 2, 3), GlobalMaxPool, Tile (ONNX's evaluator, which
+    # measures the shapes, gets 1-D pools with auto_pad or strides wrong: 2-D only here)
+    "windows": build([
+        N("Conv", ["x", "w"], ["c"], auto_pad="SAME_LOWER", strides=[2, 1]),               # (N, 3, 3, 5)
+        N("MaxPool", ["c"], ["mp"], kernel_shape=[2, 2], auto_pad="SAME_UPPER", strides=[2, 2]),   # (N, 3, 2, 3)
+        N("AveragePool", ["c"], ["ap"], kernel_shape=[3, 2], auto_pad="SAME_LOWER", strides=[2, 2]),
+        N("LpPool", ["c"], ["l2"], kernel_shape=[2, 3], pads=[1, 1, 0, 1], strides=[2, 2]),
+        N("LpPool", ["c"], ["l1"], kernel_shape=[2, 2], p=1, auto_pad="SAME_UPPER", strides=[2, 2]),
+        N("LpPool", ["c"], ["l3"], kernel_shape=[2, 2], p=3, auto_pad="VALID", strides=[1, 2]),  # (N, 3, 2, 2)
+        N("Sum", ["mp", "ap", "l2", "l1"], ["s"]),
+        N("GlobalMaxPool", ["s"], ["g"]), N("Add", ["s", "g"], ["sg"]),
+        N("Tile", ["l3", "reps"], ["t"]),                                                   # (N, 3, 2, 6)
+        N("Reshape", ["t", "flat"], ["tf"]), N("Reshape", ["sg", "flat"], ["sf"]),
+        N("Concat", ["tf", "sf"], ["y"], axis=2),                                           # (N, 3, 30)
+    ], {"w": _w(3, 4, 3, 3), "reps": I64(1, 1, 1, 3), "flat": I64(0, 3, -1)},
+        in_shape=("N", 4, 6, 5), out_shape=("N", 3, 30)),
     # MatMul with a constant of any rank on either side (attention's K and V as initializers), a 1-D one
     "matmul-constants": build([
         N("MatMul", ["x", "kt"], ["s"]),                               # (N, 2, 4, 5): per-head constant

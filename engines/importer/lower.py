@@ -175,17 +175,6 @@ def lower_not(L: Lowering):
     L.result(L.emit("binary", [x.name], x.per_sample, fn="sub", scalar=1.0, swap=True))
 
 
-def lower_extremum(fn: str):
-    def rule(L: Lowering):
-        """Max / Min of one or two operands (a 0/1 mask's Or is a Max)."""
-        if len(L.node.input) == 1:
-            return L.result(L.values[L.node.input[0]].name)
-        if len(L.node.input) > 2:
-            raise Unsupported(f"{len(L.node.input)} operands (only one or two)")
-        lower_binary(L, fn, "extremum")
-    return rule
-
-
 def lower_hardsigmoid(L: Lowering):
     x = L.values[L.node.input[0]]
     L.result(L.emit("hardsigmoid", [x.name], x.per_sample, alpha=float(L.attr("alpha", 0.2)),
@@ -665,10 +654,6 @@ def _problems(found: list[str]) -> None:
 def _window_attrs(L: Lowering, x, kernel, problems: list[str]) -> dict:
     """kernel_shape, strides, pads, dilations of a 2-D window, refusing what the kinds cannot run.
     A 1-D window over (N, C, L) is the 2-D window of height 1 over (N, C, 1, L) (``_unit_height``)."""
-    auto_pad = L.attr("auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if auto_pad not in ("NOTSET", ""):
-        problems.append(f"auto_pad={auto_pad} (only explicit pads, auto_pad=NOTSET)")
     kernel = tuple(int(k) for k in kernel)
     rank = len(kernel)
     if isinstance(x, Act) and len(x.per_sample) != rank + 1:
@@ -676,13 +661,27 @@ def _window_attrs(L: Lowering, x, kernel, problems: list[str]) -> dict:
                         f"a {rank}-D kernel {kernel}")
     if rank not in (1, 2):
         problems.append(f"a {rank}-D kernel (only 1-D and 2-D)")
-    strides, pads = tuple(L.attr("strides", [1] * rank)), tuple(L.attr("pads", [0] * (2 * rank)))
-    dilations = tuple(L.attr("dilations", [1] * rank))
+    strides, dilations = tuple(L.attr("strides", [1] * rank)), tuple(L.attr("dilations", [1] * rank))
+    pads = tuple(L.attr("pads", [0] * (2 * rank)))
+    auto_pad = L.attr("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "") and len(strides) == len(dilations) == rank:
+        pads = _auto_pads(auto_pad, x.shape[-rank:], kernel, strides, dilations)
     if len(strides) != rank or len(pads) != 2 * rank or len(dilations) != rank:
         problems.append(f"strides, pads or dilations not of a {rank}-D window")
     elif rank == 1:
         kernel, strides, pads, dilations = (1, *kernel), (1, *strides), (0, pads[0], 0, pads[1]), (1, *dilations)
     return dict(kernel_shape=kernel, strides=strides, pads=pads, dilations=dilations)
+
+
+def _auto_pads(auto_pad: str, size, kernel, strides, dilations) -> tuple[int, ...]:
+    """ONNX's auto_pad as explicit (begins..., ends...) pads: VALID none; SAME_UPPER and SAME_LOWER
+    pad to ceil(size / stride) outputs, the odd element at the end (UPPER) or the beginning (LOWER)."""
+    if auto_pad == "VALID":
+        return (0,) * (2 * len(kernel))
+    total = [max(0, (-(-n // s) - 1) * s + (k - 1) * d + 1 - n) for n, k, s, d in zip(size, kernel, strides, dilations)]
+    begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+    return tuple(begin) + tuple(t - b for t, b in zip(total, begin))
 
 
 def _unit_height(L: Lowering, x: Act) -> str:
@@ -742,6 +741,52 @@ def lower_global_pool(L: Lowering):
     L.result(L.emit("globalaveragepool", [_unit_height(L, x)], _unit_height_out(L, x)))
 
 
+def lower_lp_pool(L: Lowering):
+    """LpPool: (sum of |x|^p over each window)^(1/p), as |x|^p, an average pool that counts its
+    pads times the window's size (a sum; zero pads add nothing), and the power 1/p."""
+    x = L.values[L.node.input[0]]
+    p, problems = int(L.attr("p", 2)), []
+    attrs = _window_attrs(L, x, L.attr("kernel_shape"), problems)
+    if L.attr("ceil_mode", 0):
+        problems.append("ceil_mode=1 (its last windows would count fewer elements)")
+    _problems(problems)
+    src = _unit_height(L, x)
+    shape = L.shapes[src]
+    y = src if p == 2 else L.emit("abs", [src], shape)
+    y = L.emit("binary", [y, y], shape, fn="mul") if p == 2 else \
+        y if p == 1 else L.emit("binary", [y], shape, fn="pow", scalar=float(p), swap=False)
+    out = _unit_height_out(L, x)
+    y = L.emit("averagepool", [y], out, count_include_pad=1, ceil_mode=0, **attrs)
+    y = L.emit("binary", [y], out, fn="mul", scalar=float(math.prod(attrs["kernel_shape"])), swap=False)
+    L.result(y if p == 1 else L.emit("sqrt", [y], out) if p == 2 else
+             L.emit("binary", [y], out, fn="pow", scalar=1.0 / p, swap=False))
+
+
+def lower_global_max_pool(L: Lowering):
+    """GlobalMaxPool over (N, C, ...): each channel's maximum, a ``reduce_max`` over rows of its
+    spatial axes."""
+    x = L.values[L.node.input[0]]
+    if x.bpos != 0 or len(x.per_sample) < 2:
+        raise Unsupported(f"its input is not (N, C, ...) with the batch first (shape {x.shape})")
+    rows, _ = _trailing(L, x, list(range(1, len(x.per_sample))))
+    L.result(L.emit("reduce_max", [rows], L.shapes[rows][:-1] + (1,)))
+
+
+def lower_tile(L: Lowering):
+    """Tile: each axis of size d repeated r times is an (r, d) pair of axes, an ``expand`` of a
+    unit axis before it, viewed back as r·d. The batch axis is not repeated."""
+    x = L.values[L.node.input[0]]
+    repeats = _ints(L.const(1, "repeats"))
+    if x.bpos is not None and repeats[x.bpos] != 1:
+        raise Unsupported("it repeats the batch axis")
+    if x.bpos is not None:
+        repeats = repeats[:x.bpos] + repeats[x.bpos + 1:]
+    aligned = tuple(v for d in x.per_sample for v in (1, d))
+    shape = tuple(v for r, d in zip(repeats, x.per_sample) for v in (r, d))
+    L.result(L.emit("expand", [x.name], shape, name=L._fresh(L.node.output[0] + ".tiles"), aligned=aligned,
+                    shape=shape))
+
+
 def lower_batchnorm(L: Lowering):
     x = L.values[L.node.input[0]]
     problems = []
@@ -764,14 +809,33 @@ def lower_lrn(L: Lowering):
                     beta=float(L.attr("beta", 0.75)), bias=float(L.attr("bias", 1.0))))
 
 
-def lower_sum(L: Lowering):
-    xs = [L.values[n] for n in L.node.input]
-    out = L.out()
-    if any(not isinstance(v, Act) or v.shape != out.shape for v in xs):
-        raise Unsupported("its inputs broadcast or include constants (only activations of one shape)")
-    if len(xs) == 1:
-        return L.result(xs[0].name)
-    L.result(L.emit("sum", [v.name for v in xs], out.per_sample))
+VARIADIC = {"add": (np.add, "binary"), "max": (np.maximum, "extremum"), "min": (np.minimum, "extremum")}
+
+
+def lower_variadic(fn: str, mean: bool = False):
+    """Sum, Mean, Max and Min of any number of operands, with ONNX's broadcasting: activations
+    expanded to the output's shape and combined (one ``sum`` for a sum, else a chain of pairs);
+    the constants combined at import into one operand; Mean then scaled by 1/n. Max and Min of
+    two are ``lower_binary``'s (one form for the passes)."""
+    def rule(L: Lowering):
+        xs = [L.values[n] for n in L.node.input if n]
+        if fn != "add" and len(xs) == 2:
+            return lower_binary(L, fn, "extremum")
+        out, (ufunc, kind) = L.out(), VARIADIC[fn]
+        names = [_as_act(L, v, out) for v in xs if isinstance(v, Act)]
+        consts = [np.asarray(v, dtype=np.float64) for v in xs if not isinstance(v, Act)]
+        y = names[0]
+        if fn == "add" and len(names) > 1:
+            y = L.emit("sum", names, out.per_sample)
+        for other in ([] if fn == "add" else names[1:]):
+            y = L.emit(kind, [y, other], out.per_sample, fn=fn)
+        if consts:
+            extra = _const_operand(L, functools.reduce(ufunc, consts), out)
+            y = L.emit(kind, [y], out.per_sample, extra.pop("params", ()), fn=fn, swap=False, **extra)
+        if mean:
+            y = L.emit("binary", [y], out.per_sample, fn="mul", scalar=1.0 / len(xs), swap=False)
+        L.result(y)
+    return rule
 
 
 def lower_pad(L: Lowering):
@@ -816,8 +880,10 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "HardSigmoid": lower_hardsigmoid,
     "HardSwish": lower_unary("hardswish"),
     "IsNaN": lower_unary("isnan"),
-    "Max": lower_extremum("max"),
-    "Min": lower_extremum("min"),
+    "Max": lower_variadic("max"),
+    "Min": lower_variadic("min"),
+    "Sum": lower_variadic("add"),
+    "Mean": lower_variadic("add", mean=True),
     **{op: functools.partial(lower_binary, fn=fn, kind="compare") for op, fn in COMPARE_OPS.items()},
     "Not": lower_not,
     "And": functools.partial(lower_binary, fn="mul"),
@@ -864,9 +930,11 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "MaxPool": lower_pool("maxpool"),
     "AveragePool": lower_pool("averagepool"),
     "GlobalAveragePool": lower_global_pool,
+    "GlobalMaxPool": lower_global_max_pool,
+    "LpPool": lower_lp_pool,
+    "Tile": lower_tile,
     "BatchNormalization": lower_batchnorm,
     "LRN": lower_lrn,
-    "Sum": lower_sum,
     "Pad": lower_pad,
 }
 
