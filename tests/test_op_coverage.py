@@ -124,6 +124,7 @@ KIND_CASES = {
     **{f"math-{kind}": (kind, [np.round(X * 4) / 4], (), {}) for kind in
        ("sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "floor", "ceil",
         "round", "sign")},                                              # halves for round, zeros for sign
+    "hardmax-ties": ("hardmax", [np.round(X)], (), {}),                 # ties: the first maximum
     **{f"reduce_{fn}-width{w}": (f"reduce_{fn}", [R.standard_normal((3, 4, w))], (), {})
        for fn in ("max", "min", "prod") for w in (1, 2, 5, 64)},
 }
@@ -284,6 +285,12 @@ GRAPHS = {
         N("Concat", ["tf", "sf"], ["y"], axis=2),                                           # (N, 3, 30)
     ], {"w": _w(3, 4, 3, 3), "reps": I64(1, 1, 1, 3), "flat": I64(0, 3, -1)},
         in_shape=("N", 4, 6, 5), out_shape=("N", 3, 30)),
+    # Hardmax on the last axis, on another (opset 13), and over every axis from 1 on (opset 11)
+    "hardmax": build([
+        N("Mul", ["x", "two"], ["x2"]), N("Round", ["x2"], ["r"]),                  # ties
+        N("Hardmax", ["r"], ["h1"]), N("Hardmax", ["x"], ["h2"], axis=1), N("Add", ["h1", "h2"], ["y"]),
+    ], {"two": F32(2.0)}, opset=13),
+    "hardmax-opset11": build([N("Hardmax", ["x"], ["y"], axis=1)], opset=11),
     # MatMul with a constant of any rank on either side (attention's K and V as initializers), a 1-D one
     "matmul-constants": build([
         N("MatMul", ["x", "kt"], ["s"]),                               # (N, 2, 4, 5): per-head constant
@@ -328,7 +335,7 @@ def test_planned_engines_allocate_nothing_per_forward(name):
 @pytest.mark.parametrize("name", PLANNED)
 def test_planned_engines_allocate_nothing_under_memray(name):
     """Native allocations too (a ufunc's buffer, a reduction's state), BLAS on one thread."""
-    for graph in ("masks", "reductions", "triangles"):
+    for graph in ("masks", "reductions", "triangles", "hardmax", "matmul-constants"):
         model = load_onnx(GRAPHS[graph])
         engine = ENGINES[name](model, 16)
         with np.errstate(invalid="ignore"):

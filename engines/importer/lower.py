@@ -422,23 +422,26 @@ def lower_reduce_log_sum_exp(L: Lowering):
     L.result(L.emit("add", [total, peak], shape[:-1] + (1,)))
 
 
-def lower_softmax(L: Lowering):
-    x = L.values[L.node.input[0]]
-    axis = x.axis(L.attr("axis", -1 if L.opset >= 13 else 1))
-    last = len(x.per_sample) - 1
-    if L.opset < 13 and axis != last:        # before opset 13: over every axis from `axis` on, as one row
-        rows = x.per_sample[:axis] + (math.prod(x.per_sample[axis:]),)
-        flat = L.emit("reshape", [x.name], rows, name=L._fresh(x.name + ".rows"), shape=rows)
-        soft = L.emit("softmax", [flat], rows, name=L._fresh(L.node.output[0] + ".rows"))
-        return L.result(soft)
-    if axis == last:
-        return L.result(L.emit("softmax", [x.name], x.per_sample))
-    perm = [i for i in range(len(x.per_sample)) if i != axis] + [axis]
-    back = tuple(int(i) for i in np.argsort(perm))
-    moved = L.emit("transpose", [x.name], [x.per_sample[i] for i in perm], name=L._fresh(x.name + ".t"),
-                   perm=tuple(perm))
-    soft = L.emit("softmax", [moved], L.shapes[moved], name=L._fresh(L.node.output[0] + ".t"))
-    L.result(L.emit("transpose", [soft], x.per_sample, perm=back))
+def lower_rowwise(kind: str):
+    """A kind over the last axis (``softmax``, ``hardmax``) applied along ONNX's ``axis``: off the
+    last axis transposed there and back; before opset 13 over every axis from ``axis`` on, as one row."""
+    def rule(L: Lowering):
+        x = L.values[L.node.input[0]]
+        axis = x.axis(L.attr("axis", -1 if L.opset >= 13 else 1))
+        last = len(x.per_sample) - 1
+        if L.opset < 13 and axis != last:
+            rows = x.per_sample[:axis] + (math.prod(x.per_sample[axis:]),)
+            flat = L.emit("reshape", [x.name], rows, name=L._fresh(x.name + ".rows"), shape=rows)
+            return L.result(L.emit(kind, [flat], rows, name=L._fresh(L.node.output[0] + ".rows")))
+        if axis == last:
+            return L.result(L.emit(kind, [x.name], x.per_sample))
+        perm = [i for i in range(len(x.per_sample)) if i != axis] + [axis]
+        back = tuple(int(i) for i in np.argsort(perm))
+        moved = L.emit("transpose", [x.name], [x.per_sample[i] for i in perm], name=L._fresh(x.name + ".t"),
+                       perm=tuple(perm))
+        y = L.emit(kind, [moved], L.shapes[moved], name=L._fresh(L.node.output[0] + ".t"))
+        L.result(L.emit("transpose", [y], x.per_sample, perm=back))
+    return rule
 
 
 def lower_log_softmax(L: Lowering):
@@ -903,7 +906,8 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Unsqueeze": lower_view,
     "MatMul": lower_matmul,
     "Gemm": lower_gemm,
-    "Softmax": lower_softmax,
+    "Softmax": lower_rowwise("softmax"),
+    "Hardmax": lower_rowwise("hardmax"),
     "LogSoftmax": lower_log_softmax,
     "LeakyRelu": lower_leaky_relu,
     "Swish": lower_swish,

@@ -202,6 +202,25 @@ def softmax_calls(out, x, tmp, stat) -> Calls:
     return [(softmax_rows, (rows2d(out), rows2d(x), rows2d(tmp), rows2d(stat)))]
 
 
+# --- hardmax over the last axis: 1 at each row's first maximum -----------------------------------
+
+def hardmax_eager(x):
+    out = np.zeros_like(x)
+    np.put_along_axis(out, np.argmax(x, axis=-1)[..., None], 1, axis=-1)
+    return out
+
+
+def hardmax_calls(out, x) -> Calls:
+    """Each row's argmax into an index buffer made here, at bind time (as ``where``'s constant
+    mask), plus the row's offset; out zeroed, then a 1 put at each index."""
+    x2, y = rows2d(x), out.reshape(-1)
+    rows, width = x2.shape
+    index = np.empty(rows, np.intp)
+    offsets = np.arange(rows, dtype=np.intp) * width
+    return [(np.argmax, (x2, 1, index)), (np.add, (index, offsets, index)), (np.copyto, (out, 0.0)),
+            (np.put, (y, index, 1.0))]
+
+
 # --- multi-head self-attention, as scores -> softmax -> context ---------------
 
 def split_heads(qkv, heads):
@@ -677,6 +696,7 @@ OPS: dict[str, OpKind] = {
     "layernorm": OpKind(layernorm_eager, layernorm_calls, prepare=layernorm_prepare,
                         scratch=rowwise_scratch, inplace=(0,), flops_per_element=8,
                         eager_temps=1, eager_row_stats=3, eager_broadcast=True),
+    "hardmax": OpKind(hardmax_eager, hardmax_calls),
     "softmax": OpKind(softmax_eager, softmax_calls, scratch=rowwise_scratch, inplace=(0,),
                       flops_per_element=5, eager_temps=1, eager_row_stats=1, eager_broadcast=True),
     "attn_scores": OpKind(attn_scores_eager, attn_scores_calls, scratch=keys_scratch, flops=attn_flops,
