@@ -291,6 +291,15 @@ GRAPHS = {
         N("Hardmax", ["r"], ["h1"]), N("Hardmax", ["x"], ["h2"], axis=1), N("Add", ["h1", "h2"], ["y"]),
     ], {"two": F32(2.0)}, opset=13),
     "hardmax-opset11": build([N("Hardmax", ["x"], ["y"], axis=1)], opset=11),
+    # Pad over some axes (opset 18) and over all; CenterCropPad's body (a crop and a pad); Shrink
+    "pads": build([
+        N("Pad", ["x", "p1", "zero", "ax"], ["p"]),                     # (N, 7, 6)
+        N("Pad", ["p", "p2", "half"], ["q"]),                           # (N, 8, 9)
+        N("CenterCropPad", ["q", "size"], ["c"], axes=[1, 2]),          # (N, 4, 10)
+        N("Shrink", ["c"], ["s1"], lambd=0.4, bias=0.1), N("Shrink", ["c"], ["s2"]),
+        N("Add", ["s1", "s2"], ["y"]),
+    ], {"p1": I64(1, 2), "ax": I64(-2), "zero": F32(0.0), "p2": I64(0, 0, 2, 0, 1, 1), "half": F32(0.5),
+        "size": I64(4, 10)}, opset=18, out_shape=("N", 4, 10)),
     # MatMul with a constant of any rank on either side (attention's K and V as initializers), a 1-D one
     "matmul-constants": build([
         N("MatMul", ["x", "kt"], ["s"]),                               # (N, 2, 4, 5): per-head constant

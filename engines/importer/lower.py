@@ -479,6 +479,18 @@ def lower_leaky_relu(L: Lowering):
     L.result(L.emit("extremum", [x.name, scaled], x.per_sample, fn="max" if alpha <= 1 else "min"))
 
 
+def lower_shrink(L: Lowering):
+    """Shrink: x + bias below -lambd, x - bias above lambd, 0 between; two masks and two ``where``."""
+    x = L.values[L.node.input[0]]
+    lambd, bias, shape = float(L.attr("lambd", 0.5)), float(L.attr("bias", 0.0)), x.per_sample
+    below = L.emit("compare", [x.name], shape, fn="less", scalar=-lambd, swap=False)
+    above = L.emit("compare", [x.name], shape, fn="greater", scalar=lambd, swap=False)
+    lifted = L.emit("binary", [x.name], shape, fn="add", scalar=bias, swap=False)
+    lowered = L.emit("binary", [x.name], shape, fn="sub", scalar=bias, swap=False)
+    upper = L.emit("where", [above, lowered], shape, order="tts", scalars=(0.0,))
+    L.result(L.emit("where", [below, lifted, upper], shape, order="ttt"))
+
+
 def lower_swish(L: Lowering):
     """Swish (opset 24): x · sigmoid(alpha x); SiLU as exporters write it is Sigmoid then Mul."""
     x = L.values[L.node.input[0]]
@@ -841,24 +853,43 @@ def lower_variadic(fn: str, mean: bool = False):
     return rule
 
 
+def _pad_widths(L: Lowering, x: Act) -> list[tuple[int, int]]:
+    """(begin, end) of every ONNX axis: the pads attribute (before opset 11) or input, over the
+    ``axes`` input's axes when it is given (opset 18)."""
+    if L.opset < 11:
+        pads = [int(p) for p in L.attr("pads")]
+    else:
+        pads = _ints(L.const(1, "pads"))
+    rank = len(x.shape)
+    axes = L.const(3, "axes") if L.opset >= 18 else None
+    axes = list(range(rank)) if axes is None else [a % rank for a in _ints(axes)]
+    widths = [(0, 0)] * rank
+    for i, axis in enumerate(axes):
+        widths[axis] = (pads[i], pads[i + len(axes)])
+    return widths
+
+
 def lower_pad(L: Lowering):
+    """Pad with a constant, over every axis or the ``axes`` given. (Negative pads, which crop,
+    never get here: ONNX's evaluator, which runs the graph first, refuses them.)"""
     x = L.values[L.node.input[0]]
     mode = L.attr("mode", b"constant")
     mode = mode.decode() if isinstance(mode, bytes) else mode
-    if L.opset < 11:
-        pads, value = L.attr("pads"), L.attr("value", 0.0)
-    else:
-        pads, value = _ints(L.const(1, "pads")), L.const(2, "constant_value")
-        value = 0.0 if value is None else float(np.asarray(value).reshape(()))
-        if len(L.node.input) > 3 and L.node.input[3]:
-            raise Unsupported("its axes input (opset 18): give pads for every axis")
-    pads, rank, problems = [int(p) for p in pads], len(x.shape), []
     if mode != "constant":
-        problems.append(f"mode={mode} (only constant)")
-    if x.bpos != 0 or min(pads) < 0 or pads[0] or pads[rank]:
-        problems.append(f"pads {pads}: negative, or on the batch axis")
-    _problems(problems)
-    L.result(L.emit("pad", [x.name], L.out().per_sample, pads=tuple(pads), value=float(value), mode="constant"))
+        raise Unsupported(f"mode={mode} (only constant)")
+    value = L.attr("value", 0.0) if L.opset < 11 else L.const(2, "constant_value")
+    value = 0.0 if value is None else float(np.asarray(value).reshape(()))
+    widths = _pad_widths(L, x)
+    if x.bpos is not None:
+        if widths[x.bpos] != (0, 0):
+            raise Unsupported(f"pads {widths[x.bpos]} on the batch axis")
+        widths = widths[:x.bpos] + widths[x.bpos + 1:]
+    if min(min(w) for w in widths) < 0:
+        raise Unsupported(f"negative pads {widths}")
+    if max(max(w) for w in widths) == 0:
+        return L.result(x.name)
+    pads = (0, *(a for a, _ in widths), 0, *(b for _, b in widths))      # the kind's: rows axis first
+    L.result(L.emit("pad", [x.name], L.out().per_sample, pads=pads, value=value, mode="constant"))
 
 
 BINARY_OPS = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Pow": "pow"}
@@ -911,6 +942,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "LogSoftmax": lower_log_softmax,
     "LeakyRelu": lower_leaky_relu,
     "Swish": lower_swish,
+    "Shrink": lower_shrink,
     "LayerNormalization": lower_layernorm,
     "InstanceNormalization": lower_instancenorm,
     "RMSNormalization": lower_rmsnorm,
