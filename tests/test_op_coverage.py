@@ -300,6 +300,16 @@ GRAPHS = {
         N("Add", ["s1", "s2"], ["y"]),
     ], {"p1": I64(1, 2), "ax": I64(-2), "zero": F32(0.0), "p2": I64(0, 0, 2, 0, 1, 1), "half": F32(0.5),
         "size": I64(4, 10)}, opset=18, out_shape=("N", 4, 10)),
+    # Resize: linear, cubic with antialias, nearest over one inner axis, tf_crop_and_resize
+    "resize": build([
+        N("Resize", ["x", "", "s1"], ["r1"], mode="linear"),                                    # (N, 3, 8, 9)
+        N("Resize", ["r1", "", "", "z2"], ["r2"], mode="cubic", antialias=1, axes=[2, 3]),     # (N, 3, 5, 7)
+        N("Resize", ["r2", "", "s3"], ["r3"], mode="nearest", axes=[1],
+          coordinate_transformation_mode="asymmetric", nearest_mode="floor"),                   # (N, 5, 5, 7)
+        N("Resize", ["r3", "roi", "", "z4"], ["y"], mode="linear", axes=[2, 3], extrapolation_value=2.0,
+          coordinate_transformation_mode="tf_crop_and_resize"),                                 # (N, 5, 4, 6)
+    ], {"s1": F32([1, 1, 2, 1.5]), "z2": I64(5, 7), "s3": F32([1.7]), "z4": I64(4, 6),
+        "roi": F32([-0.2, 0.1, 0.9, 1.3])}, in_shape=("N", 3, 4, 6), out_shape=("N", 5, 4, 6), opset=19),
     # MatMul with a constant of any rank on either side (attention's K and V as initializers), a 1-D one
     "matmul-constants": build([
         N("MatMul", ["x", "kt"], ["s"]),                               # (N, 2, 4, 5): per-head constant

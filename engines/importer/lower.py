@@ -802,6 +802,55 @@ def lower_tile(L: Lowering):
                     shape=shape))
 
 
+RESIZE_ATTRS = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_floor",
+                "cubic_coeff_a": -0.75, "exclude_outside": 0, "antialias": 0, "keep_aspect_ratio_policy": "stretch"}
+
+
+def _resize_inputs(L: Lowering):
+    """(roi, scales, sizes) of a Resize, each None when absent or empty."""
+    named = [(None, None), (1, "scales"), (None, None)] if L.opset < 11 else [(1, "roi"), (2, "scales"), (3, "sizes")]
+    values = [None if i is None else L.const(i, what) for i, what in named]
+    return [None if v is None or np.size(v) == 0 else np.asarray(v).reshape(-1) for v in values]
+
+
+def lower_resize(L: Lowering):
+    """Resize of static shapes: one constant matrix per resized axis (``engines.importer.resize``),
+    a ``linear`` along the last axis and a ``matmul_const`` from the left along any other; then
+    tf_crop_and_resize's extrapolation_value, a constant, added where a sample falls outside."""
+    from .resize import axis_maps
+    x, out = L.values[L.node.input[0]], L.out()
+    roi, scales, sizes = _resize_inputs(L)
+    axes = L.attr("axes")
+    axes = list(range(len(x.shape))) if axes is None else [a % len(x.shape) for a in axes]
+    attrs = {k: L.attr(k, v) for k, v in RESIZE_ATTRS.items()}
+    attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+    try:
+        maps = axis_maps(x.shape, out.shape, axes=axes, scales=scales, sizes=sizes, roi=roi, **attrs)
+    except (ValueError, ImportError, AttributeError, TypeError) as exc:
+        raise Unsupported(f"its weights cannot be made ({type(exc).__name__}: {exc})") from exc
+    y, shape, name = x.name, x.per_sample, L.node.output[0]
+    for m in maps:
+        a, n = x.axis(m.axis), len(m.matrix)
+        new = shape[:a] + (n,) + shape[a + 1:]
+        if a == len(shape) - 1:
+            y = L.emit("linear", [y], new, [L.param(m.matrix.T, name + ".w"), L.param(np.zeros(n), name + ".b")],
+                       name=L._fresh(name + ".resize"))
+        else:
+            pre, post = math.prod(shape[:a]), math.prod(shape[a + 1:])
+            y = L.emit("matmul_const", [y], (pre, n, post), [L.param(m.matrix, name + ".w")], swap=True,
+                       name=L._fresh(name + ".resize"), aligned=(pre, shape[a], post))
+            y = L.emit("reshape", [y], new, name=L._fresh(name + ".view"), shape=new)
+        shape = new
+    value = float(L.attr("extrapolation_value", 0.0))
+    inside = np.ones(out.shape)
+    for m in maps:
+        inside = inside * (1 - m.outside).reshape([-1 if i == m.axis else 1 for i in range(len(out.shape))])
+    if value and not inside.all():
+        extra = _const_operand(L, value * (1 - inside), out)
+        y = L.emit("binary", [y], shape, extra.pop("params", ()), fn="add", swap=False, **extra)
+    L.result(y)
+
+
 def lower_batchnorm(L: Lowering):
     x = L.values[L.node.input[0]]
     problems = []
@@ -969,6 +1018,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "GlobalMaxPool": lower_global_max_pool,
     "LpPool": lower_lp_pool,
     "Tile": lower_tile,
+    "Resize": lower_resize,
     "BatchNormalization": lower_batchnorm,
     "LRN": lower_lrn,
     "Pad": lower_pad,
