@@ -425,16 +425,26 @@ def test_function_bodies_allocate_nothing_per_forward():
             assert tracemalloc_peak(engine, model.random_input(16, rng=0)) <= 4096, name
 
 
-def test_attention_runs_as_its_function_body_with_constant_keys_and_values():
-    """Attention (opset 23) has no rule of its own: its body, K and V initializers, on every engine."""
-    data = build([N("Attention", ["x", "k", "v"], ["y"], is_causal=1, q_num_heads=2, kv_num_heads=2)],
-                 {"k": _w(1, 5, 8), "v": _w(1, 5, 6)}, in_shape=(1, 3, 8), out_shape=(1, 3, 6), opset=23)
+def check_at_batch_one(data: bytes):
+    """A file that runs at batch 1 only: every NumPy engine and the reference against ONNX Runtime,
+    twice (warm), and no allocation per warm forward on the planned engines; the model."""
     model = load_onnx(data)
     x = model.random_input(1, rng=5)
     expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(model.reference(x), expected, rtol=1e-4, atol=1e-5)
     for name in OWN:
-        np.testing.assert_allclose(ENGINES[name](model, 1).forward(x), expected, rtol=1e-4, atol=1e-5, err_msg=name)
+        engine = ENGINES[name](model, 1)
+        for _ in range(2):
+            np.testing.assert_allclose(engine.forward(x), expected, rtol=1e-4, atol=1e-5, err_msg=name)
+        assert name == "naive" or tracemalloc_peak(engine, x) <= 4096, name
+    return model
+
+
+def test_attention_runs_as_its_function_body_with_constant_keys_and_values():
+    """Attention (opset 23) has no rule of its own: its body, K and V initializers, on every engine."""
+    data = build([N("Attention", ["x", "k", "v"], ["y"], is_causal=1, q_num_heads=2, kv_num_heads=2)],
+                 {"k": _w(1, 5, 8), "v": _w(1, 5, 6)}, in_shape=(1, 3, 8), out_shape=(1, 3, 6), opset=23)
+    model = check_at_batch_one(data)
     assert "matmul_const" in [op.kind for op in model.ops]
     assert "'y/" not in model.fixed_batch.reason          # the file's node, not its body's
 
@@ -445,3 +455,16 @@ def test_a_body_that_does_not_lower_refuses_the_node_by_name():
     with pytest.raises(OnnxImportError, match=r"^node 'loss': SoftmaxCrossEntropyLoss \(domain ai.onnx, "
                                               r"opset 13\) is not supported: in its function body, "):
         load_onnx(data)
+
+
+def test_grid_sample_with_a_constant_grid_is_a_map_per_channel():
+    """GridSample's grid has the input's batch, so a constant grid fixes the batch at 1."""
+    data = build([
+        N("GridSample", ["x", "grid"], ["g1"], mode="linear"),
+        N("GridSample", ["x", "grid"], ["g2"], mode="cubic", padding_mode="reflection", align_corners=1),
+        N("GridSample", ["x", "grid"], ["g3"], mode="nearest", padding_mode="border"),
+        N("Sum", ["g1", "g2", "g3"], ["y"]),
+    ], {"grid": R.uniform(-1.2, 1.2, (1, 3, 6, 2)).astype(np.float32)}, in_shape=(1, 3, 4, 5),
+        out_shape=(1, 3, 3, 6), opset=20)
+    model = check_at_batch_one(data)
+    assert [op.kind for op in model.ops].count("linear") == 3

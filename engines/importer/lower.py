@@ -56,6 +56,7 @@ class Lowering:
     acts: dict[str, Act] = field(default_factory=dict)            # measured: name -> Act
     node: object = None                                           # the node being lowered
     opset: int = 0
+    opset_import: tuple = ()                                      # the file's, for a node run on its own
     read: set = field(default_factory=set)                        # names some node or the graph output reads
     evaluated: dict = field(default_factory=dict)                 # every value at batch 1 (ONNX's evaluator)
 
@@ -851,6 +852,26 @@ def lower_resize(L: Lowering):
     L.result(y)
 
 
+def lower_grid_sample(L: Lowering):
+    """GridSample with a constant grid, the same for every sample: a fixed linear map of each
+    channel's image (``engines.importer.probe``), a ``linear`` over rows of the channels."""
+    from .probe import MAX_ELEMENTS, channel_map
+    x, out = L.values[L.node.input[0]], L.out()
+    grid = L.const(1, "grid")
+    if np.shape(grid)[0] != 1:
+        raise Unsupported(f"its grid {np.shape(grid)} differs per sample")
+    spatial, out_spatial = x.shape[2:], out.shape[2:]
+    size, width = math.prod(spatial), math.prod(out_spatial)
+    if x.bpos not in (0, None) or size * max(size, width) > MAX_ELEMENTS:
+        raise Unsupported(f"its input {x.shape} is not (N, C, ...) with the batch first, or too large a map")
+    w = channel_map(L.node, L.opset_import, spatial, [grid])
+    rows = x.per_sample[:-len(spatial)] + (size,)
+    flat = L.emit("reshape", [x.name], rows, name=L._fresh(x.name + ".rows"), shape=rows)
+    name = L.node.output[0]
+    L.result(L.emit("linear", [flat], rows[:-1] + (width,), [L.param(w.T, name + ".w"),
+                                                            L.param(np.zeros(width), name + ".b")]))
+
+
 def lower_batchnorm(L: Lowering):
     x = L.values[L.node.input[0]]
     problems = []
@@ -1019,6 +1040,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "LpPool": lower_lp_pool,
     "Tile": lower_tile,
     "Resize": lower_resize,
+    "GridSample": lower_grid_sample,
     "BatchNormalization": lower_batchnorm,
     "LRN": lower_lrn,
     "Pad": lower_pad,
@@ -1044,7 +1066,7 @@ def _lower_node(L: Lowering, node, problems: list[str], failed: set[str]) -> Non
 def lower(proto, input_name: str, one: dict, acts: dict[str, Act]) -> tuple[Lowering, list[str]]:
     """IR ops for every node that depends on the input; the problems of those that could not."""
     opsets = {o.domain or "": o.version for o in proto.opset_import}
-    L = Lowering(acts=acts, opset=opsets.get("", 0), evaluated=one,
+    L = Lowering(acts=acts, opset=opsets.get("", 0), opset_import=tuple(proto.opset_import), evaluated=one,
                  read={i for n in proto.graph.node for i in n.input} | {o.name for o in proto.graph.output})
     x = acts[input_name]
     L.shapes[input_name] = x.per_sample
