@@ -77,7 +77,7 @@ def fold_bias(model: Model) -> Model:
         ops[i] = None
         ops[j] = Op("linear", op.inputs, add.output, (op.params[0], name), {})
         origin[add.output] = origin.get(op.output, ()) + origin.get(add.output, ())
-    return _rebuild(model, [op for op in ops if op is not None], params, origin)
+    return _rebuild(model, [op for op in ops if op is not None], params, origin) if None in ops else model
 
 
 def fuse_gelu_erf(model: Model) -> Model:
@@ -110,7 +110,7 @@ def fuse_gelu_erf(model: Model) -> Model:
             ops[by_out[op.output]] = None
         ops[by_out[half.output]] = Op("gelu_erf", (x,), half.output)
         origin[half.output] = sum((model.origin.get(op.output, ()) for op in chain), ())
-    return _rebuild(model, [op for op in ops if op is not None], origin=origin)
+    return _rebuild(model, [op for op in ops if op is not None], origin=origin) if None in ops else model
 
 
 class _TanhGelu(NamedTuple):
@@ -181,7 +181,7 @@ def fuse_gelu_tanh(model: Model) -> Model:
         gone |= {op.output for op in found.ops[:-1]}
         ops[ops.index(last)] = Op("gelu", (found.x,), last.output)
         origin[last.output] = sum((model.origin.get(op.output, ()) for op in found.ops), ())
-    return _rebuild(model, [op for op in ops if op.output not in gone], origin=origin)
+    return _rebuild(model, [op for op in ops if op.output not in gone], origin=origin) if gone else model
 
 
 def _producer(by_out, t, kind: str) -> Op | None:
@@ -267,7 +267,7 @@ def fuse_layernorm(model: Model) -> Model:
                                    {"eps": std.eps})
         origin[shift.output] = sum((model.origin.get(op.output, ()) for op in (*chain, shift)), ())
         by_out, readers = {op.output: op for op in ops}, _readers(ops)
-    return _rebuild(model, ops, origin=origin)
+    return _rebuild(model, ops, origin=origin) if len(ops) < len(model.ops) else model
 
 
 MOVES = ("reshape", "transpose", "slice", "take")     # kinds that only move elements
@@ -548,7 +548,7 @@ def fuse_attention(model: Model) -> Model:
         found = _match_attention(soft, model.ops, model)
         if found is not None:
             model = _rewrite_attention(model, found)
-    return _rebuild(model, model.ops)
+    return model
 
 
 # --- convolutional networks -----------------------------------------------------------
@@ -558,7 +558,7 @@ def _absorb(model: Model, merge) -> Model:
     ``merge(op, reader, params)`` gives the one op that replaces both (it writes the reader's
     output, and may add arrays to params) or None. Runs until nothing merges (BN, then Mul, then Add)."""
     ops, params, origin = list(model.ops), dict(model.params), dict(model.origin)
-    changed = True
+    changed, merges = True, 0
     while changed:
         changed, readers = False, _readers(ops)
         for i, op in enumerate(ops):
@@ -572,9 +572,9 @@ def _absorb(model: Model, merge) -> Model:
                 continue
             origin[ops[j].output] = origin.get(op.output, ()) + origin.get(ops[j].output, ())
             ops[i], ops[j] = None, merged
-            changed = True
+            changed, merges = True, merges + 1
         ops = [op for op in ops if op is not None]
-    return _rebuild(model, ops, params, origin)
+    return _rebuild(model, ops, params, origin) if merges else model
 
 
 def _new_param(params: dict, hint: str, value) -> str:
