@@ -329,6 +329,76 @@ def test_tuned_engine_is_right_and_reports_every_linear(engine, tuned):
         assert r["kernel"] in offered and set(r["candidates_us"]) == offered - set(kernels.unavailable())
 
 
+# --- close calls judged in the engine's own forward ---------------------------
+
+def _alone(times_us):
+    """A stand-in for measuring GEMMs alone: these microseconds for every candidate named."""
+    return lambda gemm, names, *a, **k: {n: times_us.get(n, 1e3) * 1e-6 for n in names}
+
+
+@pytest.mark.parametrize("engine", ["static", "fused"])
+def test_close_rivals_are_judged_in_whole_forwards_and_the_fastest_there_is_kept(engine, tuned, monkeypatch):
+    """numpy wins alone by 5 %; scipy-1t wins in the forward: scipy-1t is bound, said, and cached."""
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy": 100.0, "scipy-1t": 105.0}))
+    model = MODELS["mlp"](dim=32, seed=1)
+    judged, building = [], {}
+
+    def forwards(variants, *a, **k):
+        judged.append(variants)
+        for name, calls in variants.items():       # each variant is a whole, right forward
+            building["engine"].bound_input[...] = x
+            kernels.table.run_calls(calls)
+            out = building["engine"].view(building["engine"].model.output, 4)
+            np.testing.assert_allclose(out, model.reference(x), atol=ABS_TOL, rtol=0)
+        return {n: (50e-6 if n == "scipy-1t" else 80e-6) for n in variants}
+
+    monkeypatch.setattr(kernels.timing, "measure_forwards", forwards)
+    x = model.random_input(4, rng=0)
+
+    class Probe(ENGINES[engine]):
+        def bind(self, batch):
+            bound = super().bind(batch)
+            self.bound_input, building["engine"] = bound.input, self
+            return bound
+
+    eng = Probe(model, 4)
+    (variants,) = judged                            # the mlp's two linears share one GEMM shape
+    assert list(variants)[0] == "numpy" and set(variants) == {"numpy", "scipy-1t"}
+    (report,) = eng.report()["kernels"]
+    assert (report["kernel"], report["how"]) == ("scipy-1t", "measured in the forward")
+    np.testing.assert_allclose(eng.forward(x), model.reference(x), atol=ABS_TOL, rtol=0)
+    monkeypatch.setattr(kernels.choice, "_MEMO", {})                       # as a new process would
+    monkeypatch.setattr(kernels.timing, "measure_forwards", lambda *a, **k: pytest.fail("judged again"))
+    (again,) = ENGINES[engine](model, 4).report()["kernels"]
+    assert (again["kernel"], again["how"]) == ("scipy-1t", "cached")
+
+
+def test_a_rival_far_behind_alone_is_not_timed_in_the_forward(tuned, monkeypatch):
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy": 100.0}))     # every other: 1 ms
+    monkeypatch.setattr(kernels.timing, "measure_forwards", lambda *a, **k: pytest.fail("judged"))
+    (report,) = ENGINES["static"](MODELS["mlp"](dim=32, seed=1), 4).report()["kernels"]
+    assert (report["kernel"], report["how"]) == ("numpy", "measured")
+
+
+def test_the_choice_alone_stays_unless_another_is_clearly_faster_in_the_forward(tuned, monkeypatch):
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy": 100.0, "scipy-1t": 105.0}))
+    monkeypatch.setattr(kernels.timing, "measure_forwards", lambda v, *a, **k: {"numpy": 80e-6, "scipy-1t": 78e-6})
+    (report,) = ENGINES["static"](MODELS["mlp"](dim=32, seed=1), 4).report()["kernels"]
+    assert (report["kernel"], report["how"]) == ("numpy", "measured in the forward")
+
+
+def test_packs_of_a_kernel_that_lost_in_the_forward_are_dropped(tuned, monkeypatch):
+    if {"mkl-packed", "mkl-gemm"} & set(kernels.unavailable()):
+        pytest.skip(f"MKL is not installed here (the mkl extra): {kernels.unavailable()}")
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"mkl-packed": 100.0, "mkl-gemm": 101.0}))
+    monkeypatch.setattr(kernels.timing, "measure_forwards",
+                        lambda v, *a, **k: {n: (50e-6 if n == "mkl-gemm" else 80e-6) for n in v})
+    eng = ENGINES["packed"](MODELS["mlp"](dim=64, seed=1), 8)
+    assert {r["kernel"] for r in eng.report()["kernels"]} == {"mkl-gemm"}
+    assert eng.linears.states == {} and eng.weight_bytes == sum(a.nbytes for s in eng.steps for a in s.operands
+                                                                if isinstance(a, np.ndarray))
+
+
 def test_again_measures_afresh_and_overwrites(tuned, monkeypatch):
     gemm = kernels.Gemm(4, 32, 32)
     kernels.choose(gemm, ("numpy", "scipy"), "numpy")

@@ -1,8 +1,10 @@
-"""Choosing each linear's kernel: from the cache, else measured (and cached when the machine was
-not busy); ``Linears`` binds an engine's linears on their choices and reports them."""
+"""Choosing each linear's kernel: from the cache, else measured alone and then, where rivals came
+close, in the engine's own forward (and cached when the machine was not busy); ``Linears`` binds
+an engine's linears on their choices and reports them."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -19,6 +21,14 @@ BUSY_SHARE = 0.25           # seconds per second this process's threads waited f
                             # busy process beside a two-thread matmul: 0.74, the matmul 3.6x slower)
 
 
+# A GEMM timed alone is not the GEMM in the forward: there its weights, its neighbours' data and
+# their pools share the cache and the cores (an AMD EPYC's 1 x 1024 x 1024 tied NumPy's two
+# threads with SciPy's one alone, and ran 1.4x slower on one thread in the forward). Rivals within
+# FORWARD_CLOSE of the best alone, FORWARD_RIVALS at most, are timed again as whole forwards.
+FORWARD_CLOSE = 1.5
+FORWARD_RIVALS = 3
+
+
 def tuning_enabled() -> bool:
     """On unless ``MLEXEC_TUNE`` is 0 (off, false, no): each engine's fixed defaults then."""
     return os.environ.get(TUNE_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
@@ -28,11 +38,13 @@ def tuning_enabled() -> bool:
 @dataclass
 class Choice:
     kernel: str
-    how: str                                        # "measured", "measured while busy ...", "cached",
-                                                    # or "default (MLEXEC_TUNE off)"
+    how: str                                        # "measured", "measured in the forward", "measured
+                                                    # while busy ...", "cached", or "default (MLEXEC_TUNE off)"
     default: str                                    # what the engine runs untuned
-    times_s: dict[str, float] = field(default_factory=dict)
+    times_s: dict[str, float] = field(default_factory=dict)      # each candidate alone
     seconds: float = 0.0                            # spent measuring
+    forward_s: dict[str, float] = field(default_factory=dict)    # rivals in the forward (per forward)
+    entry: str = ""                                 # its key in the cache
 
 
 _MEMO: dict[tuple, Choice] = {}                     # this process's choices: (gemm key, candidates)
@@ -53,54 +65,120 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
     path = cache.cache_path()
     cached = None if os.environ.get(TUNE_ENV, "").strip().lower() == "again" else cache.read(path).get(entry)
     if isinstance(cached, dict) and cached.get("kernel") in runnable:
-        times = {n: float("inf") if t is None else float(t) for n, t in dict(cached.get("times_s", {})).items()}
-        choice = Choice(cached["kernel"], "cached", default, times)
+        choice = Choice(cached["kernel"], "cached", default, _seconds(cached.get("times_s")), entry=entry,
+                        forward_s=_seconds(cached.get("forward_s")))
     else:
         t0, waited0 = time.perf_counter(), timing.waiting_seconds()
         times = timing.measure(gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")}
-        seconds, waited1 = time.perf_counter() - t0, timing.waiting_seconds()
+        seconds = time.perf_counter() - t0
         best = min(times, key=times.get)
         if default in times and times[default] <= (1 + KEEP_DEFAULT) * times[best]:    # ties included
             best = default
-        # Measured while other work held the cores, a two-thread kernel waits for its second core
-        # and a one-thread one wins: right for now, wrong for every later build on an idle
-        # machine (a 512 x 256 x 1024 linear cached that way ran at half speed). Used, not cached.
-        busy = None if None in (waited0, waited1) else (waited1 - waited0) / max(seconds, 1e-3)
-        if busy is not None and busy > BUSY_SHARE:
-            choice = Choice(best, f"measured while busy (threads waited {busy:.2f} s/s for a core), "
-                            "not cached", default, times, seconds)
-        else:
-            choice = Choice(best, "measured", default, times, seconds)
-            cache.write(path, {entry: {"kernel": best, "times_s": {n: (t if np.isfinite(t) else None)
-                                                                    for n, t in times.items()}}})
+        choice = _keep(Choice(best, "measured", default, times, seconds, entry=entry), waited0, seconds)
     _MEMO[memo_key] = choice
+    return choice
+
+
+def _seconds(times) -> dict[str, float]:
+    return {n: float("inf") if t is None else float(t) for n, t in dict(times or {}).items()}
+
+
+def _keep(choice: Choice, waited0: float | None, seconds: float) -> Choice:
+    """``choice``, cached unless this process's threads waited for a core while it was measured
+    (for the last ``seconds``, from when they had waited ``waited0``)."""
+    waited1 = timing.waiting_seconds()
+    # Measured while other work held the cores, a two-thread kernel waits for its second core
+    # and a one-thread one wins: right for now, wrong for every later build on an idle
+    # machine (a 512 x 256 x 1024 linear cached that way ran at half speed). Used, not cached.
+    busy = None if None in (waited0, waited1) else (waited1 - waited0) / max(seconds, 1e-3)
+    if busy is not None and busy > BUSY_SHARE:
+        return replace(choice, how=f"{choice.how} while busy (threads waited {busy:.2f} s/s for a core), not cached")
+    def finite(times):
+        return {n: (t if np.isfinite(t) else None) for n, t in times.items()}
+    cache.write(cache.cache_path(), {choice.entry: {"kernel": choice.kernel, "times_s": finite(choice.times_s),
+                                                    **({"forward_s": finite(choice.forward_s)} if choice.forward_s else {})}})
     return choice
 
 
 class Linears:
     """The linears of one engine: each one's kernel chosen (``choose``), its calls bound, its
-    per-weight state (MKL's packs) made once, and every choice kept for ``report``."""
+    per-weight state (MKL's packs) made once, and every choice kept for ``report``.
+
+    ``rivals()`` and ``judge()`` let an engine settle close calls in its own forward: it binds a
+    batch, binds it again with each rival ``forced`` for one GEMM shape, and hands the forwards'
+    calls to ``judge``, which keeps the fastest (``BoundEngine.bind_judged``)."""
 
     def __init__(self, candidates: tuple[str, ...], default: Callable[[Gemm], str]):
         self.candidates = candidates
         self.default = default
-        self.states: dict[tuple[str, int], object] = {}     # (kernel, id(weight)) -> prepared state
+        self.states: dict[tuple[str, int], object] = {}     # (library, id(weight)) -> prepared state
         self.choices: dict[str, Choice] = {}                 # gemm key -> choice
+        self.forced: dict[str, str] = {}                     # gemm key -> kernel bound instead of its choice
+        self.bound_keys: list[str] = []                      # the GEMM shapes bound since last cleared
+        self._users: dict[tuple[str, int], set[str]] = {}    # state key -> the gemm keys using it
+        self.lock = threading.RLock()                        # held by an engine while it binds and judges
 
     def calls(self, x2, y2, w, b, b_tiled, residual) -> list:
         gemm = Gemm(y2.shape[0], *w.shape, transposed=not w.flags.c_contiguous, residual=residual is not None)
         unit = x2.strides[1] == y2.strides[1] == x2.itemsize
         candidates = self.candidates if unit else ("numpy",)
         choice = choose(gemm, candidates, self.default(gemm) if unit else "numpy")
-        self.choices.setdefault(gemm.key, choice)      # a second linear of that shape: the memo, 0 s
-        kernel = KERNELS[choice.kernel]
+        choice = self.choices.setdefault(gemm.key, choice)   # a second linear of that shape: the memo, 0 s
+        name = self.forced.get(gemm.key, choice.kernel) if unit else choice.kernel
+        if gemm.key not in self.bound_keys:
+            self.bound_keys.append(gemm.key)
+        kernel = KERNELS[name]
         state = None
         if kernel.prepare is not None:
             key = (kernel.library, id(w))
             if key not in self.states:
                 self.states[key] = kernel.prepare(w)
+            self._users.setdefault(key, set()).add(gemm.key)
             state = self.states[key]
-        return bind(choice.kernel, x2, y2, w, b, b_tiled, residual, state)
+        return bind(name, x2, y2, w, b, b_tiled, residual, state)
+
+    def rivals(self) -> dict[str, list[str]]:
+        """For each GEMM shape bound since ``bound_keys`` was cleared and just measured alone (not
+        from the cache, not yet in the forward): the
+        kernels to time in the forward (its choice first, then those within FORWARD_CLOSE of the
+        fastest alone, FORWARD_RIVALS in all), where there are two or more."""
+        found = {}
+        for key in self.bound_keys:
+            choice = self.choices[key]
+            alone = {n: t for n, t in choice.times_s.items() if np.isfinite(t)}
+            if not choice.how.startswith("measured") or choice.forward_s or len(alone) < 2:
+                continue
+            close = [n for n in sorted(alone, key=alone.get) if alone[n] <= FORWARD_CLOSE * min(alone.values())]
+            rivals = list(dict.fromkeys([choice.kernel, *close]))[:FORWARD_RIVALS]
+            if len(rivals) > 1:
+                found[key] = rivals
+        return found
+
+    def judge(self, key: str, forwards: dict[str, list]) -> Choice:
+        """Keep for GEMM shape ``key`` the kernel whose whole forward (``forwards``: kernel -> the
+        calls of one forward with that kernel bound for ``key``) ran fastest, its choice unless
+        another is KEEP_DEFAULT faster; cached like any choice, and the states of the kernels
+        that lost dropped."""
+        t0, waited0 = time.perf_counter(), timing.waiting_seconds()
+        times = timing.measure_forwards(forwards)
+        choice = self.choices[key]
+        best = min(times, key=times.get)
+        if times[choice.kernel] <= (1 + KEEP_DEFAULT) * times[best]:
+            best = choice.kernel
+        seconds = time.perf_counter() - t0
+        judged = replace(choice, kernel=best, how="measured in the forward", forward_s=times,
+                         seconds=choice.seconds + seconds)
+        self.choices[key] = judged = _keep(judged, waited0, seconds)
+        _MEMO[(str(cache.cache_path()), judged.entry)] = judged
+        self._drop_unused()
+        return judged
+
+    def _drop_unused(self) -> None:
+        """Forget the prepared states (MKL's packs) no choice runs on any more."""
+        for key, users in list(self._users.items()):
+            running = (KERNELS[self.forced.get(g, self.choices[g].kernel)] for g in users)
+            if not any(k.library == key[0] and k.prepare is not None for k in running):
+                del self.states[key], self._users[key]
 
     @property
     def state_bytes(self) -> int:

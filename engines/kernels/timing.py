@@ -1,5 +1,6 @@
 """Timing the candidates for one GEMM: interleaved blocks on scratch arrays of its shape, after
-the pools of whatever ran before have parked (the rules are in ``engines.kernels``' docstring)."""
+the pools of whatever ran before have parked; and one linear's rivals inside an engine's whole
+forward (the rules are in ``engines.kernels``' docstring)."""
 from __future__ import annotations
 
 import time
@@ -16,6 +17,8 @@ ROUND_BUDGET_S = 0.12       # total timing per GEMM, spread over the rounds
 MIN_ROUNDS, MAX_ROUNDS = 5, 41
 CAP_S = 0.6                 # past this much timing per GEMM, stop after CAP_ROUNDS (large products)
 CAP_ROUNDS = 3
+FORWARD_BLOCK_S = 1e-3      # one timed block of whole forwards (measure_forwards)
+FORWARD_BUDGET_S = 0.15     # total timing of one linear's rivals in the forward
 PARK_S = 0.25               # idle before timing: longer than MKL's (200 ms) and OpenBLAS's (~0.1 s) spin
 BACK_TO_BACK_S = 0.05       # no idle before a measurement of the same candidates that follows another
                             # this closely (one build's GEMMs): only their own pools can be spinning
@@ -67,21 +70,41 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
     weights cold: ``weight_copies``), timed in blocks interleaved in rotating order after PARK_S
     idle and each candidate's settling calls; a candidate far behind is dropped early (inf)."""
     bound, copies = _scratch_calls(gemm, names)
+    reps, rounds = _blocks(bound, BLOCK_SECONDS, budget_s)
+    if _last_measured[0] != list(bound) or time.perf_counter() - _last_measured[1] > BACK_TO_BACK_S:
+        time.sleep(PARK_S)                          # what ran before (another engine) parks its pool
+    times = _settled_medians(bound, reps, rounds)
+    _last_measured[:] = [list(bound), time.perf_counter()]
+    return {name: t / copies for name, t in times.items()}
+
+
+def measure_forwards(variants: dict[str, list], budget_s: float = FORWARD_BUDGET_S) -> dict[str, float]:
+    """Median seconds per forward of each variant (``name -> the calls of one whole forward``,
+    on one engine's buffers), timed as ``measure`` times GEMMs but without the idle first: the
+    variants differ in one linear's kernel, and each runs among its real neighbours, on the
+    pools and with the cache state the forward itself leaves."""
+    reps, rounds = _blocks(variants, FORWARD_BLOCK_S, budget_s)
+    return _settled_medians(variants, reps, rounds)
+
+
+def _blocks(bound: dict[str, list], block_s: float, budget_s: float) -> tuple[int, int]:
+    """Calls per timed block (about ``block_s``) and rounds (``budget_s`` in all, MIN_ROUNDS to
+    MAX_ROUNDS), from one warm call of each candidate."""
     one = {}
     for name, calls in bound.items():               # warm up, and size the blocks
         run_calls(calls)
         t0 = time.perf_counter()
         run_calls(calls)
         one[name] = max(time.perf_counter() - t0, 1e-7)
-    reps = max(1, int(BLOCK_SECONDS / max(one.values())))
-    rounds = int(min(MAX_ROUNDS, max(MIN_ROUNDS, budget_s / (reps * sum(one.values())))))
-    if _last_measured[0] != list(bound) or time.perf_counter() - _last_measured[1] > BACK_TO_BACK_S:
-        time.sleep(PARK_S)                          # what ran before (another engine) parks its pool
+    reps = max(1, int(block_s / max(one.values())))
+    return reps, int(min(MAX_ROUNDS, max(MIN_ROUNDS, budget_s / (reps * sum(one.values())))))
+
+
+def _settled_medians(bound: dict[str, list], reps: int, rounds: int) -> dict[str, float]:
     for calls in bound.values():
         _settle(calls)                              # then every candidate warm, the pool spinning again
     times, alive = _interleaved(bound, reps, rounds)
-    _last_measured[:] = [list(bound), time.perf_counter()]
-    return {name: float(np.median(t)) / copies if name in alive else float("inf") for name, t in times.items()}
+    return {name: float(np.median(t)) if name in alive else float("inf") for name, t in times.items()}
 
 
 def _scratch_calls(gemm: Gemm, names: list[str]) -> tuple[dict[str, list], int]:

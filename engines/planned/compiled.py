@@ -87,10 +87,31 @@ class BoundEngine(Engine):
         """Allocate this engine's own activation buffers (``worker`` calls it on a copy)."""
         raise NotImplementedError
 
+    def bind_judged(self, batch: int) -> Bound:
+        """``bind(batch)``, with every linear whose GEMM was just measured alone with close rivals
+        (``Linears.rivals``) judged again in this engine's own warm forward at ``batch`` on a
+        seeded input: one forward per rival, that linear shape forced onto it, timed interleaved
+        (``Linears.judge``); then bound on the winners."""
+        with self.linears.lock:                    # shared with workers that bind at once
+            self.linears.bound_keys.clear()
+            bound = self.bind(batch)
+            rivals = self.linears.rivals()
+            if not rivals:
+                return bound
+            bound.input[...] = np.random.default_rng(0).standard_normal(bound.input.shape, dtype=np.float32)
+            for key, names in rivals.items():
+                forwards = {}
+                for name in names:
+                    self.linears.forced[key] = name
+                    forwards[name] = list(self.bind(batch).calls)
+                del self.linears.forced[key]
+                self.linears.judge(key, forwards)
+            return self.bind(batch)
+
     def _forward(self, x: np.ndarray) -> np.ndarray:
         if self._owner != _get_ident():
             self._claim()
-        bound = self._bound.get(x.shape[0]) or self.bind(x.shape[0])
+        bound = self._bound.get(x.shape[0]) or self.bind_judged(x.shape[0])
         np.copyto(bound.input, x)
         for fn, args in bound.calls:
             fn(*args)
@@ -172,7 +193,7 @@ class CompiledEngine(BoundEngine):
         self.own_memory()
         # Kernel choices and their per-weight state are shared with workers.
         self.linears = Linears(self.kernel_candidates, lambda gemm: "numpy")
-        self.bind(max_batch)                     # chooses every linear's kernel now
+        self.bind_judged(max_batch)              # chooses every linear's kernel now
 
     def own_memory(self) -> None:
         self._store = self.storage(self.sizes)   # name -> flat float32 array for max_batch

@@ -332,7 +332,7 @@ class FusedEngine(BoundEngine):
         self.own_memory()
         # Kernel choices and their per-weight state (MKL's packs) are shared with workers.
         self.linears = Linears(self.kernel_candidates, self.default_kernel)
-        self.bind(self.max_batch)        # chooses every linear's kernel now (engines.kernels)
+        self.bind_judged(self.max_batch)  # chooses every linear's kernel now (engines.kernels)
 
     def own_memory(self) -> None:
         self.plan, arena, self._buffers = arena_storage(
