@@ -24,6 +24,12 @@ the fastest.
   spell of the host falls on all of them; the median per candidate decides.
   A candidate whose fastest block is 2x slower than the best median after two
   rounds is dropped; past 0.6 s of timing the rounds stop at three.
+- **Judged in the forward** (``Linears.rivals``/``judge``, ``BoundEngine.bind_judged``): a GEMM
+  timed alone is not the GEMM in the forward, where its weights, its neighbours' data and pools
+  share the cache and the cores. The kernels within 1.5x of the best alone (three at most) are
+  timed again as the engine's whole warm forward at the batch it binds, one forward per rival,
+  interleaved (``measure_forwards``), and the fastest there is kept (the choice alone unless
+  another is 5 % faster) and cached under the same key; the packs of those that lost are dropped.
 - **One pool per engine** (``candidates``): an engine is offered the kernels
   of one multi-thread pool (NumPy's OpenBLAS; OpenMP's, shared by MKL and oneDNN, for
   ``packed`` and ``onednn``: ``POOLS``) and
