@@ -468,3 +468,18 @@ def test_grid_sample_with_a_constant_grid_is_a_map_per_channel():
         out_shape=(1, 3, 3, 6), opset=20)
     model = check_at_batch_one(data)
     assert [op.kind for op in model.ops].count("linear") == 3
+
+
+def test_gather_elements_of_an_activation_by_constant_indices():
+    """The indices have the input's batch (1 here); SoftmaxCrossEntropyLoss's body gathers so too."""
+    idx = R.integers(-6, 6, (1, 4, 3))
+    data = build([
+        N("GatherElements", ["x", "idx"], ["g"], axis=2),                     # (1, 4, 3), negatives too
+        N("Gather", ["x", "cols"], ["t"], axis=2),                             # (1, 4, 3): a take
+        N("Add", ["g", "t"], ["s"]),
+        N("SoftmaxCrossEntropyLoss", ["s", "labels"], ["l"], reduction="none"),   # (1, 3)
+        N("Unsqueeze", ["l", "ax1"], ["lu"]), N("Add", ["s", "lu"], ["y"]),
+    ], {"idx": idx, "cols": I64(5, 0, -2), "labels": np.array([[0, 3, 1]], np.int64), "ax1": I64(1)},
+        in_shape=(1, 4, 6), out_shape=(1, 4, 3), opset=13)
+    model = check_at_batch_one(data)
+    assert [op.kind for op in model.ops].count("take") >= 3

@@ -634,6 +634,30 @@ def lower_gather(L: Lowering):
     L.result(flat)
 
 
+def lower_gather_elements(L: Lowering):
+    """GatherElements of an activation by constant indices: the per-sample elements it picks, as
+    flat positions worked out at import, one ``take`` from the flattened sample."""
+    x = L.values[L.node.input[0]]
+    if not isinstance(x, Act):
+        raise Unsupported("it gathers from a constant by computed indices")
+    idx = np.asarray(L.const(1, "indices"), dtype=np.int64)
+    axis = x.axis(L.attr("axis", 0))
+    if x.bpos is not None:
+        if idx.shape[x.bpos] != 1:
+            raise Unsupported("its indices vary along the batch axis")
+        idx = idx.reshape(idx.shape[:x.bpos] + idx.shape[x.bpos + 1:])
+    n = x.per_sample[axis]
+    if np.any((idx < -n) | (idx >= n)):
+        raise Unsupported("its indices are out of range")
+    positions = np.arange(math.prod(x.per_sample)).reshape(x.per_sample)
+    positions = positions[tuple(slice(None) if d == axis else slice(0, m) for d, m in enumerate(idx.shape))]
+    flat = np.take_along_axis(positions, np.where(idx < 0, idx + n, idx), axis=axis).reshape(-1)
+    size = (math.prod(x.per_sample),)
+    rows = L.emit("reshape", [x.name], size, name=L._fresh(x.name + ".flat"), shape=size)
+    L.result(L.emit("take", [rows], (flat.size,), name=L._fresh(L.node.output[0] + ".take"), axis=0,
+                    indices=tuple(_ints(flat))))
+
+
 def lower_concat(L: Lowering):
     out = L.out()
     acts = [v for v in (L.values[n] for n in L.node.input) if isinstance(v, Act)]
@@ -1031,6 +1055,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Slice": lower_slice,
     "Split": lower_split,
     "Gather": lower_gather,
+    "GatherElements": lower_gather_elements,
     "Concat": lower_concat,
     "Conv": lower_conv,
     "MaxPool": lower_pool("maxpool"),

@@ -476,9 +476,9 @@ def take_eager(x, *, axis, indices):
 
 
 def take_calls(out, x, *, axis, indices) -> Calls:
-    # One copy per index: np.take(out=) with bounds checks buffers its output.
-    lead = (slice(None),) * _batch_axis(axis)
-    return [(np.copyto, (out[(*lead, j)], x[(*lead, i)])) for j, i in enumerate(indices)]
+    # mode "clip": np.take(out=) with bounds checks ("raise") buffers its output; the indices are in
+    # range (the importer checks), made an index array once, here.
+    return [(np.take, (x, np.asarray(indices, dtype=np.intp), _batch_axis(axis), out, "clip"))]
 
 
 def _concat_parts(tensors, params, order):
