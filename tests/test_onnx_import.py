@@ -399,10 +399,11 @@ def test_missing_external_data(tmp_path):
 
 
 def test_every_unsupported_node_listed_at_once():
-    bad = build([N("Sin", ["x"], ["a"], name="first"), N("Relu", ["a"], ["b"]),
-                 N("Cos", ["b"], ["y"], name="second")])
+    bad = build([N("Det", ["x"], ["a"], name="first"), N("Relu", ["a"], ["b"]),
+                 N("CumSum", ["b", "axis"], ["y"], name="second")], {"axis": I64(0)}, in_shape=("N", 4, 4),
+                out_shape=("N",))
     message = _error(bad)
-    assert "'first': Sin (domain ai.onnx, opset 20)" in message and "'second': Cos" in message
+    assert "'first': Det (domain ai.onnx, opset 20)" in message and "'second': CumSum" in message
     assert message.startswith("2 problems")
 
 
@@ -490,7 +491,7 @@ def test_web_upload_runs_the_model(web):
 
 @pytest.mark.parametrize("data, message", [
     (b"not a model", "not an ONNX file"),
-    (build([N("Sin", ["x"], ["y"])]), "Sin (domain ai.onnx"),
+    (build([N("CumSum", ["x", "axis"], ["y"])], {"axis": I64(2)}), "CumSum (domain ai.onnx"),
 ])
 def test_web_bad_upload_is_400(web, data, message):
     resp = _post(web, data)
