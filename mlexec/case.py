@@ -173,7 +173,9 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("mlp", batches=(1, 8, 32, 128), dims=(256, 1024, 4096),
+    # every batch from one sample to a GEMM-bound 128, and every dim from cache-resident to streamed
+    # weights: a kernel or a rule tuned on a few points must hold between them (1 x 1024 did not)
+    Family("mlp", batches=(1, 2, 4, 8, 16, 32, 64, 128), dims=(256, 512, 1024, 2048, 4096),
            # dispatch-bound (b1, d256), BLAS-bound (b32/b128, d1024, the seed's headline shape)
            quick=("1x256", "32x256", "1x1024", "32x1024", "128x1024"),
            # the targets' points: per-op overhead (b<=8, d256), the peer, the bandwidth roof (b1 d4096)

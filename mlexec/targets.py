@@ -16,8 +16,9 @@ those other than ``naive``.
    points.
 2. Where per-op overhead dominates (batch <= 8, dim <= 256), every optimized
    engine is at least 1.3x naive.
-3. At every MLP point the best NumPy engine is within 1.10x of ONNX Runtime,
-   and ahead of it at batch 1.
+3. At every MLP point the best NumPy engine is at least level with ONNX
+   Runtime (1.00x), and ahead of it at batch 1. (It was "within 1.10x" while
+   the grid had 12 points; it is judged on every point of the 40.)
 4. At mlp batch 128, dim 4096, the best NumPy engine reaches 75 % of the
    calibrated matmul peak.
 5. At mlp batch 1, dim 4096, it reaches 80 % of the measured memory bandwidth
@@ -51,7 +52,7 @@ REFERENCE = "naive"
 PEER = "onnxruntime"
 SIGNIFICANCE = 0.01
 SMALL_SPEEDUP = 1.3    # target 2: over naive, where per-op overhead dominates
-PEER_SLACK = 1.10      # target 3: how far behind the peer the best NumPy engine may be
+PEER_SLACK = 1.00      # target 3: how far behind the peer the best NumPy engine may be
 # targets 4 and 5: (case, row key, least fraction, of what)
 ROOFLINE = ((Case("mlp", 128, 4096), "peak_fraction", 0.75, "of the matmul peak"),
             (Case("mlp", 1, 4096), "bandwidth_fraction", 0.80, "of the memory bandwidth"))
@@ -168,7 +169,9 @@ def _peer_targets(m: _Measured) -> list[Target]:
         return []
     worst = min(best, key=lambda r: r["vs_onnxruntime"])
     ratio = worst["vs_onnxruntime"]
-    out = [Target(f"best NumPy engine within {PEER_SLACK:.2f}x of {PEER} at every mlp point", ratio >= 1 / PEER_SLACK,
+    goal = (f"best NumPy engine level with {PEER} at every mlp point" if PEER_SLACK == 1.0 else
+            f"best NumPy engine within {PEER_SLACK:.2f}x of {PEER} at every mlp point")
+    out = [Target(goal, ratio >= 1 / PEER_SLACK,
                   f"worst {ratio:.2f}x ({worst['engine']}) at {_where(worst)}" + m.below(worst, PEER, 1 / PEER_SLACK))]
     ones = [r for r in best if r["batch"] == 1]
     if ones:

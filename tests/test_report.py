@@ -99,8 +99,8 @@ def test_files_png_markdown_json(result):
     names = {p.name for p in paths}
     assert {"report.md", "report.json"} <= names
     if note is None:                 # matplotlib installed (the "charts" extra)
-        assert "mlp.png" in names
-        assert next(p for p in paths if p.name == "mlp.png").read_bytes()[:8] == PNG_MAGIC
+        assert {"mlp.png", "mlp-grid.png"} <= names
+        assert all(p.read_bytes()[:8] == PNG_MAGIC for p in paths if p.suffix == ".png")
     md = next(p for p in paths if p.name == "report.md").read_text()
     assert md.count("| mlp-b1-d64 |") == md.count("| mlp-b8-d64 |") == len(measured(built)) // 2
     assert "`ghost`: ghost needs" in md
@@ -294,3 +294,25 @@ def test_threads_limits_every_pool_the_engines_use_and_says_so():
         built = report.run_report(["mlp"], ["naive", "packed", "onednn"], grid={"mlp": [Case("mlp", 1, 16)]}, rounds=1,
                                    recheck_rounds=0, block_seconds=0.001, settle_seconds=0, threads=1)
     assert built["threads"] == 1 and seen and all(set(pools.values()) == {1} for pools in seen), seen
+
+
+SPEEDUP = {(1, 256): 1.5, (8, 256): 2.5, (1, 1024): 0.5}
+
+
+def test_the_heat_map_has_a_cell_for_every_point_and_reference():
+    """Each engine's panel against each reference holds its median ratio at the point's batch
+    (column) and dim (row); an engine has no panel against itself; an unmeasured point is blank."""
+    pytest.importorskip("matplotlib", reason="charts are the 'charts' extra")
+    from mlexec.report.output import _heatmap
+    rows = [{"model": "mlp", "case": f"mlp-b{b}-d{d}", "batch": b, "dim": d, "seq": None, "engine": e,
+             "vs_naive": 1.0 if e == "naive" else SPEEDUP[(b, d)], "vs_onnxruntime": 2.0, "error": None}
+            for e in ("naive", "fused") for b, d in ((1, 256), (8, 256), (1, 1024))]
+    fig = _heatmap({"engines": ["naive", "fused"], "rows": rows}, "mlp")
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    assert set(panels) == {"naive vs onnxruntime", "fused vs naive", "fused vs onnxruntime"}
+    grid = panels["fused vs naive"].get_images()[0].get_array()
+    assert grid.shape == (2, 2)                                        # d256, d1024 x b1, b8
+    assert (grid[0, 0], grid[0, 1], grid[1, 0]) == (1.5, 2.5, 0.5)
+    assert np.ma.is_masked(grid[1, 1]) or np.isnan(grid[1, 1])          # b8 d1024: not measured
+    labels = sorted(t.get_text() for t in panels["fused vs onnxruntime"].texts)
+    assert labels == ["2.00"] * 3

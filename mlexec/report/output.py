@@ -1,9 +1,12 @@
-"""A report as text: the terminal table, Markdown, JSON, and one PNG chart per model."""
+"""A report as text: the terminal table, Markdown, JSON, and two PNG charts per model (speedup
+bars and roofline at each point; a heat map of every point per engine)."""
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
+
+import numpy as np
 
 from .. import targets
 from ..units import fmt_time
@@ -117,8 +120,65 @@ def _figure(report: dict, model: str):
     return fig
 
 
+HEAT_REFS = (("vs_naive", "naive"), ("vs_onnxruntime", "onnxruntime"))
+HEAT_RANGE = 4.0             # the colour scale's ends: 1/4x and 4x, on a log scale centred at 1.0x
+
+
+def _heat_axes(rows: list[dict]) -> tuple[list[int], list[str]]:
+    """A grid's batches (columns) and its rows: dims, or dim x seq for a sequence model."""
+    batches = sorted({r["batch"] for r in rows})
+    lines = list(dict.fromkeys(f"d{r['dim']}" + (f" s{r['seq']}" if r.get("seq") else "")
+                               for r in sorted(rows, key=lambda r: (r["dim"] or 0, r.get("seq") or 0))))
+    return batches, lines
+
+
+def _heatmap(report: dict, model: str):
+    """Every point of a model's grid: one panel per engine and reference (speedup over naive, over
+    ONNX Runtime), batch across and dim (x seq) down, each cell coloured on a log scale around
+    1.0x and labelled with its median ratio; a blank cell was not measured."""
+    from matplotlib.colors import LogNorm
+    from matplotlib.figure import Figure
+
+    rows = [r for r in report["rows"] if r["model"] == model and not r.get("error")]
+    refs = [(key, label) for key, label in HEAT_REFS if any(r.get(key) is not None for r in rows)]
+    names = [n for n in report["engines"] if any(r["engine"] == n and any(r.get(k) is not None for k, _ in refs)
+                                                 for r in rows)]
+    batches, lines = _heat_axes(rows)
+    fig = Figure(figsize=(2.2 + 0.55 * len(batches) * len(refs), 1.0 + (0.45 * len(lines) + 0.6) * len(names)))
+    axes = fig.subplots(len(names), len(refs), squeeze=False)
+    norm = LogNorm(1 / HEAT_RANGE, HEAT_RANGE)
+    image = None
+    for i, name in enumerate(names):
+        for j, (key, label) in enumerate(refs):
+            grid = np.full((len(lines), len(batches)), np.nan)
+            for r in rows:
+                if r["engine"] == name and r.get(key) is not None:
+                    line = f"d{r['dim']}" + (f" s{r['seq']}" if r.get("seq") else "")
+                    grid[lines.index(line), batches.index(r["batch"])] = r[key]
+            ax = axes[i][j]
+            if name == label:                   # an engine against itself: no panel
+                ax.axis("off")
+                continue
+            image = ax.imshow(np.clip(grid, 1 / HEAT_RANGE, HEAT_RANGE), cmap="RdYlGn", norm=norm, aspect="auto")
+            for (y, x), v in np.ndenumerate(grid):
+                if np.isfinite(v):
+                    ax.text(x, y, f"{v:.2f}", ha="center", va="center", fontsize=6.5)
+            ax.set_xticks(range(len(batches)), [f"b{b}" for b in batches], fontsize="x-small")
+            ax.set_yticks(range(len(lines)), lines, fontsize="x-small")
+            ax.set_title(f"{name} vs {label}", fontsize="small")
+    fig.suptitle(f"{model}: speedup at every point (median ratio; > 1: the engine is faster)", fontsize="medium")
+    fig.tight_layout(rect=(0, 0, 0.92, 0.97))
+    if image is not None:
+        ticks = [1 / HEAT_RANGE, 0.5, 1.0, 2.0, HEAT_RANGE]
+        bar = fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02, ticks=ticks)
+        bar.ax.set_yticklabels([f"{t:g}x" for t in ticks])
+        bar.ax.minorticks_off()
+    return fig
+
+
 def save(report: dict, out_dir) -> tuple[list[Path], str | None]:
-    """Write report.md, report.json and one <model>.png per model; returns (paths, why no chart)."""
+    """Write report.md, report.json and per model <model>.png (bars) and <model>-grid.png (a heat
+    map of every point, ``_heatmap``); returns (paths, why no chart)."""
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -131,9 +191,9 @@ def save(report: dict, out_dir) -> tuple[list[Path], str | None]:
             return paths, "no chart: matplotlib is missing (pip install -e .[charts])"
         for model in report["models"]:
             if any(r["model"] == model and not r.get("error") for r in report["rows"]):
-                path = out_dir / f"{model}.png"
-                _figure(report, model).savefig(path, format="png", dpi=100)
-                paths.append(path)
+                for path, figure in ((out_dir / f"{model}.png", _figure), (out_dir / f"{model}-grid.png", _heatmap)):
+                    figure(report, model).savefig(path, format="png", dpi=100)
+                    paths.append(path)
     except OSError as exc:
         raise ReportError(f"cannot write the report into {str(out_dir)!r}: {exc.strerror or exc}") from None
     return paths, None
