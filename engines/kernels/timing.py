@@ -19,6 +19,7 @@ CAP_S = 0.6                 # past this much timing per GEMM, stop after CAP_ROU
 CAP_ROUNDS = 3
 FORWARD_BLOCK_S = 1e-3      # one timed block of whole forwards (measure_forwards)
 FORWARD_BUDGET_S = 0.15     # total timing of one linear's rivals in the forward
+FORWARD_MIN_ROUNDS = 3      # a forward of 60 ms (b128 d4096) then costs 5 forwards per rival in all
 PARK_S = 0.25               # idle before timing: longer than MKL's (200 ms) and OpenBLAS's (~0.1 s) spin
 BACK_TO_BACK_S = 0.05       # no idle before a measurement of the same candidates that follows another
                             # this closely (one build's GEMMs): only their own pools can be spinning
@@ -83,12 +84,13 @@ def measure_forwards(variants: dict[str, list], budget_s: float = FORWARD_BUDGET
     on one engine's buffers), timed as ``measure`` times GEMMs but without the idle first: the
     variants differ in one linear's kernel, and each runs among its real neighbours, on the
     pools and with the cache state the forward itself leaves."""
-    reps, rounds = _blocks(variants, FORWARD_BLOCK_S, budget_s)
-    return _settled_medians(variants, reps, rounds)
+    reps, rounds = _blocks(variants, FORWARD_BLOCK_S, budget_s, FORWARD_MIN_ROUNDS)
+    times, alive = _interleaved(variants, reps, rounds)      # _blocks' warm calls settled them
+    return {name: float(np.median(t)) if name in alive else float("inf") for name, t in times.items()}
 
 
-def _blocks(bound: dict[str, list], block_s: float, budget_s: float) -> tuple[int, int]:
-    """Calls per timed block (about ``block_s``) and rounds (``budget_s`` in all, MIN_ROUNDS to
+def _blocks(bound: dict[str, list], block_s: float, budget_s: float, min_rounds: int = MIN_ROUNDS) -> tuple[int, int]:
+    """Calls per timed block (about ``block_s``) and rounds (``budget_s`` in all, ``min_rounds`` to
     MAX_ROUNDS), from one warm call of each candidate."""
     one = {}
     for name, calls in bound.items():               # warm up, and size the blocks
@@ -97,7 +99,7 @@ def _blocks(bound: dict[str, list], block_s: float, budget_s: float) -> tuple[in
         run_calls(calls)
         one[name] = max(time.perf_counter() - t0, 1e-7)
     reps = max(1, int(block_s / max(one.values())))
-    return reps, int(min(MAX_ROUNDS, max(MIN_ROUNDS, budget_s / (reps * sum(one.values())))))
+    return reps, int(min(MAX_ROUNDS, max(min_rounds, budget_s / (reps * sum(one.values())))))
 
 
 def _settled_medians(bound: dict[str, list], reps: int, rounds: int) -> dict[str, float]:
