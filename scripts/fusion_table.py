@@ -15,8 +15,8 @@ Per model: the IR op count after the passes, the fused kinds (``attn`` counts ``
 batch norm, an affine, an activation, a residual add or a pool), the generic kinds left around a
 softmax and GPT-2's GELU (``matmul``, ``isnan``, ``where``, ``tanh``), and the import time: ``load_onnx(passes=False)`` plus
 the passes, the median over ``--rounds`` rounds. With ``--before REV`` the tree at REV
-(``git archive``; with ``--paths``, this tree with only those files from REV) is measured too,
-each round running both trees one after the other in fresh processes, in alternating order, so
+(``git archive``; with ``--paths``, this tree with only those files from REV) is measured beside
+a copy of this tree taken at the start, each round running both trees one after the other in fresh processes, in alternating order, so
 that load on the machine falls on both alike. ``--onnxscript`` adds what onnxscript's optimizer
 and fusion rules (``onnxscript.rewriter.ort_fusions``, ``rules.common``) cost and recognise on
 the same files.
@@ -199,7 +199,10 @@ def main(argv=None) -> int:
                                          capture_output=True, check=True).stdout
                 subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
             (base / "scripts" / "fusion_table.py").write_text(Path(__file__).read_text())
-            trees = {"before": base, "after": ROOT}
+            after = folder / "after"              # frozen too: the tree may change while this runs
+            for sub in ("engines", "scripts"):
+                shutil.copytree(ROOT / sub, after / sub, ignore=shutil.ignore_patterns("__pycache__"))
+            trees = {"before": base, "after": after}
         runs: dict[str, list[dict]] = {side: [] for side in trees}
         for i in range(args.rounds):              # the order alternates: neither side always goes first
             for side, tree in (list(trees.items()) if i % 2 == 0 else list(trees.items())[::-1]):
