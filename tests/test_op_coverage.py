@@ -310,6 +310,15 @@ GRAPHS = {
           coordinate_transformation_mode="tf_crop_and_resize"),                                 # (N, 5, 4, 6)
     ], {"s1": F32([1, 1, 2, 1.5]), "z2": I64(5, 7), "s3": F32([1.7]), "z4": I64(4, 6),
         "roi": F32([-0.2, 0.1, 0.9, 1.3])}, in_shape=("N", 3, 4, 6), out_shape=("N", 5, 4, 6), opset=19),
+    # LpNormalization (L1 on one axis, L2 on the last), Mod both ways, Compress by a constant condition
+    "normalize-mod-compress": build([
+        N("LpNormalization", ["x"], ["n1"], axis=1, p=1), N("LpNormalization", ["x"], ["n2"], p=2),
+        N("Mul", ["x", "three"], ["x3"]),
+        N("Mod", ["x3", "c6"], ["m1"], fmod=1), N("Mod", ["x3", "c6"], ["m2"], fmod=0),
+        N("Sum", ["n1", "n2", "m1", "m2"], ["s"]),
+        N("Compress", ["s", "keep"], ["y"], axis=2),
+    ], {"three": F32(3.0), "c6": F32([0.7, -0.9, 1.3, -1.1, 0.5, 2.0]),
+        "keep": np.array([1, 0, 1, 1, 0, 1], bool)}, out_shape=("N", 4, 4), opset=28),   # fmod=0 of floats: 28
     # MatMul with a constant of any rank on either side (attention's K and V as initializers), a 1-D one
     "matmul-constants": build([
         N("MatMul", ["x", "kt"], ["s"]),                               # (N, 2, 4, 5): per-head constant
@@ -450,10 +459,10 @@ def test_attention_runs_as_its_function_body_with_constant_keys_and_values():
 
 
 def test_a_body_that_does_not_lower_refuses_the_node_by_name():
-    data = build([N("SoftmaxCrossEntropyLoss", ["x", "labels"], ["y"], reduction="none", name="loss")],
-                 {"labels": np.zeros((1, 6), np.int64)}, in_shape=("N", 4, 6), out_shape=("N", 6), opset=13)
-    with pytest.raises(OnnxImportError, match=r"^node 'loss': SoftmaxCrossEntropyLoss \(domain ai.onnx, "
-                                              r"opset 13\) is not supported: in its function body, "):
+    data = build([N("AffineGrid", ["x", "size"], ["y"], name="grid")], {"size": I64(1, 1, 3, 4)},
+                 in_shape=("N", 2, 3), out_shape=("N", 3, 4, 2))          # its body branches with an If
+    with pytest.raises(OnnxImportError, match=r"^node 'grid': AffineGrid \(domain ai.onnx, "
+                                              r"opset 20\) is not supported: in its function body, If"):
         load_onnx(data)
 
 

@@ -170,6 +170,11 @@ def lower_binary(L: Lowering, fn: str, kind: str = "binary"):
     L.result(L.emit(kind, [src], out.per_sample, params, fn=fn, swap=swap, **extra))
 
 
+def lower_mod(L: Lowering):
+    """Mod: ``fmod`` (C's, the sign of the dividend) when fmod=1, else ``mod`` (the divisor's)."""
+    lower_binary(L, "fmod" if L.attr("fmod", 0) else "mod")
+
+
 def lower_not(L: Lowering):
     """Not of a 0/1 mask: 1 - x."""
     x = L.values[L.node.input[0]]
@@ -549,6 +554,51 @@ def lower_rmsnorm(L: Lowering):
     scale = np.broadcast_to(L.const(1, "scale"), x.per_sample[axis:]).reshape(-1)
     L.result(L.emit("binary", [normed], wide, [L.param(scale, L.node.output[0] + ".g")], fn="mul", swap=False,
                     width=width))
+
+
+def lower_lp_normalization(L: Lowering):
+    """LpNormalization (p 1 or 2): x over its L1 or L2 norm along ``axis``, the axis moved last
+    and back (as ``lower_rowwise``); rows of norms by ``reduce_sum``. A zero norm divides by 1
+    (its row is zeros: ONNX gives 0, not NaN)."""
+    x = L.values[L.node.input[0]]
+    p = int(L.attr("p", 2))
+    if p not in (1, 2):
+        raise Unsupported(f"p={p} (only 1 and 2)")
+    axis = x.axis(L.attr("axis", -1))
+    shape = x.per_sample
+    perm = [i for i in range(len(shape)) if i != axis] + [axis]
+    rows = x.name
+    if perm != sorted(perm):
+        rows = L.emit("transpose", [x.name], [shape[i] for i in perm], name=L._fresh(x.name + ".t"), perm=tuple(perm))
+    wide = L.shapes[rows]
+    column = wide[:-1] + (1,)
+    terms = L.emit("binary", [rows, rows], wide, fn="mul") if p == 2 else L.emit("abs", [rows], wide)
+    norm = L.emit("reduce_sum", [terms], column)
+    norm = L.emit("sqrt", [norm], column) if p == 2 else norm
+    norm = L.emit("add", [norm, L.emit("compare", [norm], column, fn="equal", scalar=0.0, swap=False)], column)
+    y = L.emit("binary", [rows, L.emit("expand", [norm], wide, aligned=column, shape=wide)], wide, fn="div")
+    if perm != sorted(perm):
+        y = L.emit("transpose", [y], shape, perm=tuple(int(i) for i in np.argsort(perm)))
+    L.result(y)
+
+
+def lower_compress(L: Lowering):
+    """Compress by a constant condition along an axis: a ``take`` of the kept indices (no axis:
+    of the flattened sample, in a file read with no batch axis)."""
+    x = L.values[L.node.input[0]]
+    keep = np.flatnonzero(np.asarray(L.const(1, "condition")).reshape(-1))
+    axis = L.attr("axis")
+    src, axis = (x.name, x.axis(axis)) if axis is not None else (None, 0)
+    if src is None:
+        if x.bpos is not None:
+            raise Unsupported("it flattens the batch axis (no axis given)")
+        size = (math.prod(x.per_sample),)
+        src = L.emit("reshape", [x.name], size, name=L._fresh(x.name + ".flat"), shape=size)
+    shape = list(L.shapes[src])
+    keep = keep[keep < shape[axis]]
+    shape[axis] = keep.size
+    L.result(L.emit("take", [src], tuple(shape), name=L._fresh(L.node.output[0] + ".take"), axis=axis,
+                    indices=tuple(int(i) for i in keep)))
 
 
 def lower_transpose(L: Lowering):
@@ -1056,6 +1106,9 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Split": lower_split,
     "Gather": lower_gather,
     "GatherElements": lower_gather_elements,
+    "Compress": lower_compress,
+    "LpNormalization": lower_lp_normalization,
+    "Mod": lower_mod,
     "Concat": lower_concat,
     "Conv": lower_conv,
     "MaxPool": lower_pool("maxpool"),

@@ -390,7 +390,8 @@ def clip_calls(out, x, *, lo=None, hi=None) -> Calls:
 # Elementwise binary ops by ONNX name. One operand may be a constant: a Python float
 # (``scalar``), or a parameter vector that repeats every ``width`` elements, pre-tiled so
 # that no call broadcasts (NumPy's ufunc buffer). ``swap``: the constant is the left operand.
-BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power}
+BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
+          "fmod": np.fmod, "mod": np.mod}          # Mod: C's fmod (sign of a), or Python's (sign of b)
 
 
 def binary_eager(a, *rest, fn, scalar=None, width=None, swap=False):

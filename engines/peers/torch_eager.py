@@ -66,7 +66,7 @@ def _zoo_functions(torch, F, attn_scores, attn_context):
 
 
 _BINARY = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
-           "pow": operator.pow}
+           "pow": operator.pow, "fmod": lambda a, b: a - (a / b).trunc() * b, "mod": operator.mod}
 
 
 def _generic_functions(torch, F):
