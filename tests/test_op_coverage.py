@@ -434,15 +434,16 @@ def test_function_bodies_allocate_nothing_per_forward():
             assert tracemalloc_peak(engine, model.random_input(16, rng=0)) <= 4096, name
 
 
-def check_at_batch_one(data: bytes):
-    """A file that runs at batch 1 only: every NumPy engine and the reference against ONNX Runtime,
-    twice (warm), and no allocation per warm forward on the planned engines; the model."""
+def check_at_fixed_batch(data: bytes):
+    """A file that runs at the one batch it fixes: every NumPy engine and the reference against ONNX
+    Runtime, twice (warm), and no allocation per warm forward on the planned engines; the model."""
     model = load_onnx(data)
-    x = model.random_input(1, rng=5)
+    batch = model.fixed_batch.size if model.fixed_batch else 1
+    x = model.random_input(batch, rng=5)
     expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(model.reference(x), expected, rtol=1e-4, atol=1e-5)
     for name in OWN:
-        engine = ENGINES[name](model, 1)
+        engine = ENGINES[name](model, batch)
         for _ in range(2):
             np.testing.assert_allclose(engine.forward(x), expected, rtol=1e-4, atol=1e-5, err_msg=name)
         assert name == "naive" or tracemalloc_peak(engine, x) <= 4096, name
@@ -453,7 +454,7 @@ def test_attention_runs_as_its_function_body_with_constant_keys_and_values():
     """Attention (opset 23) has no rule of its own: its body, K and V initializers, on every engine."""
     data = build([N("Attention", ["x", "k", "v"], ["y"], is_causal=1, q_num_heads=2, kv_num_heads=2)],
                  {"k": _w(1, 5, 8), "v": _w(1, 5, 6)}, in_shape=(1, 3, 8), out_shape=(1, 3, 6), opset=23)
-    model = check_at_batch_one(data)
+    model = check_at_fixed_batch(data)
     assert "matmul_const" in [op.kind for op in model.ops]
     assert "'y/" not in model.fixed_batch.reason          # the file's node, not its body's
 
@@ -475,7 +476,7 @@ def test_grid_sample_with_a_constant_grid_is_a_map_per_channel():
         N("Sum", ["g1", "g2", "g3"], ["y"]),
     ], {"grid": R.uniform(-1.2, 1.2, (1, 3, 6, 2)).astype(np.float32)}, in_shape=(1, 3, 4, 5),
         out_shape=(1, 3, 3, 6), opset=20)
-    model = check_at_batch_one(data)
+    model = check_at_fixed_batch(data)
     assert [op.kind for op in model.ops].count("linear") == 3
 
 
@@ -490,5 +491,19 @@ def test_gather_elements_of_an_activation_by_constant_indices():
         N("Unsqueeze", ["l", "ax1"], ["lu"]), N("Add", ["s", "lu"], ["y"]),
     ], {"idx": idx, "cols": I64(5, 0, -2), "labels": np.array([[0, 3, 1]], np.int64), "ax1": I64(1)},
         in_shape=(1, 4, 6), out_shape=(1, 4, 3), opset=13)
-    model = check_at_batch_one(data)
+    model = check_at_fixed_batch(data)
     assert [op.kind for op in model.ops].count("take") >= 3
+
+
+def test_scatters_of_constant_updates_into_a_file_read_whole():
+    """Constant indices address the file's whole shape (batch fixed at 2): read with no batch axis."""
+    data = build([
+        N("ScatterElements", ["x", "ie", "ue"], ["a"], axis=2),
+        N("ScatterElements", ["a", "ie", "ue"], ["b"], axis=2, reduction="add"),
+        N("ScatterND", ["b", "ind", "und"], ["c"], reduction="max"),
+        N("ScatterND", ["c", "ind2", "und2"], ["y"]),
+    ], {"ie": np.array([[[0, 3], [1, 1]], [[-1, 2], [0, 0]]]), "ue": _w(2, 2, 2),
+        "ind": np.array([[1, 0], [0, 2], [1, 0]]), "und": _w(3, 4), "ind2": np.array([[1]]), "und2": _w(1, 3, 4)},
+        in_shape=(2, 3, 4), opset=18)
+    model = check_at_fixed_batch(data)
+    assert model.whole and {"where", "binary", "extremum"} <= {op.kind for op in model.ops}

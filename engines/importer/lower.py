@@ -708,6 +708,47 @@ def lower_gather_elements(L: Lowering):
                     indices=tuple(_ints(flat))))
 
 
+SCATTER = {"add": (np.add, 0.0, "binary"), "mul": (np.multiply, 1.0, "binary"),
+           "max": (np.maximum, -np.inf, "extremum"), "min": (np.minimum, np.inf, "extremum")}
+
+
+def _scatter_targets(L: Lowering, shape) -> np.ndarray:
+    """The flat positions a ScatterElements or ScatterND writes, shaped as its updates."""
+    idx = np.asarray(L.const(1, "indices"), dtype=np.int64)
+    positions = np.arange(math.prod(shape)).reshape(shape)
+    if L.node.op_type == "ScatterND":
+        k = idx.shape[-1]
+        idx = np.where(idx < 0, idx + np.array(shape[:k]), idx)
+        return positions[tuple(idx[..., j] for j in range(k))]
+    axis = L.attr("axis", 0) % len(shape)
+    where = list(np.indices(idx.shape))
+    where[axis] = np.where(idx < 0, idx + shape[axis], idx)
+    return positions[tuple(where)]
+
+
+def lower_scatter(L: Lowering):
+    """ScatterElements (and Scatter, its name before opset 11) and ScatterND of constant updates at constant indices into an activation,
+    in a file read with no batch axis: the written elements are constants made at import, a
+    ``where`` (no reduction) or a ``binary`` / ``extremum`` with a constant (add, mul, max, min:
+    the updates to one element combined at import, the identity elsewhere)."""
+    x, out = L.values[L.node.input[0]], L.out()
+    if x.bpos is not None:
+        raise Unsupported("its indices address the batch axis (only files read with no batch axis)")
+    updates = np.asarray(L.const(2, "updates"), dtype=np.float64)
+    targets = _scatter_targets(L, x.shape).reshape(-1)
+    reduction = L.attr("reduction", b"none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    if reduction == "none":
+        values, mask = np.zeros(math.prod(x.shape)), np.zeros(math.prod(x.shape))
+        values[targets], mask[targets] = updates.reshape(-1), 1.0
+        return L.result(_emit_where(L, [mask.reshape(x.shape), values.reshape(x.shape), x]))
+    ufunc, identity, kind = SCATTER[reduction]
+    c = np.full(math.prod(x.shape), identity)
+    ufunc.at(c, targets, updates.reshape(-1))
+    extra = _const_operand(L, c.reshape(x.shape), out)
+    L.result(L.emit(kind, [x.name], out.per_sample, extra.pop("params", ()), fn=reduction, swap=False, **extra))
+
+
 def lower_concat(L: Lowering):
     out = L.out()
     acts = [v for v in (L.values[n] for n in L.node.input) if isinstance(v, Act)]
@@ -1107,6 +1148,9 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Gather": lower_gather,
     "GatherElements": lower_gather_elements,
     "Compress": lower_compress,
+    "ScatterElements": lower_scatter,
+    "ScatterND": lower_scatter,
+    "Scatter": lower_scatter,
     "LpNormalization": lower_lp_normalization,
     "Mod": lower_mod,
     "Concat": lower_concat,
