@@ -29,12 +29,14 @@ def live_ops(ops, output: str) -> list[Op]:
     return keep[::-1]
 
 
-def _rebuild(model: Model, ops, params=None, origin=None) -> Model:
+def _rebuild(model: Model, ops, params=None, origin=None, shapes=None) -> Model:
+    """The model with these ops, and only the params, shapes and origins they use (``shapes``:
+    those of new tensors)."""
     params = model.params if params is None else params
     used = {p for op in ops for p in op.params}
     names = {model.input, *(op.output for op in ops)}
     return replace(model, ops=tuple(ops), params={k: v for k, v in params.items() if k in used},
-                   shapes={k: v for k, v in model.shapes.items() if k in names},
+                   shapes={k: v for k, v in {**model.shapes, **(shapes or {})}.items() if k in names},
                    origin={k: v for k, v in (origin or model.origin).items() if k in names})
 
 
@@ -515,19 +517,21 @@ def _rewrite_attention(model: Model, a: _Attention) -> Model:
         params[a.qkv + ".b"] = np.concatenate([params[p.params[1]] for p in a.merged])
         origin[a.qkv] = sum((model.origin.get(p.output, ()) for p in a.merged), ())
         seq, dim = model.shapes[q.source]
-        model = replace(model, shapes={**model.shapes, a.qkv: (seq, 3 * dim)})
-    rebuilt = []
+        shapes = {a.qkv: (seq, 3 * dim)}
+    projections = {p.output for p in a.merged or ()}
+    rebuilt, joined = [], False
     for op in model.ops:
         if op is a.scores:
             rebuilt.append(Op("attn_scores", (a.qkv,), a.scores_out, (), {"heads": a.heads}))
         elif op.output == a.out:
             rebuilt.append(Op("attn_context", (a.probs, a.qkv), a.out, (), {"heads": a.heads}))
-        elif a.merged is not None and any(op is p for p in a.merged):
-            if a.qkv not in {r.output for r in rebuilt}:
+        elif op.output in projections:          # the first of the three becomes the qkv linear
+            if not joined:
                 rebuilt.append(Op("linear", op.inputs, a.qkv, (a.qkv + ".w", a.qkv + ".b")))
+            joined = True
         elif op is a.soft or op.output not in inner:
             rebuilt.append(op)
-    return _rebuild(model, rebuilt, params, origin)
+    return _rebuild(model, rebuilt, params, origin, shapes={} if a.merged is None else shapes)
 
 
 def fuse_attention(model: Model) -> Model:
