@@ -847,6 +847,54 @@ def lower_conv(L: Lowering):
                     [L.param(w, out + ".w"), L.param(b, out + ".b")], group=group, **attrs))
 
 
+def _transpose_pads(L: Lowering, x: Act, kernel, strides, dilations) -> list[int]:
+    """ConvTranspose's leading pads as ONNX's evaluator takes them: given, from auto_pad SAME_*
+    and the output's size, or none."""
+    pads = L.attr("pads")
+    auto_pad = L.attr("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    rank = len(kernel)
+    if pads is not None or auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        return list(pads[:rank]) if pads is not None else [0] * rank
+    size, extra = x.shape[2:], L.attr("output_padding", [0] * rank)
+    target = L.attr("output_shape") or [n * s for n, s in zip(size, strides)]
+    total = [s * (n - 1) + e + (k - 1) * d + 1 - o for n, s, e, k, d, o in zip(size, strides, extra, kernel, dilations, target)]
+    return [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total]
+
+
+def lower_conv_transpose(L: Lowering):
+    """ConvTranspose over (N, C, H, W) or (N, C, L) (at height 1) as the ``conv`` it equals: of the
+    input with stride-1 zeros between its pixels (``stride_zeros``), padded by d (k - 1) less the
+    leading pad before and up to the measured output's size after, by the flipped kernel with its
+    two channel axes swapped per group, at stride 1."""
+    x, w = L.values[L.node.input[0]], np.asarray(L.const(1, "weights"), dtype=np.float64)
+    rank, group = w.ndim - 2, int(L.attr("group", 1))
+    if rank not in (1, 2) or x.bpos != 0 or len(x.per_sample) != rank + 1:
+        raise Unsupported(f"a {rank}-D kernel over {x.shape} (only 1-D and 2-D, the batch first)")
+    kernel = tuple(int(k) for k in (L.attr("kernel_shape") or w.shape[2:]))
+    strides, dilations = tuple(L.attr("strides", [1] * rank)), tuple(L.attr("dilations", [1] * rank))
+    lead = [d * (k - 1) - p for k, d, p in zip(kernel, dilations, _transpose_pads(L, x, kernel, strides, dilations))]
+    size, out = x.shape[2:], L.out().shape[2:]
+    trail = [o + d * (k - 1) - (n - 1) * s - 1 - a for o, d, k, n, s, a in zip(out, dilations, kernel, size, strides, lead)]
+    cin, cog = w.shape[:2]
+    if min(lead + trail) < 0 or (group == cin > 1 and cog > 1):
+        raise Unsupported(f"pads past the kernel's reach ({lead}, {trail}) or a channel multiplier per group")
+    flipped = w[(slice(None), slice(None), *(slice(None, None, -1),) * rank)]
+    w = flipped.reshape(group, cin // group, cog, *kernel).swapaxes(1, 2).reshape(group * cog, cin // group, *kernel)
+    b = L.const(2, "bias")
+    b = np.zeros(group * cog) if b is None else b
+    if rank == 1:
+        w, kernel, strides, dilations = w[:, :, None], (1, *kernel), (1, *strides), (1, *dilations)
+        lead, trail = [0, *lead], [0, *trail]
+    src = _unit_height(L, x)
+    if strides != (1, 1):
+        shape = L.shapes[src][:1] + tuple((n - 1) * s + 1 for n, s in zip(L.shapes[src][1:], strides))
+        src = L.emit("stride_zeros", [src], shape, name=L._fresh(L.node.output[0] + ".zeros"), strides=strides)
+    name = L.node.output[0]
+    L.result(L.emit("conv", [src], _unit_height_out(L, x), [L.param(w, name + ".w"), L.param(b, name + ".b")],
+                    kernel_shape=kernel, strides=(1, 1), pads=(*lead, *trail), dilations=dilations, group=group))
+
+
 def lower_pool(kind: str):
     def rule(L: Lowering):
         x = L.values[L.node.input[0]]
@@ -1155,6 +1203,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Mod": lower_mod,
     "Concat": lower_concat,
     "Conv": lower_conv,
+    "ConvTranspose": lower_conv_transpose,
     "MaxPool": lower_pool("maxpool"),
     "AveragePool": lower_pool("averagepool"),
     "GlobalAveragePool": lower_global_pool,

@@ -676,6 +676,20 @@ def where_calls(out, *args, order, scalars=()) -> Calls:
     return calls + [(np.copyto, (out, b)), (np.copyto, (out, a, "same_kind", mask))]
 
 
+# --- zeros between the pixels of (C, H, W): a transposed convolution is a convolution of this ---
+
+def stride_zeros_eager(x, *, strides):
+    (sh, sw), (h, w) = strides, x.shape[-2:]
+    out = np.zeros((*x.shape[:-2], (h - 1) * sh + 1, (w - 1) * sw + 1), dtype=x.dtype)
+    out[..., ::sh, ::sw] = x
+    return out
+
+
+def stride_zeros_calls(out, x, *, strides) -> Calls:
+    """Zeros, then x copied onto every stride-th pixel: two ``np.copyto`` (strided, no buffer)."""
+    return [(np.copyto, (out, 0.0)), (np.copyto, (out[..., ::strides[0], ::strides[1]], x))]
+
+
 # Elementwise maths of one tensor, each one NumPy ufunc (ONNX's Round rounds halves to even, as
 # np.rint; Sign of 0 is 0, as np.sign).
 MATH = {"sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
@@ -698,6 +712,7 @@ OPS: dict[str, OpKind] = {
                         scratch=rowwise_scratch, inplace=(0,), flops_per_element=8,
                         eager_temps=1, eager_row_stats=3, eager_broadcast=True),
     "hardmax": OpKind(hardmax_eager, hardmax_calls),
+    "stride_zeros": OpKind(stride_zeros_eager, stride_zeros_calls, flops_per_element=0),
     "softmax": OpKind(softmax_eager, softmax_calls, scratch=rowwise_scratch, inplace=(0,),
                       flops_per_element=5, eager_temps=1, eager_row_stats=1, eager_broadcast=True),
     "attn_scores": OpKind(attn_scores_eager, attn_scores_calls, scratch=keys_scratch, flops=attn_flops,
