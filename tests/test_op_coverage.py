@@ -466,6 +466,11 @@ def test_attention_runs_as_its_function_body_with_constant_keys_and_values():
                  {"k": _w(1, 5, 8), "v": _w(1, 5, 6)}, in_shape=(1, 3, 8), out_shape=(1, 3, 6), opset=23)
     model = check_at_fixed_batch(data)
     assert "matmul_const" in [op.kind for op in model.ops]
+    # opset 24: absent optional inputs before a given one (the keys' lengths), 4-D
+    data = build([N("Attention", ["x", "k", "v", "", "", "", "lens"], ["y"], is_causal=1)],
+                 {"k": _w(1, 2, 5, 8), "v": _w(1, 2, 5, 6), "lens": I64(4)}, in_shape=(1, 2, 3, 8),
+                 out_shape=(1, 2, 3, 6), opset=24)
+    check_at_fixed_batch(data)
     assert "'y/" not in model.fixed_batch.reason          # the file's node, not its body's
 
 

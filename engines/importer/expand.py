@@ -104,6 +104,8 @@ def _body(node, types: dict, proto) -> list | None:
         return None
     outputs = [types.get(o) or onnx.ValueInfoProto(name=o) for o in node.output if o]
     graph = helper.make_graph([_with_defaults(node, proto)], "call", [types[i] for i in inputs], outputs)
+    if "" in node.input:        # an absent optional input before a given one: the inliner asks its type
+        graph.value_info.append(helper.make_tensor_value_info("", onnx.TensorProto.FLOAT, None))
     call = helper.make_model(graph, opset_imports=proto.opset_import, ir_version=proto.ir_version)
     try:
         done = inliner.inline_selected_functions(call, [(node.domain, node.op_type)], exclude=False,
