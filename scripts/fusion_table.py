@@ -13,13 +13,14 @@ torch exports of tests/test_onnx_import.py, and with ``--cnns`` the onnx package
 Per model: the IR op count after the passes, the fused kinds (``attn`` counts ``attn_scores``,
 ``ln`` ``layernorm``, ``gelu`` ``gelu`` and ``gelu_erf``, ``conv+`` the convolutions that took a
 batch norm, an affine, an activation, a residual add or a pool), the generic kinds left around a
-softmax and GPT-2's GELU (``matmul``, ``isnan``, ``where``, ``tanh``), and the import time: ``load_onnx(passes=False)`` plus
-the passes, the median over ``--rounds`` rounds. With ``--before REV`` the tree at REV
-(``git archive``; with ``--paths``, this tree with only those files from REV) is measured beside
-a copy of this tree taken at the start, each round running both trees one after the other in fresh processes, in alternating order, so
-that load on the machine falls on both alike. ``--onnxscript`` adds what onnxscript's optimizer
-and fusion rules (``onnxscript.rewriter.ort_fusions``, ``rules.common``) cost and recognise on
-the same files.
+softmax and GPT-2's GELU (``matmul``, ``isnan``, ``where``, ``tanh``), and the import time:
+``load_onnx(passes=False)`` plus the passes, the median over ``--rounds`` rounds.
+
+With ``--before REV`` the tree at REV (``git archive``; with ``--paths``, this tree with only those
+files from REV) is measured beside a copy of this tree taken at the start, each round running both
+trees one after the other in fresh processes, in alternating order, so that load on the machine
+falls on both alike. ``--onnxscript`` adds what onnxscript's optimizer and fusion rules
+(``onnxscript.rewriter.ort_fusions``, ``rules.common``) cost and recognise on the same files.
 """
 from __future__ import annotations
 
@@ -211,7 +212,8 @@ def main(argv=None) -> int:
         if args.onnxscript:
             rows = onnxscript_rows(models, args.rounds)
             print(f"\nonnxscript on the same files ({rows.pop('')}); median ms over {args.rounds} rounds\n")
-            print("| model | optimizer + ort_fusions (ms: fusions) | pattern rules alone (ms: matches) |\n|---|---|---|")
+            print("| model | optimizer + ort_fusions (ms: fusions) | pattern rules alone (ms: matches) |\n"
+                  "|---|---|---|")
             for name, row in rows.items():
                 print(f"| {name} | {row} |")
     return 0

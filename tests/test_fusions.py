@@ -76,7 +76,8 @@ def sdpa(mask=None, guard: float | None = 0.0, scale: float = (DIM // HEADS) ** 
         N("Concat", ["kT0"], ["kT"], axis=3), N("Transpose", ["v1"], ["v"], perm=[0, 2, 1, 3]),
         N("Mul", ["q", "s"], ["qs"]), N("Mul", ["kT", "s"], ["ks"]), N("MatMul", ["qs", "ks"], ["scores"]),
     ]
-    inits = {"w": _f32(RNG.standard_normal((DIM, 3 * DIM)) / math.sqrt(DIM)), "b": _f32(RNG.standard_normal(3 * DIM) * 0.1),
+    inits = {"w": _f32(RNG.standard_normal((DIM, 3 * DIM)) / math.sqrt(DIM)),
+             "b": _f32(RNG.standard_normal(3 * DIM) * 0.1),
              "split": _i64(DIM, DIM, DIM), "heads": _i64(0, SEQ, HEADS, head), "back": _i64(0, SEQ, DIM),
              "s": _f32(scale)}
     scores = "scores"
@@ -127,7 +128,8 @@ def test_a_fully_masked_row_keeps_the_guard():
     assert kinds == ["linear", "attn_scores", "binary", "softmax", "isnan", "where", "attn_context"], kinds
 
 
-@pytest.mark.parametrize("graph", [sdpa(causal(), guard=1.0), sdpa(causal(), scale=0.5)], ids=["guard-fill-1", "misscaled"])
+@pytest.mark.parametrize("graph", [sdpa(causal(), guard=1.0), sdpa(causal(), scale=0.5)],
+                         ids=["guard-fill-1", "misscaled"])
 def test_attention_that_almost_matches_stays_generic(graph):
     kinds = check(graph)
     assert "attn_scores" not in kinds and kinds.count("matmul") == 2, kinds
