@@ -727,7 +727,7 @@ def _scatter_targets(L: Lowering, shape) -> np.ndarray:
 
 
 def lower_scatter(L: Lowering):
-    """ScatterElements (and Scatter, its name before opset 11) and ScatterND of constant updates at constant indices into an activation,
+    """ScatterElements and ScatterND of constant updates at constant indices into an activation,
     in a file read with no batch axis: the written elements are constants made at import, a
     ``where`` (no reduction) or a ``binary`` / ``extremum`` with a constant (add, mul, max, min:
     the updates to one element combined at import, the identity elsewhere)."""
@@ -1198,7 +1198,6 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Compress": lower_compress,
     "ScatterElements": lower_scatter,
     "ScatterND": lower_scatter,
-    "Scatter": lower_scatter,
     "LpNormalization": lower_lp_normalization,
     "Mod": lower_mod,
     "Concat": lower_concat,
