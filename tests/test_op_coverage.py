@@ -329,6 +329,17 @@ GRAPHS = {
         N("ConvTranspose", ["f", "w3", "b3"], ["y"], strides=[3], auto_pad="SAME_UPPER"),   # (N, 2, 594)
     ], {"w1": _w(4, 1, 3, 2), "b1": _w(4), "w2": _w(4, 3, 2, 3), "flat": I64(0, 3, -1), "w3": _w(3, 2, 4),
         "b3": _w(2)}, in_shape=("N", 4, 5, 4), out_shape=("N", 2, 594)),
+    # 3-D pools as two 2-D ones: pads, strides, dilations, ceil_mode, count_include_pad either way
+    "pools-3d": build([
+        N("MaxPool", ["x"], ["m"], kernel_shape=[2, 3, 2], strides=[2, 2, 2], pads=[1, 1, 0, 1, 1, 1],
+          dilations=[1, 1, 2], ceil_mode=1),                                                  # (N, 2, 4, 4, 4)
+        N("AveragePool", ["x"], ["a"], kernel_shape=[3, 2, 3], strides=[2, 2, 2], pads=[1, 1, 1, 1, 0, 1],
+          ceil_mode=1),
+        N("AveragePool", ["x"], ["c"], kernel_shape=[2, 2, 2], strides=[2, 2, 2], pads=[1, 1, 0, 1, 1, 1],
+          count_include_pad=1),
+        N("LpPool", ["x"], ["l"], kernel_shape=[2, 2, 3], strides=[2, 2, 2], pads=[1, 1, 1, 1, 1, 1]),
+        N("Sum", ["m", "a", "c", "l"], ["y"]),
+    ], in_shape=("N", 2, 6, 6, 7), out_shape=("N", 2, 4, 4, 4)),
     # MatMul with a constant of any rank on either side (attention's K and V as initializers), a 1-D one
     "matmul-constants": build([
         N("MatMul", ["x", "kt"], ["s"]),                               # (N, 2, 4, 5): per-head constant
@@ -391,10 +402,10 @@ def test_a_cast_that_would_truncate_is_refused_by_name():
         load_onnx(data)
 
 
-def test_a_3d_window_is_refused_by_name():
-    data = build([N("MaxPool", ["x"], ["y"], kernel_shape=[2, 2, 2], name="pool3d")],
+def test_a_3d_convolution_is_refused_by_name():
+    data = build([N("Conv", ["x", "w"], ["y"], name="conv3d")], {"w": _w(2, 2, 2, 2, 2)},
                  in_shape=("N", 2, 4, 4, 4), out_shape=("N", 2, 3, 3, 3))
-    with pytest.raises(OnnxImportError, match=r"node 'pool3d': MaxPool is supported, but not here: .*3-D kernel"):
+    with pytest.raises(OnnxImportError, match=r"node 'conv3d': Conv is supported, but not here: .*3-D kernel"):
         load_onnx(data)
 
 

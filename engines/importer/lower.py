@@ -782,16 +782,17 @@ def _problems(found: list[str]) -> None:
         raise Unsupported("; ".join(found))
 
 
-def _window_attrs(L: Lowering, x, kernel, problems: list[str]) -> dict:
+def _window_attrs(L: Lowering, x, kernel, problems: list[str], ranks=(1, 2)) -> dict:
     """kernel_shape, strides, pads, dilations of a 2-D window, refusing what the kinds cannot run.
-    A 1-D window over (N, C, L) is the 2-D window of height 1 over (N, C, 1, L) (``_unit_height``)."""
+    A 1-D window over (N, C, L) is the 2-D window of height 1 over (N, C, 1, L) (``_unit_height``);
+    a 3-D one (where ``ranks`` has 3: pools) stays 3-D (``_pool_3d``)."""
     kernel = tuple(int(k) for k in kernel)
     rank = len(kernel)
-    if isinstance(x, Act) and len(x.per_sample) != rank + 1:
-        problems.append(f"its input has rank {len(x.shape)} (only 1-D and 2-D windows over (N, C, L) or (N, C, H, W)); "
+    if isinstance(x, Act) and (len(x.per_sample) != rank + 1 or x.bpos != 0):
+        problems.append(f"its input has rank {len(x.shape)} (only windows over (N, C, ...), the batch first); "
                         f"a {rank}-D kernel {kernel}")
-    if rank not in (1, 2):
-        problems.append(f"a {rank}-D kernel (only 1-D and 2-D)")
+    if rank not in ranks:
+        problems.append(f"a {rank}-D kernel (only {' and '.join(f'{r}-D' for r in ranks)})")
     strides, dilations = tuple(L.attr("strides", [1] * rank)), tuple(L.attr("dilations", [1] * rank))
     pads = tuple(L.attr("pads", [0] * (2 * rank)))
     auto_pad = L.attr("auto_pad", b"NOTSET")
@@ -895,11 +896,36 @@ def lower_conv_transpose(L: Lowering):
                     kernel_shape=kernel, strides=(1, 1), pads=(*lead, *trail), dilations=dilations, group=group))
 
 
+def _pool_3d(L: Lowering, kind: str, src: str, shape, attrs: dict) -> str:
+    """A 3-D max or average pool over (C, D, H, W) as two 2-D ones: over (H, W) of the C·D planes,
+    then over D of (C, D, OH·OW). Exact: a box's maximum is the maximum over D of the planes'
+    maxima, and its average the average of averages (its element count, pads and ceil_mode's
+    overhang too, is the product of the counts along each axis)."""
+    k, s, p, d = attrs["kernel_shape"], attrs["strides"], attrs["pads"], attrs["dilations"]
+    rest = {key: v for key, v in attrs.items() if key not in ("kernel_shape", "strides", "pads", "dilations")}
+    channels, depth, h, w = shape
+    planes = L.emit("reshape", [src], (channels * depth, h, w), name=L._fresh(src + ".planes"), shape=(channels * depth, h, w))
+    first = L.emit(kind, [planes], (channels * depth, *_pooled((h, w), k[1:], s[1:], p[1:3] + p[4:], d[1:], rest)),
+                   name=L._fresh(L.node.output[0] + ".hw"), kernel_shape=k[1:], strides=s[1:], pads=(p[1], p[2], p[4], p[5]),
+                   dilations=d[1:], **rest)
+    oh, ow = L.shapes[first][1:]
+    rows = L.emit("reshape", [first], (channels, depth, oh * ow), name=L._fresh(first + ".d"), shape=(channels, depth, oh * ow))
+    od = _pooled((depth, 1), (k[0], 1), (s[0], 1), (p[0], 0, p[3], 0), (d[0], 1), rest)[0]
+    return L.emit(kind, [rows], (channels, od, oh * ow), kernel_shape=(k[0], 1), strides=(s[0], 1), pads=(p[0], 0, p[3], 0),
+                  dilations=(d[0], 1), **rest)
+
+
+def _pooled(size, kernel, strides, pads, dilations, rest) -> tuple[int, int]:
+    """The output (H, W) of a 2-D pool (pads top, left, bottom, right), as the kinds count it."""
+    from ..ir.conv import Window
+    return Window.of(kernel, strides, pads, dilations, rest.get("ceil_mode", 0)).out_size(*size)
+
+
 def lower_pool(kind: str):
     def rule(L: Lowering):
         x = L.values[L.node.input[0]]
         problems = []
-        attrs = _window_attrs(L, x, L.attr("kernel_shape"), problems)
+        attrs = _window_attrs(L, x, L.attr("kernel_shape"), problems, ranks=(1, 2, 3))
         attrs["ceil_mode"] = int(L.attr("ceil_mode", 0))
         if kind == "maxpool":
             if L.attr("storage_order", 0):
@@ -909,6 +935,8 @@ def lower_pool(kind: str):
         else:
             attrs["count_include_pad"] = int(L.attr("count_include_pad", 0))
         _problems(problems)
+        if len(attrs["kernel_shape"]) == 3:
+            return L.result(_pool_3d(L, kind, x.name, x.per_sample, attrs))
         L.result(L.emit(kind, [_unit_height(L, x)], _unit_height_out(L, x), **attrs))
     return rule
 
@@ -925,17 +953,21 @@ def lower_lp_pool(L: Lowering):
     pads times the window's size (a sum; zero pads add nothing), and the power 1/p."""
     x = L.values[L.node.input[0]]
     p, problems = int(L.attr("p", 2)), []
-    attrs = _window_attrs(L, x, L.attr("kernel_shape"), problems)
+    attrs = _window_attrs(L, x, L.attr("kernel_shape"), problems, ranks=(1, 2, 3))
     if L.attr("ceil_mode", 0):
         problems.append("ceil_mode=1 (its last windows would count fewer elements)")
     _problems(problems)
-    src = _unit_height(L, x)
+    three = len(attrs["kernel_shape"]) == 3
+    src = x.name if three else _unit_height(L, x)
     shape = L.shapes[src]
     y = src if p == 2 else L.emit("abs", [src], shape)
     y = L.emit("binary", [y, y], shape, fn="mul") if p == 2 else \
         y if p == 1 else L.emit("binary", [y], shape, fn="pow", scalar=float(p), swap=False)
-    out = _unit_height_out(L, x)
-    y = L.emit("averagepool", [y], out, count_include_pad=1, ceil_mode=0, **attrs)
+    if three:
+        y = _pool_3d(L, "averagepool", y, shape, dict(attrs, count_include_pad=1, ceil_mode=0))
+    else:
+        y = L.emit("averagepool", [y], _unit_height_out(L, x), count_include_pad=1, ceil_mode=0, **attrs)
+    out = L.shapes[y]
     y = L.emit("binary", [y], out, fn="mul", scalar=float(math.prod(attrs["kernel_shape"])), swap=False)
     L.result(y if p == 1 else L.emit("sqrt", [y], out) if p == 2 else
              L.emit("binary", [y], out, fn="pow", scalar=1.0 / p, swap=False))
