@@ -340,6 +340,9 @@ GRAPHS = {
         N("LpPool", ["x"], ["l"], kernel_shape=[2, 2, 3], strides=[2, 2, 2], pads=[1, 1, 1, 1, 1, 1]),
         N("Sum", ["m", "a", "c", "l"], ["y"]),
     ], in_shape=("N", 2, 6, 6, 7), out_shape=("N", 2, 4, 4, 4)),
+    # Upsample (opset 9): nearest by whole scales, older exporters' upsampling
+    "upsample": build([N("Upsample", ["x", "scales"], ["u"], mode="nearest"), N("Relu", ["u"], ["y"])],
+                      {"scales": F32([1, 1, 2, 3])}, in_shape=("N", 2, 3, 4), out_shape=("N", 2, 6, 12), opset=9),
     # MatMul with a constant of any rank on either side (attention's K and V as initializers), a 1-D one
     "matmul-constants": build([
         N("MatMul", ["x", "kt"], ["s"]),                               # (N, 2, 4, 5): per-head constant

@@ -1067,6 +1067,26 @@ def lower_grid_sample(L: Lowering):
                                                             L.param(np.zeros(width), name + ".b")]))
 
 
+def lower_upsample(L: Lowering):
+    """Upsample (opsets 7 to 9), nearest by whole scales: each element repeated along each axis,
+    an ``expand`` of a unit axis after each (as ``lower_tile``'s before), viewed back."""
+    x = L.values[L.node.input[0]]
+    scales = L.attr("scales") if L.opset < 9 else L.const(1, "scales")
+    scales = [float(v) for v in np.asarray(scales).reshape(-1)]
+    mode = L.attr("mode", b"nearest")
+    if mode not in (b"nearest", "nearest") or any(v != int(v) or v < 1 for v in scales):
+        raise Unsupported(f"mode {mode!r} with scales {scales} (only nearest by whole scales)")
+    repeats = [int(v) for v in scales]
+    if x.bpos is not None:
+        if repeats[x.bpos] != 1:
+            raise Unsupported("it repeats the batch axis")
+        repeats = repeats[:x.bpos] + repeats[x.bpos + 1:]
+    aligned = tuple(v for d in x.per_sample for v in (d, 1))
+    shape = tuple(v for r, d in zip(repeats, x.per_sample) for v in (d, r))
+    L.result(L.emit("expand", [x.name], shape, name=L._fresh(L.node.output[0] + ".repeats"), aligned=aligned,
+                    shape=shape))
+
+
 def lower_batchnorm(L: Lowering):
     x = L.values[L.node.input[0]]
     problems = []
@@ -1242,6 +1262,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "LpPool": lower_lp_pool,
     "Tile": lower_tile,
     "Resize": lower_resize,
+    "Upsample": lower_upsample,
     "GridSample": lower_grid_sample,
     "BatchNormalization": lower_batchnorm,
     "LRN": lower_lrn,
