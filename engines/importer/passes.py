@@ -466,8 +466,7 @@ def _moves_back(context: Op, ops, readers, model: Model, seq: int, dim: int, hea
     return after, t
 
 
-def _match_attention(soft: Op, ops, model: Model) -> _Attention | None:
-    by_out, readers = {op.output: op for op in ops}, _readers(ops)
+def _match_attention(soft: Op, ops, model: Model, by_out, readers) -> _Attention | None:
     around = _around_softmax(soft, ops, by_out, readers)
     if around is None:
         return None
@@ -505,12 +504,10 @@ def _attention_outputs(a: _Attention) -> set[str]:
                                  *([a.scaled] if a.scaled else []))}
 
 
-def _rewrite_attention(model: Model, a: _Attention) -> Model:
-    """``attn_scores`` where the scores were, ``attn_context`` where the moved-back context was,
-    one qkv linear where the first of three projections was; a kept mask and guard stay between."""
+def _join(a: _Attention, model: Model, params: dict, origin: dict, shapes: dict) -> None:
+    """The origins of ``attn_scores`` and ``attn_context``, and, for three projections, the one qkv
+    linear's weights, origin and shape."""
     q, k, v = a.moves
-    inner = _attention_outputs(a)
-    origin, params = dict(model.origin), dict(model.params)
     scaled = [a.scaled] if a.scaled else []
     masks = [op for op in a.dropped if op.kind == "binary"]
     guards = [op for op in a.dropped if op.kind != "binary"]
@@ -522,21 +519,25 @@ def _rewrite_attention(model: Model, a: _Attention) -> Model:
         params[a.qkv + ".b"] = np.concatenate([params[p.params[1]] for p in a.merged])
         origin[a.qkv] = sum((model.origin.get(p.output, ()) for p in a.merged), ())
         seq, dim = model.shapes[q.source]
-        shapes = {a.qkv: (seq, 3 * dim)}
-    projections = {p.output for p in a.merged or ()}
-    rebuilt, joined = [], False
-    for op in model.ops:
-        if op is a.scores:
-            rebuilt.append(Op("attn_scores", (a.qkv,), a.scores_out, (), {"heads": a.heads}))
-        elif op.output == a.out:
-            rebuilt.append(Op("attn_context", (a.probs, a.qkv), a.out, (), {"heads": a.heads}))
-        elif op.output in projections:          # the first of the three becomes the qkv linear
-            if not joined:
-                rebuilt.append(Op("linear", op.inputs, a.qkv, (a.qkv + ".w", a.qkv + ".b")))
-            joined = True
-        elif op is a.soft or op.output not in inner:
-            rebuilt.append(op)
-    return _rebuild(model, rebuilt, params, origin, shapes={} if a.merged is None else shapes)
+        shapes[a.qkv] = (seq, 3 * dim)
+
+
+def _rewrite_attention(model: Model, found: list[_Attention]) -> Model:
+    """For each attention found: ``attn_scores`` where the scores were, ``attn_context`` where the
+    moved-back context was, one qkv linear where the first of three projections was; a kept mask
+    and guard stay between. One rebuild for all (they share no op)."""
+    origin, params, shapes = dict(model.origin), dict(model.params), {}
+    new: dict[str, Op | None] = {}               # by the output of the op it replaces; None: dropped
+    for a in found:
+        _join(a, model, params, origin, shapes)
+        new.update(dict.fromkeys(_attention_outputs(a)))
+        new[a.scores.output] = Op("attn_scores", (a.qkv,), a.scores_out, (), {"heads": a.heads})
+        new[a.out] = Op("attn_context", (a.probs, a.qkv), a.out, (), {"heads": a.heads})
+        first = next(op for op in model.ops if op in a.merged) if a.merged else None
+        for p in a.merged or ():
+            new[p.output] = Op("linear", p.inputs, a.qkv, (a.qkv + ".w", a.qkv + ".b")) if p is first else None
+    rebuilt = [new.get(op.output, op) for op in model.ops]
+    return _rebuild(model, [op for op in rebuilt if op is not None], params, origin, shapes)
 
 
 def fuse_attention(model: Model) -> Model:
@@ -553,11 +554,12 @@ def fuse_attention(model: Model) -> Model:
     a mask of zeros goes. SDPA's guard Where(IsNaN(p), 0, p) goes where no row can be all -inf
     (it is then the identity on finite scores); else it stays before ``attn_context``.
     """
-    for soft in [op for op in model.ops if op.kind == "softmax"]:
-        found = _match_attention(soft, model.ops, model)
-        if found is not None:
-            model = _rewrite_attention(model, found)
-    return model
+    softmaxes = [op for op in model.ops if op.kind == "softmax"]
+    if not softmaxes:
+        return model
+    by_out, readers = {op.output: op for op in model.ops}, _readers(model.ops)
+    found = [a for a in (_match_attention(soft, model.ops, model, by_out, readers) for soft in softmaxes) if a]
+    return _rewrite_attention(model, found) if found else model
 
 
 # --- convolutional networks -----------------------------------------------------------
