@@ -1270,6 +1270,11 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
 }
 
 
+from .recurrent import RECURRENT  # noqa: E402  (RNN, GRU, LSTM: built on this module's Lowering)
+
+LOWER.update(RECURRENT)
+
+
 def _lower_node(L: Lowering, node, problems: list[str], failed: set[str]) -> None:
     """One node by its ``LOWER`` rule; a problem, and a stand-in for its outputs, if it cannot be."""
     L.node = node
