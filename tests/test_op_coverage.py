@@ -589,3 +589,19 @@ def test_recurrent_ops_batch_first_against_onnx_reference(op, gates, attrs, outp
         engine = ENGINES[name](model, MAX_BATCH)
         np.testing.assert_allclose(engine.forward(x), expected, rtol=1e-4, atol=1e-5, err_msg=name)
         assert name == "naive" or tracemalloc_peak(engine, x) <= 4096, name
+
+
+def test_element_moves_by_constant_indices_in_a_file_read_whole():
+    """ReverseSequence, GatherND and MaxUnpool move elements by constant indices: a take (and a
+    where for MaxUnpool's zeros), found by running each on the elements' positions."""
+    data = build([
+        N("ReverseSequence", ["x", "lens"], ["r"], batch_axis=1, time_axis=0),             # (2, 4, 6)
+        N("GatherND", ["r", "nd"], ["g"]),                                                  # (3, 6)
+        N("Reshape", ["g", "img"], ["i"]),                                                  # (1, 2, 3, 3)
+        N("MaxUnpool", ["i", "where"], ["u"], kernel_shape=[2, 2], strides=[2, 2]),          # (1, 2, 6, 6)
+        N("Reshape", ["u", "back"], ["y"]),                                                 # (2, 4, 9)
+    ], {"lens": I64(2, 1, 2, 2), "nd": np.array([[1, 3], [0, 0], [1, 1]]), "img": I64(1, 2, 3, 3),
+        "where": R.permutation(36)[:18].reshape(1, 2, 3, 3) % 36, "back": I64(2, 4, 9)},
+        in_shape=(2, 4, 6), out_shape=(2, 4, 9), opset=18)
+    model = check_at_fixed_batch(data)
+    assert model.whole and {"take", "where"} <= {op.kind for op in model.ops}

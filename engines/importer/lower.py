@@ -1087,6 +1087,31 @@ def lower_upsample(L: Lowering):
                     shape=shape))
 
 
+def lower_selection(L: Lowering):
+    """An op that only moves its input's elements by constant indices (ReverseSequence, GatherND,
+    MaxUnpool), in a file read with no batch axis: where each output element comes from, by
+    running the op on the elements' positions (``engines.importer.probe.selection``); one ``take``
+    of the flattened input, and a ``where`` for the zeros it writes."""
+    from .probe import MAX_ELEMENTS, selection
+    x, out = L.values[L.node.input[0]], L.out()
+    if x.bpos is not None:
+        raise Unsupported("its indices address the batch axis (only files read with no batch axis)")
+    if math.prod(x.shape) > MAX_ELEMENTS:
+        raise Unsupported(f"its input {x.shape} is too large to probe")
+    constants = [L.const(i, f"input {i}") for i in range(1, len(L.node.input))]
+    picked = selection(L.node, L.opset_import, x.shape, constants)
+    if picked is None:
+        raise Unsupported("it combines elements (not only moves them)")
+    size = (math.prod(x.per_sample),)
+    flat = L.emit("reshape", [x.name], size, name=L._fresh(x.name + ".flat"), shape=size)
+    y = L.emit("take", [flat], (picked.size,), name=L._fresh(L.node.output[0] + ".take"), axis=0,
+               indices=tuple(int(i) for i in np.maximum(picked, 0)))
+    y = L.emit("reshape", [y], out.per_sample, name=L._fresh(y + ".shaped"), shape=out.per_sample)
+    if np.any(picked < 0):
+        y = _emit_where(L, [(picked >= 0).reshape(out.shape).astype(np.float64), Act(y, out.shape, out.bpos), 0.0])
+    L.result(y)
+
+
 def lower_batchnorm(L: Lowering):
     x = L.values[L.node.input[0]]
     problems = []
@@ -1263,6 +1288,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Tile": lower_tile,
     "Resize": lower_resize,
     "Upsample": lower_upsample,
+    **{op: lower_selection for op in ("ReverseSequence", "GatherND", "MaxUnpool")},
     "GridSample": lower_grid_sample,
     "BatchNormalization": lower_batchnorm,
     "LRN": lower_lrn,
