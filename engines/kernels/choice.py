@@ -123,7 +123,8 @@ class Linears:
         unit = x2.strides[1] == y2.strides[1] == x2.itemsize
         candidates = self.candidates if unit else ("numpy",)
         choice = choose(gemm, candidates, self.default(gemm) if unit else "numpy")
-        choice = self.choices.setdefault(gemm.key, choice)   # a second linear of that shape: the memo, 0 s
+        self.choices.setdefault(gemm.key, choice)      # a second linear of that shape: the memo, 0 s
+        # (once judged in the forward, the memo holds the verdict: choose returns it)
         name = self.forced.get(gemm.key, choice.kernel) if unit else choice.kernel
         if gemm.key not in self.bound_keys:
             self.bound_keys.append(gemm.key)
@@ -139,9 +140,9 @@ class Linears:
 
     def rivals(self) -> dict[str, list[str]]:
         """For each GEMM shape bound since ``bound_keys`` was cleared and just measured alone (not
-        from the cache, not yet in the forward): the
-        kernels to time in the forward (its choice first, then those within FORWARD_CLOSE of the
-        fastest alone, FORWARD_RIVALS in all), where there are two or more."""
+        from the cache, not yet in the forward): the kernels to time in the forward (its choice
+        first, then those within FORWARD_CLOSE of the fastest alone, FORWARD_RIVALS in all),
+        where there are two or more."""
         found = {}
         for key in self.bound_keys:
             choice = self.choices[key]
