@@ -343,6 +343,10 @@ GRAPHS = {
     # Upsample (opset 9): nearest by whole scales, older exporters' upsampling
     "upsample": build([N("Upsample", ["x", "scales"], ["u"], mode="nearest"), N("Relu", ["u"], ["y"])],
                       {"scales": F32([1, 1, 2, 3])}, in_shape=("N", 2, 3, 4), out_shape=("N", 2, 6, 12), opset=9),
+    # Col2Im: overlapping blocks add up, a fixed linear map of each sample
+    "col2im": build([N("Col2Im", ["x", "image", "block"], ["c"], strides=[1, 1], pads=[0, 1, 0, 0]),
+                     N("Relu", ["c"], ["y"])],
+                    {"image": I64(4, 5), "block": I64(2, 2)}, in_shape=("N", 8, 15), out_shape=("N", 2, 4, 5)),
     # MatMul with a constant of any rank on either side (attention's K and V as initializers), a 1-D one
     "matmul-constants": build([
         N("MatMul", ["x", "kt"], ["s"]),                               # (N, 2, 4, 5): per-head constant

@@ -1112,6 +1112,24 @@ def lower_selection(L: Lowering):
     L.result(y)
 
 
+def lower_col2im(L: Lowering):
+    """Col2Im with constant shapes: a fixed linear map of each sample's columns (overlapping
+    blocks add up), ONNX's evaluator run on a batch of one-hot samples; one ``linear`` of the
+    flattened sample."""
+    from .probe import MAX_ELEMENTS, run_alone
+    x, out = L.values[L.node.input[0]], L.out()
+    if x.bpos != 0:
+        raise Unsupported(f"its input {x.shape} is not batch first")
+    size, width = math.prod(x.per_sample), math.prod(out.per_sample)
+    if size * max(size, width) > MAX_ELEMENTS:
+        raise Unsupported(f"too large a map ({size} to {width} elements)")
+    constants = [L.const(i, what) for i, what in ((1, "image_shape"), (2, "block_shape"))]
+    w = run_alone(L.node, L.opset_import, np.eye(size).reshape(size, *x.per_sample), constants).reshape(size, width)
+    rows = L.emit("reshape", [x.name], (size,), name=L._fresh(x.name + ".flat"), shape=(size,))
+    name = L.node.output[0]
+    L.result(L.emit("linear", [rows], (width,), [L.param(w, name + ".w"), L.param(np.zeros(width), name + ".b")]))
+
+
 def lower_batchnorm(L: Lowering):
     x = L.values[L.node.input[0]]
     problems = []
@@ -1289,6 +1307,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Resize": lower_resize,
     "Upsample": lower_upsample,
     **{op: lower_selection for op in ("ReverseSequence", "GatherND", "MaxUnpool")},
+    "Col2Im": lower_col2im,
     "GridSample": lower_grid_sample,
     "BatchNormalization": lower_batchnorm,
     "LRN": lower_lrn,
