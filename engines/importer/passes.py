@@ -8,7 +8,7 @@ pattern); anything else stays as the generic ops it was imported as.
 
 They are hand-written on purpose: they match after the importer has folded every constant and
 all shape arithmetic, so both of PyTorch's exporters arrive in one form. onnxscript's rewriter,
-measured on every export we have, took 10-500x their time and missed every TorchScript export's
+measured on every export we have, took 8-600x their time and missed every TorchScript export's
 attention and GPT-2's GELU (docs/importing.md, "The passes").
 """
 from __future__ import annotations
@@ -679,18 +679,21 @@ def fuse_conv_add(model: Model, fusable=residual_fusable) -> Model:
     return _absorb(model, merge)
 
 
-def fuse_conv_activation(model: Model) -> Model:
-    """``conv`` or ``conv_add`` then ``relu`` or ``clip`` (read only there): its ``activation``."""
+def fuse_conv_activation(model: Model, activations: tuple[str, ...] = ("relu", "clip")) -> Model:
+    """``conv`` or ``conv_add`` then one of ``activations`` (read only there): its ``activation``.
+    The NumPy engines' convs fuse relu and clip; oneDNN's take hardswish, hardsigmoid and
+    sigmoid too (``ir.conv.ACTIVATION_EAGER``)."""
     def merge(conv, act, params):
         if (conv.kind not in ("conv", "conv_add") or conv.attrs.get("activation", "none") != "none"
-                or act.kind not in ("relu", "clip")):
+                or act.kind not in activations):
             return None
-        if act.kind == "relu":
-            return Op(conv.kind, conv.inputs, act.output, conv.params, {**conv.attrs, "activation": "relu"})
-        lo, hi = act.attrs.get("lo"), act.attrs.get("hi")
-        return Op(conv.kind, conv.inputs, act.output, conv.params,
-                  {**conv.attrs, "activation": "clip", "clip_min": -math.inf if lo is None else lo,
-                   "clip_max": math.inf if hi is None else hi})
+        extra = {}
+        if act.kind == "clip":
+            lo, hi = act.attrs.get("lo"), act.attrs.get("hi")
+            extra = {"clip_min": -math.inf if lo is None else lo, "clip_max": math.inf if hi is None else hi}
+        elif act.kind == "hardsigmoid":
+            extra = {"act_alpha": float(act.attrs["alpha"]), "act_beta": float(act.attrs["beta"])}
+        return Op(conv.kind, conv.inputs, act.output, conv.params, {**conv.attrs, "activation": act.kind, **extra})
     return _absorb(model, merge)
 
 
