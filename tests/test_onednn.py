@@ -42,14 +42,13 @@ def test_every_primitive_runs_a_fast_kernel(name):
     assert slow == [], slow
 
 
-@pytest.mark.parametrize("name, reorders", [("resnet50", 2), ("squeezenet", 2), ("inception_v2", 2), ("shufflenet", 2),
-                                            ("densenet121", 4)])
-def test_the_layout_changes_only_at_the_edges(name, reorders):
+@pytest.mark.parametrize("name", ["resnet50", "squeezenet", "inception_v2", "shufflenet", "densenet121"])
+def test_the_layout_changes_only_at_the_edges(name):
     """Convs, pools, residual sums, concats, ShuffleNet's channel shuffles and DenseNet's
-    batchnorm + ReLU all run in oneDNN's layout: one reorder in (the input), one out (to the
-    global pool; DenseNet's 1x1 classifier conv after it takes two more, on 1,024 values)."""
+    batchnorm + ReLU, its global pool and 1x1 classifier conv all run in oneDNN's layout: one
+    reorder in (the input), one out (to the classifier or the flattening)."""
     engine = ENGINES["onednn"](light(name), 1)
-    assert [s.kind for s in engine.steps].count("dnnl_reorder") == reorders
+    assert [s.kind for s in engine.steps].count("dnnl_reorder") == 2
 
 
 @pytest.mark.parametrize("layout", [(78, 16), (102, 8)], ids=["nChw16c", "nChw8c"])
@@ -166,3 +165,47 @@ def test_numpys_products_run_on_one_openblas_thread():
     pinned = [c for fn, args in calls if fn is kernels.table._one_thread for c in args[-1]]
     assert not any(fn is np.matmul for fn, _ in calls)
     assert sum(fn is np.matmul for fn, _ in pinned) >= 2          # the scores' and the context's products
+
+
+def _mobilenet_v3_block(pool: str):
+    """A MobileNetV3 block as its exporters write it: conv + HardSwish, a depthwise conv, the
+    squeeze-excite gate (global mean as ``pool``, conv + ReLU, conv + HardSigmoid, a broadcast
+    Mul), a projection conv and the residual Add; then a Sigmoid of a sum no conv takes in."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(1)
+    def init(name, *shape):
+        return onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
+    inits = [init("w1", 16, 16, 1, 1), init("dw", 16, 1, 3, 3), init("s1", 8, 16, 1, 1), init("s2", 16, 8, 1, 1),
+             init("w2", 16, 16, 1, 1)]
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "w1"], ["a"]), node("HardSwish", ["a"], ["h"]),
+             node("Conv", ["h", "dw"], ["d"], group=16, kernel_shape=[3, 3], pads=[1, 1, 1, 1])]
+    if pool == "global":
+        nodes.append(node("GlobalAveragePool", ["d"], ["m"]))
+    else:                                  # the dynamo exporter's: rows, their mean, back to (C, 1, 1)
+        inits += [onnx.numpy_helper.from_array(np.array(s, np.int64), n)
+                  for n, s in (("rows", [-1, 16, 64]), ("back", [-1, 16, 1, 1]))]
+        nodes += [node("Reshape", ["d", "rows"], ["r"]), node("ReduceMean", ["r"], ["rm"], axes=[2], keepdims=1),
+                  node("Reshape", ["rm", "back"], ["m"])]
+    nodes += [node("Conv", ["m", "s1"], ["g1"]), node("Relu", ["g1"], ["g2"]), node("Conv", ["g2", "s2"], ["g3"]),
+              node("HardSigmoid", ["g3"], ["g"], alpha=1 / 6, beta=0.5), node("Mul", ["d", "g"], ["sd"]),
+              node("Conv", ["sd", "w2"], ["p"]), node("Add", ["p", "x"], ["res"]), node("Sigmoid", ["res"], ["y"])]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 8, 8])], inits)
+    return load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]).SerializeToString())
+
+
+@pytest.mark.parametrize("pool", ["global", "rows"])
+def test_hardswish_and_squeeze_excite_stay_in_onednns_layout(pool):
+    """Hard-swish and hard-sigmoid as the convs' post-ops, the gate's pooling, product and the
+    residual sum as oneDNN primitives: no NumPy step and no reorder but at the edges."""
+    model = _mobilenet_v3_block(pool)
+    engine = ENGINES["onednn"](model, 4)
+    kinds = [s.kind for s in engine.steps]
+    assert kinds.count("dnnl_reorder") == 2 and "calls" not in kinds, kinds
+    assert kinds.count("dnnl_binary") == 2 and kinds.count("dnnl_pool") == 1 and kinds.count("dnnl_eltwise") == 1
+    acts = {s.attrs["conv"].get("activation") for s in engine.steps if s.kind == "dnnl_conv"}
+    assert {"hardswish", "hardsigmoid", "relu"} <= acts
+    for batch in (1, 4):
+        x = model.random_input(batch, rng=batch)
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-4, atol=1e-5)

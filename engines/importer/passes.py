@@ -21,7 +21,7 @@ import numpy as np
 
 from ..ir.models import Model, Op
 from ..ir.ops import GELU_C, OPS, split_heads
-from ..ir.conv import POOL_PREFIX, conv_lowering, fold_batchnorm as fold_conv_batchnorm, residual_fusable
+from ..ir.conv import POOL_PREFIX, activation_of, conv_lowering, fold_batchnorm as fold_conv_batchnorm, residual_fusable
 
 
 def live_ops(ops, output: str) -> list[Op]:
@@ -687,13 +687,7 @@ def fuse_conv_activation(model: Model, activations: tuple[str, ...] = ("relu", "
         if (conv.kind not in ("conv", "conv_add") or conv.attrs.get("activation", "none") != "none"
                 or act.kind not in activations):
             return None
-        extra = {}
-        if act.kind == "clip":
-            lo, hi = act.attrs.get("lo"), act.attrs.get("hi")
-            extra = {"clip_min": -math.inf if lo is None else lo, "clip_max": math.inf if hi is None else hi}
-        elif act.kind == "hardsigmoid":
-            extra = {"act_alpha": float(act.attrs["alpha"]), "act_beta": float(act.attrs["beta"])}
-        return Op(conv.kind, conv.inputs, act.output, conv.params, {**conv.attrs, "activation": act.kind, **extra})
+        return Op(conv.kind, conv.inputs, act.output, conv.params, {**conv.attrs, **activation_of(act.kind, act.attrs)})
     return _absorb(model, merge)
 
 

@@ -168,26 +168,45 @@ def block_rows(plane: int) -> int:
 
 # --- activations fused into a conv --------------------------------------------------
 
-ACTIVATIONS = ("none", "relu", "clip")
+# What a conv's ``activation`` attribute may name, as its eager form: the NumPy engines fuse
+# relu and clip into their calls (``activation_calls``); oneDNN's conv takes the others as a
+# post-op too (``engines.planned.onednn``, MobileNetV3's hard-swish and squeeze-excite gates).
+ACTIVATION_EAGER = {
+    "none": lambda y: y,
+    "relu": lambda y: np.maximum(y, 0),
+    "clip": lambda y, clip_min=-np.inf, clip_max=np.inf: np.clip(y, clip_min, clip_max),
+    "hardsigmoid": lambda y, act_alpha, act_beta: np.clip(y * act_alpha + act_beta, 0, 1),
+    "hardswish": lambda y: y * np.clip(y / 6 + 0.5, 0, 1),
+    "sigmoid": lambda y: 1 / (1 + np.exp(-y)),
+}
+ACTIVATIONS = tuple(ACTIVATION_EAGER)
+ACTIVATION_ATTRS = ("activation", "clip_min", "clip_max", "act_alpha", "act_beta")
 
 
-def activation_eager(y, activation="none", clip_min=-np.inf, clip_max=np.inf):
-    if activation == "relu":
-        return np.maximum(y, 0)
-    if activation == "clip":
-        return np.clip(y, clip_min, clip_max)
-    if activation != "none":
+def activation_of(kind: str, attrs) -> dict | None:
+    """An activation op (``kind``, its IR attributes) as a conv's activation attributes; None for
+    another op."""
+    if kind == "clip":
+        lo, hi = attrs.get("lo"), attrs.get("hi")
+        return {"activation": "clip", "clip_min": -np.inf if lo is None else lo, "clip_max": np.inf if hi is None else hi}
+    if kind == "hardsigmoid":
+        return {"activation": kind, "act_alpha": float(attrs["alpha"]), "act_beta": float(attrs["beta"])}
+    return {"activation": kind} if kind in ACTIVATION_EAGER and kind != "none" else None
+
+
+def activation_eager(y, activation="none", **attrs):
+    if activation not in ACTIVATION_EAGER:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    return y
+    return ACTIVATION_EAGER[activation](y, **attrs)
 
 
-def activation_calls(y, activation="none", clip_min=-np.inf, clip_max=np.inf) -> Calls:
+def activation_calls(y, activation="none", clip_min=-np.inf, clip_max=np.inf, **other) -> Calls:
     if activation == "relu":
         return [(maximum, (y, 0.0, y))]
     if activation == "clip":
         return [(np.clip, (y, float(clip_min), float(clip_max), y))]
     if activation != "none":
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        raise ValueError(f"a conv's calls fuse relu or clip only, got {activation!r} (oneDNN's conv fuses it)")
     return []
 
 
@@ -202,14 +221,14 @@ COL_COLUMNS = 2048
 
 # --- conv ----------------------------------------------------------------------
 
-CONV_ATTRS = ("kernel_shape", "strides", "pads", "dilations", "group", "activation", "clip_min", "clip_max")
+CONV_ATTRS = ("kernel_shape", "strides", "pads", "dilations", "group", *ACTIVATION_ATTRS)
 
 
 def conv_attrs(attrs):
     unknown = set(attrs) - set(CONV_ATTRS)
     if unknown:
         raise ValueError(f"conv: unknown attributes {sorted(unknown)}; expected some of {CONV_ATTRS}")
-    act = {k: attrs[k] for k in ("activation", "clip_min", "clip_max") if k in attrs}
+    act = {k: attrs[k] for k in ACTIVATION_ATTRS if k in attrs}
     return Window.of(**attrs), int(attrs.get("group", 1)), act
 
 
@@ -474,7 +493,7 @@ def globalavgpool_calls(out, x) -> Calls:
 
 def conv_add_eager(x, r, w, b, **attrs):
     _, _, act = conv_attrs(attrs)
-    plain = {k: v for k, v in attrs.items() if k not in ("activation", "clip_min", "clip_max")}
+    plain = {k: v for k, v in attrs.items() if k not in ACTIVATION_ATTRS}
     return activation_eager(conv_eager(x, w, b, **plain) + r, **act)
 
 

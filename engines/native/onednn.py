@@ -44,13 +44,13 @@ ANY, PLAIN = 1, {1: 2, 2: 3, 4: 5, 5: 6}            # format tags any; a, ab, ab
 # The activation layouts a conv may pick, as (format tag, channel block): NHWC (acdb), and
 # nChw16c / nChw8c / nChw4c (aBcd16b/8b/4b: [N][C/b][H][W][b], channels padded to the block)
 LAYOUTS = ((22, 1), (78, 16), (102, 8), (84, 4))
-RELU, CLIP = 0x20, 0x2E
+RELU, HARDSIGMOID, LOGISTIC, CLIP, HARDSWISH = 0x20, 0x28, 0x29, 0x2E, 0x34     # eltwise algorithms
 POOL_MAX, POOL_AVG_INCLUDE, POOL_AVG_EXCLUDE, LRN_ACROSS = 0x1FF, 0x2FF, 0x3FF, 0xAFF
-SRC, WEIGHTS, BIAS, DST, SCRATCHPAD, MULTIPLE_SRC = 1, 33, 41, 17, 80, 1024
+SRC, SRC_1, WEIGHTS, BIAS, DST, SCRATCHPAD, MULTIPLE_SRC = 1, 2, 33, 41, 17, 80, 1024
 MEAN, VARIANCE, SCALE, SHIFT = 49, 50, 51, 52
 GLOBAL_STATS, USE_SCALE, USE_SHIFT, NORM_RELU = 0x1, 0x2, 0x4, 0x8
 POST_OP_SRC1 = 32768 | 2                               # DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1
-BINARY_ADD = 0x1FFF0
+BINARY_ADD, BINARY_MUL = 0x1FFF0, 0x1FFF1
 Q_IMPL, Q_WEIGHTS, Q_DST, Q_SCRATCHPAD = 8, 131, 133, 136
 USER_SCRATCHPAD = 1
 Dims = ctypes.c_int64 * 12                             # DNNL_MAX_NDIMS
@@ -217,6 +217,11 @@ class Owned:
     def eltwise_pd(self, alg: int, src, dst, alpha: float, beta: float, attr) -> P:
         return self._keep("pd", self.dnnl.new("dnnl_eltwise_forward_primitive_desc_create", self.dnnl.engine,
                                               INFERENCE, alg, src, dst, ctypes.c_float(alpha), ctypes.c_float(beta), attr))
+
+    def binary_pd(self, alg: int, src0, src1, dst, attr) -> P:
+        """dst = src0 (alg) src1, src1 broadcast along its axes of size 1."""
+        return self._keep("pd", self.dnnl.new("dnnl_binary_primitive_desc_create", self.dnnl.engine, alg, src0, src1,
+                                              dst, attr))
 
     def batchnorm_pd(self, src, dst, epsilon: float, flags: int, attr) -> P:
         return self._keep("pd", self.dnnl.new("dnnl_batch_normalization_forward_primitive_desc_create",

@@ -30,11 +30,14 @@ import weakref
 
 import numpy as np
 
-from ..ir.conv import conv_attrs, pool_window, split_pool
+from ..ir.conv import activation_of, conv_attrs, pool_window, split_pool
 from ..importer.passes import fuse_conv_activation, fuse_conv_add
 from ..kernels import candidates, on_one_thread
 from ..memory import aligned_empty
-from ..native.onednn import (ANY, BIAS, CLIP, DST, GLOBAL_STATS, MEAN, MULTIPLE_SRC, NORM_RELU, Owned, P, PLAIN, POOL_AVG_EXCLUDE, POOL_AVG_INCLUDE, POOL_MAX, Q_IMPL, RELU, SCALE, SHIFT, SRC, USE_SCALE, USE_SHIFT, VARIANCE, WEIGHTS, Weights, library, matmul_fits)
+from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MUL, CLIP, DST, GLOBAL_STATS, HARDSIGMOID, HARDSWISH, LOGISTIC, MEAN,
+                             MULTIPLE_SRC, NORM_RELU, Owned, P, PLAIN, POOL_AVG_EXCLUDE, POOL_AVG_INCLUDE, POOL_MAX,
+                             Q_IMPL, RELU, SCALE, SHIFT, SRC, SRC_1, USE_SCALE, USE_SHIFT, VARIANCE, WEIGHTS, Weights,
+                             library, matmul_fits)
 from .fused import BIND, FusedEngine, FusedStep, Lowering
 
 
@@ -52,7 +55,7 @@ class OneDnnEngine(FusedEngine):
         self.weights = Weights(self.dnnl)       # shared with workers
         # oneDNN's conv takes a residual sum and an activation after any conv (engines.ir.conv's
         # conv_add only after a 1x1 one): ShuffleNet's grouped 1x1 convs then their Sum and ReLU
-        model = fuse_conv_activation(fuse_conv_add(model, fusable=lambda channels, attrs: True))
+        model = fuse_conv_activation(fuse_conv_add(model, fusable=lambda channels, attrs: True), tuple(ELTWISE))
         super().__init__(model, max_batch)
 
     def default_kernel(self, gemm) -> str:
@@ -166,13 +169,20 @@ class OneDnnEngine(FusedEngine):
 
 # --- lowering entries: True when the op became oneDNN steps -----------------------------------
 
+# The activations oneDNN runs as an eltwise primitive or a conv's post-op: (algorithm, alpha, beta)
+# from the conv-style activation attributes (``ir.conv.activation_of``)
+ELTWISE = {
+    "relu": lambda a: (RELU, 0.0, 0.0),
+    "clip": lambda a: (CLIP, float(a.get("clip_min", -np.inf)), float(a.get("clip_max", np.inf))),
+    "hardswish": lambda a: (HARDSWISH, 1.0 / 6.0, 0.5),
+    "hardsigmoid": lambda a: (HARDSIGMOID, a["act_alpha"], a["act_beta"]),
+    "sigmoid": lambda a: (LOGISTIC, 0.0, 0.0),
+}
+
+
 def _activation(attrs) -> tuple | None:
     act = attrs.get("activation", "none")
-    if act == "relu":
-        return (RELU, 0.0, 0.0)
-    if act == "clip":
-        return (CLIP, float(attrs.get("clip_min", -np.inf)), float(attrs.get("clip_max", np.inf)))
-    return None
+    return None if act == "none" else ELTWISE[act](attrs)
 
 
 def _lower_conv(lw: Lowering, i: int, op) -> bool:
@@ -270,20 +280,96 @@ def _lower_batchnorm(lw: Lowering, i: int, op) -> bool:
     return True
 
 
-def _lower_relu(lw: Lowering, i: int, op) -> bool:
-    """A ReLU of a tensor in oneDNN's layout (one no conv took in: after a concat)."""
+def _lower_eltwise(lw: Lowering, i: int, op) -> bool:
+    """An activation (``ELTWISE``) of a tensor in oneDNN's layout that no conv took in: after a
+    concat, a residual sum, a squeeze-excite scale."""
     eng = lw.engine
     src = lw.where[op.inputs[0]]
     if not eng.is_native(src):
         return False
     out = lw.where[op.output] = eng.new_native(lw, op.output, lw.model.shapes[op.output])
-    lw.steps.append(FusedStep("dnnl_relu", out, (src,)))
+    lw.steps.append(FusedStep("dnnl_eltwise", out, (src,), attrs=activation_of(op.kind, op.attrs)))
+    return True
+
+
+def _only_reader(lw: Lowering, i: int, kind: str):
+    """Op i + 1 when it is of ``kind`` and the only reader of op i's output."""
+    if i + 1 >= len(lw.ops) or lw.ops[i + 1].kind != kind:
+        return None
+    nxt = lw.ops[i + 1]
+    alone = lw.next_reader(lw.ops[i]) is nxt and len(lw.readers[lw.ops[i].output]) == 1
+    return nxt if alone and nxt.output != lw.model.output else None
+
+
+def _global_mean(lw: Lowering, i: int, op, src: str, hw) -> bool:
+    """A global average pool of a native tensor, as oneDNN's pool over the whole plane."""
+    out = lw.where[op.output] = lw.engine.new_native(lw, op.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_pool", out, (src,), attrs={"kind": "averagepool", "kernel_shape": tuple(hw)}))
+    return True
+
+
+def _lower_global_pool(lw: Lowering, i: int, op) -> bool:
+    src = lw.where[op.inputs[0]]
+    if op.kind != "globalaveragepool" or not lw.engine.is_native(src):
+        return False
+    return _global_mean(lw, i, op, src, lw.model.shapes[op.inputs[0]][1:])
+
+
+def _lower_rows_mean(lw: Lowering, i: int, op) -> bool:
+    """Reshape (C, H, W) -> (C, H·W), the rows' mean, reshape -> (C, 1, 1), each read only by the
+    next (the dynamo exporter's squeeze-excite pooling): one global average pool."""
+    src = lw.where[op.inputs[0]]
+    mean = _only_reader(lw, i, "reduce_mean")
+    back = mean is not None and _only_reader(lw, i + 1, "reshape")
+    shapes = lw.model.shapes
+    chw = shapes[op.inputs[0]]
+    if not (back and lw.engine.is_native(src) and len(chw) == 3 and shapes[op.output] == (chw[0], chw[1] * chw[2])
+            and shapes[mean.output] == (chw[0], 1) and shapes[back.output] == (chw[0], 1, 1)):
+        return False
+    lw.skip.update((i + 1, i + 2))
+    return _global_mean(lw, i, back, src, chw[1:])
+
+
+def _lower_add(lw: Lowering, i: int, op) -> bool:
+    """A sum of two (C, H, W) tensors, one in oneDNN's layout (a residual no conv took in): oneDNN's
+    binary add, both in its layout."""
+    eng, shapes = lw.engine, lw.model.shapes
+    if len(op.inputs) != 2 or not any(eng.is_native(lw.where[t]) for t in op.inputs) \
+            or not all(len(shapes[t]) == 3 and shapes[t] == shapes[op.output] for t in op.inputs):
+        return False
+    reads = tuple(eng.layout(lw, t, native=True) for t in op.inputs)
+    out = lw.where[op.output] = eng.new_native(lw, op.output, shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_binary", out, reads, attrs={"alg": BINARY_ADD}))
+    return True
+
+
+def _lower_reshape(lw: Lowering, i: int, op) -> bool:
+    return _lower_shuffle(lw, i, op) or _lower_rows_mean(lw, i, op)
+
+
+def _lower_channel_scale(lw: Lowering, i: int, op) -> bool:
+    """Expand (C, 1, 1) -> (C, H, W) read only by a product with a (C, H, W) tensor (a
+    squeeze-excite gate): oneDNN's binary multiply, the gate broadcast over the plane."""
+    mul = _only_reader(lw, i, "binary")
+    shapes = lw.model.shapes
+    if mul is None or mul.attrs.get("fn") != "mul" or len(mul.inputs) != 2:
+        return False
+    other = mul.inputs[1] if mul.inputs[0] == op.output else mul.inputs[0]
+    gate, full = shapes[op.inputs[0]], shapes[other]
+    if len(full) != 3 or gate != (full[0], 1, 1) or shapes[mul.output] != full or not lw.engine.is_native(lw.where[other]):
+        return False
+    eng = lw.engine
+    reads = (lw.where[other], eng.layout(lw, op.inputs[0], native=True))
+    lw.skip.add(i + 1)
+    out = lw.where[mul.output] = eng.new_native(lw, mul.output, full)
+    lw.steps.append(FusedStep("dnnl_binary", out, reads, attrs={"alg": BINARY_MUL}))
     return True
 
 
 _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
                "maxpool": _lower_pool, "averagepool": _lower_pool, "lrn": _lower_pool, "concat": _lower_concat,
-               "reshape": _lower_shuffle, "relu": _lower_relu, "batchnorm": _lower_batchnorm}
+               "reshape": _lower_reshape, "batchnorm": _lower_batchnorm, "globalaveragepool": _lower_global_pool,
+               "expand": _lower_channel_scale, "add": _lower_add, **{kind: _lower_eltwise for kind in ELTWISE}}
 
 
 # --- binding entries -----------------------------------------------------------------------
@@ -379,8 +465,16 @@ def _bind_shuffle(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     return _one_input(eng, step, y, ins, lambda o, src, dst: o.shuffle_pd(src, dst, m, o.attr()))
 
 
-def _bind_relu(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    return _one_input(eng, step, y, ins, lambda o, src, dst: o.eltwise_pd(RELU, src, dst, 0.0, 0.0, o.attr()))
+def _bind_eltwise(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    alg, alpha, beta = _activation(step.attrs)
+    return _one_input(eng, step, y, ins, lambda o, src, dst: o.eltwise_pd(alg, src, dst, alpha, beta, o.attr()))
+
+
+def _bind_binary(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    batch, o = y.shape[0], eng.owned
+    src0, src1, dst = (eng.md(b, batch) for b in (*step.reads, step.out))
+    pd = o.binary_pd(step.attrs["alg"], src0, src1, dst, o.attr())
+    return [eng.execute(pd, {SRC: (src0, ins[0]), SRC_1: (src1, ins[1]), DST: (dst, y)}, step)]
 
 
 def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
@@ -394,5 +488,6 @@ def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 
 OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": _bind_pool, "dnnl_reorder": _bind_reorder,
-                        "dnnl_concat": _bind_concat, "dnnl_shuffle": _bind_shuffle, "dnnl_relu": _bind_relu,
+                        "dnnl_concat": _bind_concat, "dnnl_shuffle": _bind_shuffle, "dnnl_eltwise": _bind_eltwise,
+                        "dnnl_binary": _bind_binary,
                         "dnnl_batchnorm": _bind_batchnorm}
