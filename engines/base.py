@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import EngineBusy, EngineUnavailable
-from .ir.models import Model
+from .ir.models import ABS_TOL, REL_TOL, Model
 
 __all__ = ["Engine", "EngineBusy", "EngineUnavailable"]
 
@@ -32,6 +32,11 @@ class Engine:
     # What a warm forward may allocate beyond forward_peak_bytes: NumPy's and Python's own
     # bookkeeping, measured with memray (see mlexec/suite/memory.py). Frameworks keep more.
     peak_slack_bytes: int = 64 * 1024
+    # The bar forward is held to against ``Model.reference`` (float64) on fresh random inputs: max
+    # abs error below abs_tol, error norm over the reference's below rel_tol. The float engines keep
+    # the project's bar; an engine that computes in lower precision states its own, measured.
+    abs_tol: float = ABS_TOL
+    rel_tol: float = REL_TOL
 
     def __init__(self, model: Model, max_batch: int):
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:

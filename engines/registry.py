@@ -14,6 +14,7 @@ from .peers.torch_compile import TorchCompileEngine
 from .peers.torch_eager import TorchEngine
 from .planned.arena import ArenaEngine
 from .planned.fused import FusedEngine
+from .planned.int8 import Int8Engine
 from .planned.naive import NaiveEngine
 from .planned.onednn import OneDnnEngine
 from .planned.packed import PackedEngine
@@ -26,6 +27,7 @@ ENGINES: dict[str, type[Engine]] = {
     "fused": FusedEngine,       # optional extra "fast" (SciPy BLAS)
     "packed": PackedEngine,     # optional extras "fast" and "mkl" (MKL's packed GEMM)
     "onednn": OneDnnEngine,     # optional extras "fast" and "onednn" (oneDNN's convolutions)
+    "int8": Int8Engine,         # optional extras "fast" and "onednn" (oneDNN's int8 matmul)
     # peers (optional extra "peers"): raise EngineUnavailable when their package is missing
     "onnxruntime": OnnxRuntimeEngine,
     "torch": TorchEngine,

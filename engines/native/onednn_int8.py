@@ -1,0 +1,121 @@
+"""oneDNN's integer primitives as this project calls them: descriptors of any data type, scales
+given at run time, and the int8 matmul (s8 activations x s8 weights, accumulated in s32 by the
+library, written as f32 with the weight scales per output channel, the activation scale, the bias,
+a residual and a ReLU applied as each output block is written).
+
+Builds on ``onednn`` (its library handle, ``Owned`` objects, the call machinery); imports nothing
+of the engines above it. The C API is oneDNN 3.x's: scales are set by mask on the primitive's
+attributes and passed at execution as ``ATTR_SCALES | argument``.
+"""
+from __future__ import annotations
+
+import ctypes
+import weakref
+
+import numpy as np
+
+from ..memory import aligned_empty
+from .onednn import F32, PLAIN, Q_IMPL, Q_WEIGHTS, SRC, DST, WEIGHTS, Dims, Dnnl, Owned, P
+
+S32, S8 = 4, 5                                  # dnnl_data_type_t
+DATA_TYPES = {np.dtype(np.float32): F32, np.dtype(np.int32): S32, np.dtype(np.int8): S8}
+ATTR_SCALES = 4096                              # DNNL_ARG_ATTR_SCALES
+POST_OP_BASE = 32768                            # DNNL_ARG_ATTR_MULTIPLE_POST_OP_BASE
+ARG_SRC_1 = 2
+PER_COLUMN = 1 << 1                             # scale mask: one scale per index of dim 1 (out channel)
+PER_ROW = 1 << 0                                # one per index of dim 0 (a row of activations)
+
+
+def post_op_arg(index: int) -> int:
+    """The execution argument of binary post-op ``index``'s second operand."""
+    return POST_OP_BASE * (index + 1) | ARG_SRC_1
+
+
+class TypedOwned(Owned):
+    """``Owned`` with descriptors of any data type (s8, s32, f32), from the array they describe."""
+
+    def typed(self, dims, tag: int, dtype) -> P:
+        return self._keep("md", self.dnnl.new("dnnl_memory_desc_create_with_tag", len(dims), Dims(*dims),
+                                              DATA_TYPES[np.dtype(dtype)], tag))
+
+    def strided(self, a: np.ndarray) -> P:
+        """The descriptor of ``a`` as it lies in memory, its own data type."""
+        return self._keep("md", self.dnnl.new("dnnl_memory_desc_create_with_strides", a.ndim, Dims(*a.shape),
+                                              DATA_TYPES[a.dtype], Dims(*[s // a.itemsize for s in a.strides])))
+
+    def quantized_attr(self, scales: dict[int, int], binaries: list, eltwise: tuple | None) -> P:
+        """Attributes: a user scratchpad, run-time scales (argument -> mask), then post-ops: the
+        binary ones in order (``(algorithm, md)``, their operands at ``post_op_arg(i)``), then the
+        activation ``(algorithm, alpha, beta)``."""
+        attr = self.attr()
+        d = self.dnnl
+        for arg, mask in scales.items():
+            d.check(d.lib.dnnl_primitive_attr_set_scales_mask(attr, arg, mask), "scales mask")
+        if binaries or eltwise:
+            po = self._keep("po", d.new("dnnl_post_ops_create"))
+            for alg, md in binaries:
+                d.check(d.lib.dnnl_post_ops_append_binary(po, alg, md), "binary post-op")
+            if eltwise:
+                alg, alpha, beta = eltwise
+                d.check(d.lib.dnnl_post_ops_append_eltwise(po, alg, ctypes.c_float(alpha), ctypes.c_float(beta)),
+                        "eltwise post-op")
+            d.check(d.lib.dnnl_primitive_attr_set_post_ops(attr, po), "post-ops")
+        return attr
+
+
+def implementation(dnnl: Dnnl, pd) -> str:
+    """The implementation oneDNN chose for the primitive of ``pd`` (``brg:avx512_core_amx``, ...)."""
+    impl = ctypes.c_char_p()
+    dnnl.check(dnnl.lib.dnnl_primitive_desc_query(pd, Q_IMPL, 0, ctypes.byref(impl)), "implementation query")
+    return impl.value.decode()
+
+
+class QuantizedWeights:
+    """One weight matrix's s8 values, held in the layout its primitives take: the plain (k, n) copy
+    is dropped by ``settle()`` once one layout is made, so the engine holds one byte per weight; a
+    primitive asking another layout gets it reordered from the first. Shared with workers."""
+
+    def __init__(self, dnnl: Dnnl, plain: np.ndarray):
+        self.owned = TypedOwned(dnnl)
+        self.plain: np.ndarray | None = plain
+        self.shape = plain.shape
+        self.layouts: list[tuple[P, np.ndarray]] = []       # (md, the weights in that layout)
+        weakref.finalize(self, self.owned.release)
+
+    @property
+    def nbytes(self) -> int:
+        held = sum(a.nbytes for _, a in self.layouts)
+        return held + (0 if self.plain is None else self.plain.nbytes)
+
+    def take(self, pd) -> tuple[P, np.ndarray]:
+        """(md, array): the weights in the layout the primitive of ``pd`` takes."""
+        dnnl, o = self.owned.dnnl, self.owned
+        want = dnnl.lib.dnnl_primitive_desc_query_md(pd, Q_WEIGHTS, 0)
+        for md, array in self.layouts:
+            if dnnl.lib.dnnl_memory_desc_equal(md, want):
+                return md, array
+        source = (o.strided(self.plain), self.plain) if self.plain is not None else self.layouts[0]
+        array = aligned_empty(-(-dnnl.lib.dnnl_memory_desc_get_size(want) // 4)).view(np.int8)
+        md = o.clone(want)
+        dnnl.run_now(o, o.reorder_pd(source[0], md, o.attr()), {SRC: source, DST: (md, array)})
+        self.layouts.append((md, array))
+        return md, array
+
+    def settle(self) -> None:
+        """Drop the plain copy once a layout holds the weights."""
+        if self.layouts:
+            self.plain = None
+
+
+def quantize_columns(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
+    """(q, scales): ``w`` (k, n) as symmetric s8 with one scale per column (output channel),
+    q = round(w / scale), scale = max |w[:, j]| / levels (1 for an all-zero column). In float64."""
+    w64 = np.asarray(w, dtype=np.float64)
+    amax = np.max(np.abs(w64), axis=0)
+    scales = np.where(amax > 0, amax / levels, 1.0)
+    q = np.clip(np.rint(w64 / scales), -levels, levels).astype(np.int8)
+    return q, scales.astype(np.float32)
+
+
+__all__ = ["ATTR_SCALES", "PER_COLUMN", "PER_ROW", "PLAIN", "QuantizedWeights", "S8", "S32", "TypedOwned",
+           "WEIGHTS", "implementation", "post_op_arg", "quantize_columns"]
