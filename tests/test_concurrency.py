@@ -13,7 +13,6 @@ import pytest
 
 from conftest import ROOT, make_engine, subprocess_env
 from engines import ENGINES, MODELS, EngineBusy, EnginePool
-from engines.ir.models import ABS_TOL
 
 PLANNED = sorted(name for name, cls in ENGINES.items() if cls.returns_view)
 
@@ -43,11 +42,11 @@ def test_second_thread_is_refused_until_release(name):
     expected = model.reference(x)
     refused = in_thread(lambda: engine.forward(model.random_input(2, 1)))
     assert isinstance(refused, EngineBusy) and "EnginePool" in str(refused) and "release()" in str(refused)
-    np.testing.assert_allclose(y, expected, atol=ABS_TOL)        # the owner's view untouched
+    np.testing.assert_allclose(y, expected, atol=engine.abs_tol)        # the owner's view untouched
     assert isinstance(in_thread(engine.release), EngineBusy)      # only the owner gives it up
     engine.release()
     x2 = model.random_input(3, 2)
-    np.testing.assert_allclose(in_thread(lambda: np.array(engine.forward(x2))), model.reference(x2), atol=ABS_TOL)
+    np.testing.assert_allclose(in_thread(lambda: np.array(engine.forward(x2))), model.reference(x2), atol=engine.abs_tol)
     assert isinstance(_call(lambda: engine.forward(x)), EngineBusy)   # now the other thread's
 
 
@@ -69,7 +68,7 @@ def test_one_engine_shared_by_two_threads_is_never_silently_wrong(name):
             except EngineBusy:
                 busy += 1
                 continue
-            if np.max(np.abs(y - expected[k])) < ABS_TOL:
+            if np.max(np.abs(y - expected[k])) < engine.abs_tol:
                 right += 1
             else:
                 wrong += 1
@@ -131,7 +130,7 @@ def test_pool_from_threads_every_output_checked(name):
 
     with ThreadPoolExecutor(max_workers=4) as threads:
         errors = [e for chunk in threads.map(work, [range(k, 240, 4) for k in range(4)]) for e in chunk]
-    assert len(errors) == 240 and max(errors) < ABS_TOL
+    assert len(errors) == 240 and max(errors) < ENGINES[name].abs_tol
 
 
 @pytest.mark.parametrize("name", PLANNED)
@@ -156,7 +155,7 @@ def test_view_stays_valid_inside_the_block_while_others_run(name):
         with ThreadPoolExecutor(max_workers=2) as threads:
             futures = [threads.submit(churn, s) for s in (1, 2)]
             for _ in range(200):
-                assert np.max(np.abs(view - expected)) < ABS_TOL
+                assert np.max(np.abs(view - expected)) < engine.abs_tol
             stop.set()
             [f.result() for f in futures]
 

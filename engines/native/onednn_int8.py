@@ -17,8 +17,8 @@ import numpy as np
 from ..memory import aligned_empty
 from .onednn import F32, PLAIN, Q_IMPL, Q_WEIGHTS, SRC, DST, WEIGHTS, Dims, Dnnl, Owned, P
 
-S32, S8 = 4, 5                                  # dnnl_data_type_t
-DATA_TYPES = {np.dtype(np.float32): F32, np.dtype(np.int32): S32, np.dtype(np.int8): S8}
+S32, S8, U8 = 4, 5, 6                           # dnnl_data_type_t
+DATA_TYPES = {np.dtype(np.float32): F32, np.dtype(np.int32): S32, np.dtype(np.int8): S8, np.dtype(np.uint8): U8}
 ATTR_SCALES = 4096                              # DNNL_ARG_ATTR_SCALES
 POST_OP_BASE = 32768                            # DNNL_ARG_ATTR_MULTIPLE_POST_OP_BASE
 ARG_SRC_1 = 2
@@ -117,5 +117,5 @@ def quantize_columns(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray
     return q, scales.astype(np.float32)
 
 
-__all__ = ["ATTR_SCALES", "PER_COLUMN", "PER_ROW", "PLAIN", "QuantizedWeights", "S8", "S32", "TypedOwned",
+__all__ = ["ATTR_SCALES", "PER_COLUMN", "PER_ROW", "PLAIN", "QuantizedWeights", "S8", "S32", "U8", "TypedOwned",
            "WEIGHTS", "implementation", "post_op_arg", "quantize_columns"]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..base import EngineUnavailable
-from ..ir.calls import rows2d
+from ..ir.calls import maximum, rows2d
 from ..native.onednn import ANY, BIAS, BINARY_ADD, DST, PLAIN, RELU, SRC, WEIGHTS, library
 from ..native.onednn_int8 import (ATTR_SCALES, QuantizedWeights, TypedOwned, post_op_arg,
                                   quantize_columns)
@@ -43,6 +43,7 @@ from .fused import FusedStep, Lowering
 from .onednn import OneDnnEngine
 
 LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly representable
+U8_LEVELS = 255                 # a ReLU's output as u8: [0, 255], twice the resolution
 TINY = np.float32(1e-30)        # an all-zero row's scale: its values quantize to 0 without a 0/0
 BINARY_MUL = 0x1FFF1            # dnnl_binary_mul
 LINEAR_KINDS = ("linear", "linear_relu", "linear_add")
@@ -65,11 +66,12 @@ class QuantizedLinear:
 class Int8Engine(OneDnnEngine):
     name = "int8"
     # The bar the engine is held to against the float64 reference (tests, analyzer, report): not
-    # the float engines' 1e-4. Measured on the zoo (docs/int8.md): relative L2 error 0.3-0.8 %,
-    # max abs error up to 0.05 on outputs of magnitude ~1-4; these bars sit 2-4x above the worst
-    # figure over seeded random inputs at every size measured.
-    abs_tol = 0.15
-    rel_tol = 0.02
+    # the float engines' 1e-4. Measured on the zoo (docs/int8.md, 540 forwards: mlp d64-4096,
+    # mlp-deep d48-1024, transformer d32-512, batches 1-32): worst max abs error 0.125 on outputs
+    # up to 6.3, worst relative L2 error 2.5 % (mlp-deep, six quantized layers); the bars are
+    # twice the worst figure.
+    abs_tol = 0.25
+    rel_tol = 0.05
     # Activation scales: one per row (True) or one per tensor (False); measured, docs/int8.md
     row_scales = True
 
@@ -110,7 +112,8 @@ class Int8Engine(OneDnnEngine):
                    lw.buffer(step.out + ".abs", src_shape),
                    lw.buffer(step.out + ".amax", (*rows, 1)))
         return FusedStep("int8_linear", step.out, step.reads, scratch, (linear,),
-                         {"relu": step.kind == "linear_relu", "residual": step.kind == "linear_add"})
+                         {"relu": step.kind == "linear_relu", "residual": step.kind == "linear_add",
+                          "unsigned": _non_negative(lw, step.reads[0])})
 
     # --- binding -----------------------------------------------------------------------------
 
@@ -125,12 +128,22 @@ class Int8Engine(OneDnnEngine):
                 "quantized_linears": len(self.quantized)}
 
 
+def _non_negative(lw: Lowering, buffer: str) -> bool:
+    """Whether ``buffer`` is written last by a linear with its ReLU (so it holds no negative value)."""
+    writer = next((s for s in reversed(lw.steps) if s.out == buffer), None)
+    return writer is not None and writer.kind == "int8_linear" and writer.attrs["relu"]
+
+
 def quantize_calls(x2: np.ndarray, q: np.ndarray, tmp: np.ndarray, amax: np.ndarray, per_row: bool) -> list:
-    """The calls that write ``q`` (rows, k) s8 = round(x2 / scale), scale = max |x| / 127 per row
-    (``amax`` (rows, 1)) or over the tensor (``amax`` (1, 1)), and leave the scale in ``amax``.
-    |x2| / scale <= 127, so the cast never saturates; ``tmp`` holds |x| then the scaled values."""
-    return [(np.abs, (x2, tmp)), (np.max, (tmp, 1 if per_row else None, amax, True)), (np.maximum, (amax, TINY, amax)),
-            (np.multiply, (amax, np.float32(1.0 / LEVELS), amax)),
+    """The calls that write ``q`` (rows, k) = round(x2 / scale) and leave the scale in ``amax``:
+    s8 with scale = max |x| / 127, or for a u8 ``q`` (x2 known non-negative) max x / 255, per row
+    (``amax`` (rows, 1)) or over the tensor (``amax`` (1, 1)). |x2| / scale <= the top level, so the
+    cast never saturates; ``tmp`` holds |x| then the scaled values."""
+    levels = U8_LEVELS if q.dtype == np.uint8 else LEVELS
+    axis = 1 if per_row else None
+    amax_calls = ([(np.max, (x2, axis, amax, True))] if q.dtype == np.uint8
+                  else [(np.abs, (x2, tmp)), (np.max, (tmp, axis, amax, True))])
+    return [*amax_calls, (maximum, (amax, TINY, amax)), (np.multiply, (amax, np.float32(1.0 / levels), amax)),
             (np.divide, (x2, amax, tmp)), (np.rint, (tmp, tmp)), (_cast, (q, tmp))]
 
 
@@ -154,7 +167,7 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     (linear,), attrs, o = step.operands, step.attrs, eng.typed
     x2, y2 = rows2d(ins[0]), rows2d(y)
     k, n = linear.weights.shape[-2:]
-    q = rows2d(scratch[0]).view(np.int8)[:, :k]
+    q = rows2d(scratch[0]).view(np.uint8 if attrs["unsigned"] else np.int8)[:, :k]
     tmp, amax = rows2d(scratch[1]), rows2d(scratch[2])
     if not eng.row_scales:
         amax = amax[:1]                                # one scale for the whole batch

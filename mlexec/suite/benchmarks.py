@@ -43,7 +43,9 @@ def test_forward(benchmark, bench, engine_name, case, roofs, request):
     benchmark.extra_info.update(info)
     session.record(request.config, case.id, engine_name, median=median, err=err,
                    held=engine.activation_bytes)
-    assert err < ABS_TOL and rel < REL_TOL, f"{engine_name} wrong on {case.id}: max abs {err:.2e}, rel {rel:.2e}"
+    # the engine's own bar where it states one (int8's); a reference commit's engines may predate it
+    abs_tol, rel_tol = getattr(engine, "abs_tol", ABS_TOL), getattr(engine, "rel_tol", REL_TOL)
+    assert err < abs_tol and rel < rel_tol, f"{engine_name} wrong on {case.id}: max abs {err:.2e}, rel {rel:.2e}"
 
 
 @pytest.fixture
