@@ -34,7 +34,7 @@ from ..ir.conv import activation_of, conv_attrs, pool_window, split_pool
 from ..importer.passes import fuse_conv_activation, fuse_conv_add
 from ..kernels import candidates, on_one_thread
 from ..memory import aligned_empty
-from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MUL, CLIP, DST, GLOBAL_STATS, HARDSIGMOID, HARDSWISH, LOGISTIC, MEAN,
+from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_DIV, BINARY_MUL, BINARY_SUB, CLIP, DST, GLOBAL_STATS, HARDSIGMOID, HARDSWISH, LOGISTIC, MEAN,
                              MULTIPLE_SRC, NORM_RELU, Owned, P, PLAIN, POOL_AVG_EXCLUDE, POOL_AVG_INCLUDE, POOL_MAX,
                              Q_IMPL, RELU, SCALE, SHIFT, SRC, SRC_1, USE_SCALE, USE_SHIFT, VARIANCE, WEIGHTS, Weights,
                              library, matmul_fits)
@@ -330,16 +330,23 @@ def _lower_rows_mean(lw: Lowering, i: int, op) -> bool:
     return _global_mean(lw, i, back, src, chw[1:])
 
 
-def _lower_add(lw: Lowering, i: int, op) -> bool:
-    """A sum of two (C, H, W) tensors, one in oneDNN's layout (a residual no conv took in): oneDNN's
-    binary add, both in its layout."""
+# oneDNN's binary algorithms for the IR's ``add`` and ``binary`` of two activations
+BINARY_ALGS = {"add": BINARY_ADD, "mul": BINARY_MUL, "sub": BINARY_SUB, "div": BINARY_DIV}
+
+
+def _lower_binary(lw: Lowering, i: int, op) -> bool:
+    """A sum, difference, product or quotient of two (C, H, W) activations, one in oneDNN's layout
+    (a residual no conv took in, SiLU's x · sigmoid(x)): oneDNN's binary primitive, both in its
+    layout. A broadcast gate is ``_lower_channel_scale``'s."""
     eng, shapes = lw.engine, lw.model.shapes
-    if len(op.inputs) != 2 or not any(eng.is_native(lw.where[t]) for t in op.inputs) \
+    alg = BINARY_ALGS.get("add" if op.kind == "add" else op.attrs.get("fn"))
+    plain = not op.params and op.attrs.get("scalar") is None and op.attrs.get("width") is None
+    if alg is None or not plain or len(op.inputs) != 2 or not any(eng.is_native(lw.where[t]) for t in op.inputs) \
             or not all(len(shapes[t]) == 3 and shapes[t] == shapes[op.output] for t in op.inputs):
         return False
     reads = tuple(eng.layout(lw, t, native=True) for t in op.inputs)
     out = lw.where[op.output] = eng.new_native(lw, op.output, shapes[op.output])
-    lw.steps.append(FusedStep("dnnl_binary", out, reads, attrs={"alg": BINARY_ADD}))
+    lw.steps.append(FusedStep("dnnl_binary", out, reads, attrs={"alg": alg}))
     return True
 
 
@@ -369,7 +376,7 @@ def _lower_channel_scale(lw: Lowering, i: int, op) -> bool:
 _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
                "maxpool": _lower_pool, "averagepool": _lower_pool, "lrn": _lower_pool, "concat": _lower_concat,
                "reshape": _lower_reshape, "batchnorm": _lower_batchnorm, "globalaveragepool": _lower_global_pool,
-               "expand": _lower_channel_scale, "add": _lower_add, **{kind: _lower_eltwise for kind in ELTWISE}}
+               "expand": _lower_channel_scale, "add": _lower_binary, "binary": _lower_binary, **{kind: _lower_eltwise for kind in ELTWISE}}
 
 
 # --- binding entries -----------------------------------------------------------------------
