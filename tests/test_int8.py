@@ -130,3 +130,32 @@ def test_without_onednn_it_says_which_extra(no_onednn):
 def test_it_is_checked_for_allocation_with_the_planned_engines():
     from test_zero_alloc import ZERO_ALLOC
     assert "int8" in ZERO_ALLOC and ENGINES["int8"].returns_view
+
+
+@pytest.mark.parametrize("implementation", ["brg:avx512_core_amx", "brg:avx512_core_vnni"])
+@pytest.mark.parametrize("one_thread", [False, True])
+def test_every_variant_gives_the_same_result(implementation, one_thread):
+    """AMX and VNNI, pool or one thread: the s32 sums are exact, so the outputs agree to rounding."""
+    from engines.planned.int8 import Variant
+    model = MODELS["transformer"](dim=32, seq=8, heads=4, seed=4)
+    x = model.random_input(3, 0)
+    expected = np.array(make_engine("int8", model, 3).forward(x))
+    forced = type("Forced", (Int8Engine,), {"forced_variant": Variant(implementation, one_thread)})
+    try:
+        engine = forced(model, 3)
+    except ValueError as exc:              # this CPU has no such kernel
+        pytest.skip(str(exc))
+    np.testing.assert_allclose(engine.forward(x), expected, rtol=1e-5, atol=1e-5)
+    assert {p["implementation"] for p in engine.report()["primitives"] if p["kind"] == "int8_linear"} == {implementation}
+
+
+def test_a_batch_size_bound_later_gets_its_layout_from_the_held_one():
+    """Bound first at 32 rows (AMX's layout), the plain copy dropped, then at 1 row (VNNI's, with
+    s8 compensation): the second layout is made from the first through a temporary plain copy."""
+    model = MODELS["mlp"](dim=64, seed=6)
+    engine = make_engine("int8", model, 32)
+    x = model.random_input(1, 0)
+    abs_err, rel_err = _errors(engine, model, x)
+    assert abs_err < engine.abs_tol and rel_err < engine.rel_tol
+    layouts = [len(linear.weights.layouts) for linear in engine.quantized]
+    assert all(n >= 1 for n in layouts) and all(linear.weights.plain is None for linear in engine.quantized)

@@ -70,6 +70,24 @@ def implementation(dnnl: Dnnl, pd) -> str:
     return impl.value.decode()
 
 
+def implementations(dnnl: Dnnl, make_pd) -> list[str]:
+    """The implementations oneDNN offers for the primitive ``make_pd()`` describes, best first
+    by its own ranking (``dnnl_primitive_desc_next_impl``)."""
+    pd, names = make_pd(), []
+    while True:
+        names.append(implementation(dnnl, pd))
+        if dnnl.lib.dnnl_primitive_desc_next_impl(pd) != 0:
+            return names
+
+
+def with_implementation(dnnl: Dnnl, pd, name: str):
+    """``pd`` moved on to oneDNN's implementation ``name``; ValueError when it offers none such."""
+    while implementation(dnnl, pd) != name:
+        if dnnl.lib.dnnl_primitive_desc_next_impl(pd) != 0:
+            raise ValueError(f"oneDNN offers no implementation {name!r} here")
+    return pd
+
+
 class QuantizedWeights:
     """One weight matrix's s8 values, held in the layout its primitives take: the plain (k, n) copy
     is dropped by ``settle()`` once one layout is made, so the engine holds one byte per weight; a
@@ -87,19 +105,33 @@ class QuantizedWeights:
         held = sum(a.nbytes for _, a in self.layouts)
         return held + (0 if self.plain is None else self.plain.nbytes)
 
-    def take(self, pd) -> tuple[P, np.ndarray]:
-        """(md, array): the weights in the layout the primitive of ``pd`` takes."""
+    def take(self, pd, keep: bool = True) -> tuple[P, np.ndarray]:
+        """(md, array): the weights in the layout the primitive of ``pd`` takes; a layout made for
+        a trial (``keep`` False) is not held."""
         dnnl, o = self.owned.dnnl, self.owned
         want = dnnl.lib.dnnl_primitive_desc_query_md(pd, Q_WEIGHTS, 0)
         for md, array in self.layouts:
             if dnnl.lib.dnnl_memory_desc_equal(md, want):
                 return md, array
-        source = (o.strided(self.plain), self.plain) if self.plain is not None else self.layouts[0]
+        plain = self._plain()
         array = aligned_empty(-(-dnnl.lib.dnnl_memory_desc_get_size(want) // 4)).view(np.int8)
         md = o.clone(want)
-        dnnl.run_now(o, o.reorder_pd(source[0], md, o.attr()), {SRC: source, DST: (md, array)})
-        self.layouts.append((md, array))
+        dnnl.run_now(o, o.reorder_pd(o.strided(plain), md, o.attr()), {SRC: (o.strided(plain), plain), DST: (md, array)})
+        if keep:
+            self.layouts.append((md, array))
         return md, array
+
+    def _plain(self) -> np.ndarray:
+        """The plain (k, n) values: the copy still held, or a temporary one reordered back from the
+        first layout. oneDNN reorders between two of its layouts only in some directions (AMX's to
+        VNNI's with s8 compensation: unimplemented in 3.2), from and to plain in every one."""
+        if self.plain is not None:
+            return self.plain
+        md, array = self.layouts[0]
+        plain = np.empty(self.shape, np.int8)
+        o = self.owned
+        o.dnnl.run_now(o, o.reorder_pd(md, o.strided(plain), o.attr()), {SRC: (md, array), DST: (o.strided(plain), plain)})
+        return plain
 
     def settle(self) -> None:
         """Drop the plain copy once a layout holds the weights."""
@@ -117,5 +149,5 @@ def quantize_columns(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray
     return q, scales.astype(np.float32)
 
 
-__all__ = ["ATTR_SCALES", "PER_COLUMN", "PER_ROW", "PLAIN", "QuantizedWeights", "S8", "S32", "U8", "TypedOwned",
+__all__ = ["ATTR_SCALES", "implementations", "with_implementation", "PER_COLUMN", "PER_ROW", "PLAIN", "QuantizedWeights", "S8", "S32", "U8", "TypedOwned",
            "WEIGHTS", "implementation", "post_op_arg", "quantize_columns"]

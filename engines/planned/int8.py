@@ -37,8 +37,11 @@ import numpy as np
 from ..base import EngineUnavailable
 from ..ir.calls import maximum, rows2d
 from ..native.onednn import ANY, BIAS, BINARY_ADD, DST, PLAIN, RELU, SRC, WEIGHTS, library
-from ..native.onednn_int8 import (ATTR_SCALES, QuantizedWeights, TypedOwned, post_op_arg,
-                                  quantize_columns)
+from ..native.onednn_int8 import (ATTR_SCALES, QuantizedWeights, TypedOwned, implementations, post_op_arg,
+                                  quantize_columns, with_implementation)
+from ..kernels import on_one_thread, tuning_enabled
+from ..kernels.timing import measure_forwards
+from ..memory import aligned_empty
 from .fused import FusedStep, Lowering
 from .onednn import OneDnnEngine
 
@@ -46,6 +49,12 @@ LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly repres
 U8_LEVELS = 255                 # a ReLU's output as u8: [0, 255], twice the resolution
 TINY = np.float32(1e-30)        # an all-zero row's scale: its values quantize to 0 without a 0/0
 BINARY_MUL = 0x1FFF1            # dnnl_binary_mul
+ONE_THREAD = "openmp-threads"   # the pool a small linear's matmul runs on at one thread
+# oneDNN's int8 matmul implementations a linear may run on: its brgemm kernels on AMX tiles and on
+# AVX-512 VNNI, which work in the user scratchpad (its gemm:jit allocates per call, its ref is slow)
+BRGEMM = ("brg:avx512_core_amx", "brg:avx512_core_vnni")
+AMX_ROWS = 16                   # an AMX tile's rows
+ONE_THREAD_MAX_WORK = 1 << 22   # multiply-adds up to which a matmul runs on one thread untuned
 LINEAR_KINDS = ("linear", "linear_relu", "linear_add")
 PER_COLUMN_3D = 1 << 2          # scale mask of (1, k, n) weights: one per output channel
 
@@ -74,6 +83,9 @@ class Int8Engine(OneDnnEngine):
     rel_tol = 0.05
     # Activation scales: one per row (True) or one per tensor (False); measured, docs/int8.md
     row_scales = True
+    forced_variant: "Variant | None" = None      # one variant for every matmul (measurements, tests)
+    chosen: dict[tuple, "Variant"] = {}           # matmul key -> variant, measured once per process
+    timings: dict[tuple, dict[str, float]] = {}   # matmul key -> seconds per candidate, where measured
 
     def __init__(self, model, max_batch: int):
         try:
@@ -122,10 +134,33 @@ class Int8Engine(OneDnnEngine):
         self.typed = TypedOwned(self.dnnl)     # this engine's (or worker's) int8 primitives
         weakref.finalize(self, self.typed.release)
 
+    def variant(self, key: tuple, brgemm: list[str], trial) -> Variant:
+        """How the int8 matmul of ``key`` (rows, k, n, source type, relu, residual) runs: measured
+        once per process among ``brgemm`` (the implementations oneDNN offers for it) on
+        OpenMP's pool and on one thread (``trial(variant)`` gives a variant's calls), or without
+        tuning (``MLEXEC_TUNE=0``) by ``default_variant``. ``forced_variant``, where set, wins."""
+        if self.forced_variant is not None:
+            return self.forced_variant
+        if key not in self.chosen:
+            rows, k, n = key[:3]
+            offered = [Variant(impl, one) for impl in brgemm for one in (False, True)]
+            if tuning_enabled():
+                trials = {str(v): trial(v) for v in offered}
+                times = measure_forwards(trials)
+                self.timings[key] = times
+                self.chosen[key] = min(offered, key=lambda v: times[str(v)])
+            else:
+                self.chosen[key] = default_variant(rows, k, n, offered)
+        return self.chosen[key]
+
     def report(self) -> dict:
-        """onednn's report, with the data types and scales of the int8 linears."""
+        """onednn's report, with how the int8 linears' activations are scaled and, per matmul shape
+        (rows x k x n), the variant that runs it and what each measured."""
         return {**super().report(), "activation_scales": "row" if self.row_scales else "tensor",
-                "quantized_linears": len(self.quantized)}
+                "quantized_linears": len(self.quantized),
+                "int8_matmuls": [{"gemm": "x".join(map(str, key[:3])), "source": key[3], "variant": str(v),
+                                  "candidates_us": {name: t * 1e6 for name, t in self.timings.get(key, {}).items()}}
+                                 for key, v in self.chosen.items()]}
 
 
 def _non_negative(lw: Lowering, buffer: str) -> bool:
@@ -149,6 +184,14 @@ def quantize_calls(x2: np.ndarray, q: np.ndarray, tmp: np.ndarray, amax: np.ndar
             (np.divide, (x2, tmp, tmp)), (np.rint, (tmp, tmp)), (_cast, (q, tmp))]
 
 
+def default_variant(rows: int, k: int, n: int, offered: list[Variant]) -> Variant:
+    """Without tuning: AMX from a tile's 16 rows, VNNI below (at one row AMX ran the 4096 x 4096
+    product 2x slower, docs/int8.md); on one thread up to ``ONE_THREAD_MAX_WORK`` multiply-adds."""
+    want = Variant("brg:avx512_core_amx" if rows >= AMX_ROWS else "brg:avx512_core_vnni",
+                   rows * k * n <= ONE_THREAD_MAX_WORK)
+    return want if want in offered else offered[0]
+
+
 def _one(a: np.ndarray) -> np.ndarray:
     """``a`` (rows, cols) as (1, rows, cols), the new axis with a true stride (NumPy gives a new axis
     stride 0, which oneDNN's brgemm matmul does not take)."""
@@ -159,44 +202,110 @@ def _cast(q: np.ndarray, tmp: np.ndarray) -> None:
     np.copyto(q, tmp, casting="unsafe")
 
 
-def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
-    """The quantize calls, then one int8 matmul writing f32: weight scales in the primitive; the
-    row scales, the bias, a residual and a ReLU as post-ops.
+@dataclass(frozen=True)
+class Variant:
+    """How one int8 matmul runs: oneDNN's implementation (``brg:avx512_core_amx``, ...) and
+    whether on OpenMP's pool or on one thread (the primitive then made on one thread too: oneDNN
+    splits the work for the threads it sees when it is made)."""
+    implementation: str
+    one_thread: bool
 
-    The matmul is described in 3-D, (1, rows, k) x (1, k, n): oneDNN 3.2's brgemm matmul takes a
-    (1, rows, 1) binary operand there, while on the 2-D form a (rows, 1) one fell back to its
-    reference code (``ref:any``, hundreds of times slower)."""
+    def __str__(self) -> str:
+        return self.implementation + ("-1t" if self.one_thread else "")
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """One int8 linear's matmul at one batch size: its descriptors and arguments, every array a
+    view bound in advance; ``pd(variant)`` describes it, ``calls(pd, weights)`` runs it."""
+    owned: TypedOwned
+    src: object
+    dst: object
+    bias_md: object
+    attr: object
+    args: dict
+    k: int
+    n: int
+
+    def pd(self, variant: Variant | None):
+        o = self.owned
+        pd = o.matmul_pd(self.src, o.typed((1, self.k, self.n), ANY, np.int8), self.bias_md, self.dst, self.attr)
+        return pd if variant is None else with_implementation(o.dnnl, pd, variant.implementation)
+
+    def arguments(self, pd, weights: QuantizedWeights, keep: bool = True) -> dict:
+        return {**self.args, WEIGHTS: weights.take(pd, keep)}
+
+
+def _matmul(eng: Int8Engine, step, q, y2, amax, ins) -> Matmul:
+    """The descriptors and arguments of the step's matmul: (1, rows, k) x (1, k, n) -> (1, rows, n).
+
+    3-D because oneDNN 3.2's brgemm matmul takes a (1, rows, 1) binary operand (the row scales),
+    while on the 2-D form a (rows, 1) one fell back to its reference code (``ref:any``, hundreds
+    of times slower)."""
     (linear,), attrs, o = step.operands, step.attrs, eng.typed
+    k, n = linear.weights.shape[-2:]
+    bias = linear.bias.reshape(1, 1, n)
+    src, dst = o.strided(_one(q)), o.strided(_one(y2))
+    args = {SRC: (src, _one(q)), DST: (dst, _one(y2)),
+            ATTR_SCALES | WEIGHTS: (o.typed((n,), PLAIN[1], np.float32), linear.scales)}
+    binaries = []
+    if eng.row_scales:                                 # per-row scales, then the bias, as post-ops
+        binaries += [(BINARY_MUL, _one(amax)), (BINARY_ADD, bias)]
+        scales, bias_md = {WEIGHTS: PER_COLUMN_3D}, None
+    else:                                              # one scale for the tensor, the bias in the primitive
+        scales, bias_md = {SRC: 0, WEIGHTS: PER_COLUMN_3D}, o.strided(bias)
+        args[BIAS] = (bias_md, bias)
+        args[ATTR_SCALES | SRC] = (o.typed((1,), PLAIN[1], np.float32), amax.reshape(1))
+    if attrs["residual"]:
+        binaries.append((BINARY_ADD, _one(rows2d(ins[1]))))
+    described = [(alg, o.strided(a), a) for alg, a in binaries]
+    args.update({post_op_arg(i): (md, a) for i, (_, md, a) in enumerate(described)})
+    attr = o.quantized_attr(scales, [(alg, md) for alg, md, _ in described],
+                            (RELU, 0.0, 0.0) if attrs["relu"] else None)
+    return Matmul(o, src, dst, bias_md, attr, args, k, n)
+
+
+def _on_variant(variant: Variant, make) -> list:
+    """``make()`` (which returns the calls of a primitive) run as the variant asks: on one thread,
+    and its calls then run on one thread too, or as they are."""
+    if not variant.one_thread:
+        return make()
+    made = []
+    for fn, args in on_one_thread(ONE_THREAD, [(lambda: made.extend(make()), ())]):
+        fn(*args)
+    return on_one_thread(ONE_THREAD, made)
+
+
+def _trial_calls(mm: Matmul, variant: Variant, weights: QuantizedWeights) -> list:
+    """The matmul's calls on a scratchpad of its own, for timing (its weights' layout not kept)."""
+    def make():
+        pd = mm.pd(variant)
+        dnnl = mm.owned.dnnl
+        size = dnnl.lib.dnnl_memory_desc_get_size(dnnl.scratchpad_md(pd))
+        call, _ = dnnl.call(mm.owned, pd, mm.arguments(pd, weights, keep=False), aligned_empty(-(-size // 4) or 1))
+        return [call]
+    return _on_variant(variant, make)
+
+
+def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
+    """The quantize calls, then one int8 matmul writing f32 (weight scales in the primitive; the
+    row scales, the bias, a residual and a ReLU as post-ops), on the variant chosen for its shape."""
+    (linear,), attrs = step.operands, step.attrs
     x2, y2 = rows2d(ins[0]), rows2d(y)
     k, n = linear.weights.shape[-2:]
     q = rows2d(scratch[0]).view(np.uint8 if attrs["unsigned"] else np.int8)[:, :k]
     tmp, amax = rows2d(scratch[1]), rows2d(scratch[2])
     if not eng.row_scales:
         amax = amax[:1]                                # one scale for the whole batch
-    calls = quantize_calls(x2, q, tmp, amax, eng.row_scales)
-    bias = linear.bias.reshape(1, 1, n)
-    src, dst = o.strided(_one(q)), o.strided(_one(y2))
-    binaries, operands = [], []
-    if eng.row_scales:                                 # per-row scales, then the bias, as post-ops
-        binaries += [(BINARY_MUL, o.strided(_one(amax))), (BINARY_ADD, o.strided(bias))]
-        operands += [_one(amax), bias]
-        scales, bias_md = {WEIGHTS: PER_COLUMN_3D}, None
-    else:                                              # one scale for the tensor, the bias in the primitive
-        scales, bias_md = {SRC: 0, WEIGHTS: PER_COLUMN_3D}, o.strided(bias)
-    if attrs["residual"]:
-        residual = _one(rows2d(ins[1]))
-        binaries.append((BINARY_ADD, o.strided(residual)))
-        operands.append(residual)
-    attr = o.quantized_attr(scales, binaries, (RELU, 0.0, 0.0) if attrs["relu"] else None)
-    pd = o.matmul_pd(src, o.typed((1, k, n), ANY, np.int8), bias_md, dst, attr)
-    args = {SRC: (src, _one(q)), WEIGHTS: linear.weights.take(pd), DST: (dst, _one(y2)),
-            ATTR_SCALES | WEIGHTS: (o.typed((n,), PLAIN[1], np.float32), linear.scales)}
-    args.update({post_op_arg(i): (md, a) for i, ((_, md), a) in enumerate(zip(binaries, operands))})
-    if bias_md is not None:
-        args[BIAS] = (bias_md, bias)
-        args[ATTR_SCALES | SRC] = (o.typed((1,), PLAIN[1], np.float32), amax.reshape(1))
-    calls.append(eng.execute(pd, args, step))
-    return calls
+    mm = _matmul(eng, step, q, y2, amax, ins)
+    brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
+    variant = eng.variant((x2.shape[0], k, n, q.dtype.name, attrs["relu"], attrs["residual"], eng.row_scales), brgemm,
+                          lambda v: _trial_calls(mm, v, linear.weights))
+
+    def make():
+        pd = mm.pd(variant)
+        return [eng.execute(pd, mm.arguments(pd, linear.weights), step)]
+    return quantize_calls(x2, q, tmp, amax, eng.row_scales) + _on_variant(variant, make)
 
 
 Int8Engine.binders = {**OneDnnEngine.binders, "int8_linear": _bind_int8_linear}
