@@ -230,3 +230,19 @@ def test_silu_and_a_difference_of_activations_stay_in_onednns_layout():
     for batch in (1, 4):
         x = model.random_input(batch, rng=batch)
         np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [dict(dim=32, seq=8, heads=4), dict(dim=64, seq=16, heads=2)])
+def test_a_transformers_gelu_and_softmax_are_onednn_primitives(kwargs):
+    """GELU (tanh form) and attention's softmax as oneDNN's eltwise and softmax on plain buffers,
+    in place: one pass each where NumPy took eight and six; right at batch 1 and 8."""
+    from engines import MODELS
+    model = MODELS["transformer"](**kwargs)
+    engine = ENGINES["onednn"](model, 8)
+    steps = {s.kind: s for s in engine.steps}
+    assert "gelu" not in steps and "softmax" not in steps
+    assert steps["dnnl_softmax"].out == steps["dnnl_softmax"].reads[0]
+    assert steps["dnnl_eltwise"].attrs == {"activation": "gelu"}
+    for batch in (1, 8):
+        x = model.random_input(batch, rng=batch)
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-4, atol=1e-5)

@@ -40,11 +40,12 @@ def sgemm():
 
 # oneDNN 3.x C API enums (dnnl_types.h, dnnl_common_types.h)
 F32, CPU, IN_ORDER, INFERENCE, CONV_DIRECT = 3, 1, 1, 96, 1
-ANY, PLAIN = 1, {1: 2, 2: 3, 4: 5, 5: 6}            # format tags any; a, ab, abcd, abcde by rank
+ANY, PLAIN = 1, {1: 2, 2: 3, 3: 4, 4: 5, 5: 6}      # format tags any; a, ab, abc, abcd, abcde by rank
 # The activation layouts a conv may pick, as (format tag, channel block): NHWC (acdb), and
 # nChw16c / nChw8c / nChw4c (aBcd16b/8b/4b: [N][C/b][H][W][b], channels padded to the block)
 LAYOUTS = ((22, 1), (78, 16), (102, 8), (84, 4))
-RELU, HARDSIGMOID, LOGISTIC, CLIP, HARDSWISH = 0x20, 0x28, 0x29, 0x2E, 0x34     # eltwise algorithms
+RELU, HARDSIGMOID, LOGISTIC, GELU_TANH, CLIP, GELU_ERF, HARDSWISH = 0x20, 0x28, 0x29, 0x2B, 0x2E, 0x31, 0x34  # eltwise
+SOFTMAX_ACCURATE = 0x30000
 POOL_MAX, POOL_AVG_INCLUDE, POOL_AVG_EXCLUDE, LRN_ACROSS = 0x1FF, 0x2FF, 0x3FF, 0xAFF
 SRC, SRC_1, WEIGHTS, BIAS, DST, SCRATCHPAD, MULTIPLE_SRC = 1, 2, 33, 41, 17, 80, 1024
 MEAN, VARIANCE, SCALE, SHIFT = 49, 50, 51, 52
@@ -217,6 +218,11 @@ class Owned:
     def eltwise_pd(self, alg: int, src, dst, alpha: float, beta: float, attr) -> P:
         return self._keep("pd", self.dnnl.new("dnnl_eltwise_forward_primitive_desc_create", self.dnnl.engine,
                                               INFERENCE, alg, src, dst, ctypes.c_float(alpha), ctypes.c_float(beta), attr))
+
+    def softmax_pd(self, src, dst, axis: int, attr) -> P:
+        """Along ``axis``, its maximum subtracted first (oneDNN's accurate softmax)."""
+        return self._keep("pd", self.dnnl.new("dnnl_softmax_forward_primitive_desc_create", self.dnnl.engine, INFERENCE,
+                                              SOFTMAX_ACCURATE, src, dst, axis, attr))
 
     def binary_pd(self, alg: int, src0, src1, dst, attr) -> P:
         """dst = src0 (alg) src1, src1 broadcast along its axes of size 1."""
