@@ -43,16 +43,19 @@ class TypedOwned(Owned):
         return self._keep("md", self.dnnl.new("dnnl_memory_desc_create_with_strides", a.ndim, Dims(*a.shape),
                                               DATA_TYPES[a.dtype], Dims(*[s // a.itemsize for s in a.strides])))
 
-    def quantized_attr(self, scales: dict[int, int], binaries: list, eltwise: tuple | None) -> P:
+    def quantized_attr(self, scales: dict[int, int], binaries: list, eltwise: tuple | None,
+                       sum_: bool = False) -> P:
         """Attributes: a user scratchpad, run-time scales (argument -> mask), then post-ops: the
-        binary ones in order (``(algorithm, md)``, their operands at ``post_op_arg(i)``), then the
-        activation ``(algorithm, alpha, beta)``."""
+        sum into the output (a residual already there) or the binary ones in order (``(algorithm,
+        md)``, their operands at ``post_op_arg(i)``), then the activation ``(algorithm, alpha, beta)``."""
         attr = self.attr()
         d = self.dnnl
         for arg, mask in scales.items():
             d.check(d.lib.dnnl_primitive_attr_set_scales_mask(attr, arg, mask), "scales mask")
-        if binaries or eltwise:
+        if binaries or eltwise or sum_:
             po = self._keep("po", d.new("dnnl_post_ops_create"))
+            if sum_:
+                d.check(d.lib.dnnl_post_ops_append_sum(po, ctypes.c_float(1.0), 0, 0), "sum post-op")
             for alg, md in binaries:
                 d.check(d.lib.dnnl_post_ops_append_binary(po, alg, md), "binary post-op")
             if eltwise:

@@ -29,6 +29,7 @@ Nothing is allocated per forward. Needs oneDNN's CPU library (the ``onednn`` ext
 """
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ import numpy as np
 
 from ..base import EngineUnavailable
 from ..ir.calls import maximum, rows2d
+from ..ir.conv import conv_attrs
 from ..native.onednn import ANY, BIAS, BINARY_ADD, DST, PLAIN, RELU, SRC, WEIGHTS, library
 from ..native.onednn_int8 import (ATTR_SCALES, QuantizedWeights, TypedOwned, implementations, post_op_arg,
                                   quantize_columns, with_implementation)
@@ -43,7 +45,7 @@ from ..kernels import on_one_thread, tuning_enabled
 from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
 from .fused import FusedStep, Lowering
-from .onednn import OneDnnEngine
+from .onednn import ELTWISE, OneDnnEngine
 
 LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly representable
 U8_LEVELS = 255                 # a ReLU's output as u8: [0, 255], twice the resolution
@@ -56,6 +58,9 @@ BRGEMM = ("brg:avx512_core_amx", "brg:avx512_core_vnni")
 AMX_ROWS = 16                   # an AMX tile's rows
 ONE_THREAD_MAX_WORK = 1 << 22   # multiply-adds up to which a matmul runs on one thread untuned
 LINEAR_KINDS = ("linear", "linear_relu", "linear_add")
+CONV_KINDS = ("conv", "conv_add")            # conv_maxpool stays float: its pool is onednn's own step
+PER_OUT_CHANNEL = 1 << 0         # scale mask of conv weights (oc, ic, kh, kw): one per output channel
+PER_GROUP_CHANNEL = 1 << 0 | 1 << 1   # of grouped ones (g, oc / g, ...): one per (group, channel)
 PER_COLUMN_3D = 1 << 2          # scale mask of (1, k, n) weights: one per output channel
 
 
@@ -103,11 +108,33 @@ class Int8Engine(OneDnnEngine):
 
     def lower_op(self, lw: Lowering, i: int, op) -> None:
         super().lower_op(lw, i, op)
+        step = lw.steps[-1] if lw.steps else None
         if op.kind == "linear":
-            step = lw.steps[-1]
             if step.kind not in LINEAR_KINDS:
                 raise AssertionError(f"linear {op.output!r} lowered to {step.kind!r}")
             lw.steps[-1] = self._quantized_step(lw, step)
+        elif op.kind in CONV_KINDS and step is not None and step.kind == "dnnl_conv" and step.attrs["pool"] is None:
+            lw.steps[-1] = self._quantized_conv(lw, op, step)
+
+    def _quantized_conv(self, lw: Lowering, op, step: FusedStep) -> FusedStep:
+        """The int8 form of onednn's conv step: weights quantized per output channel; scratch for
+        the input's 8-bit copy (in the input's layout, 4 per float slot), its |x| and one scale
+        per sample."""
+        w32, b32 = step.operands
+        _, group, _ = conv_attrs(step.attrs["conv"])
+        q, scales = quantize_columns(w32.reshape(w32.shape[0], -1).T, LEVELS)
+        plain = np.ascontiguousarray(q.T).reshape(w32.shape)
+        if group > 1:                                   # oneDNN's grouped weights: (g, oc / g, ic / g, kh, kw)
+            plain = plain.reshape(group, w32.shape[0] // group, *w32.shape[1:])
+        linear = QuantizedLinear(QuantizedWeights(self.dnnl, plain), scales, np.ascontiguousarray(b32, np.float32))
+        self.quantized.append(linear)
+        src_shape = self.shapes[step.reads[0]]
+        size = math.prod(src_shape)
+        scratch = (lw.buffer(op.output + ".q8", (-(-size // 4),)), lw.buffer(op.output + ".abs", (size,)),
+                   lw.buffer(op.output + ".amax", (1,)))
+        return FusedStep("int8_conv", step.out, step.reads, scratch, (linear,),
+                         {**step.attrs, "channels": lw.model.shapes[op.inputs[0]][0], "group": group,
+                          "unsigned": _non_negative(lw, step.reads[0])})
 
     def _quantized_step(self, lw: Lowering, step: FusedStep) -> FusedStep:
         """The int8 form of a fused linear step: its folded float weights quantized per output
@@ -164,9 +191,20 @@ class Int8Engine(OneDnnEngine):
 
 
 def _non_negative(lw: Lowering, buffer: str) -> bool:
-    """Whether ``buffer`` is written last by a linear with its ReLU (so it holds no negative value)."""
+    """Whether ``buffer`` holds no negative value: written last by a linear or conv with its ReLU,
+    a ReLU, or a pool or concat of such buffers (a quantized reader then takes it as u8)."""
     writer = next((s for s in reversed(lw.steps) if s.out == buffer), None)
-    return writer is not None and writer.kind == "int8_linear" and writer.attrs["relu"]
+    if writer is None:
+        return False
+    if writer.kind == "int8_linear":
+        return writer.attrs["relu"]
+    if writer.kind in ("int8_conv", "dnnl_conv"):
+        return writer.attrs["conv"].get("activation") == "relu"
+    if writer.kind == "dnnl_eltwise":
+        return writer.attrs.get("activation") == "relu"
+    if writer.kind in ("dnnl_pool", "dnnl_concat"):
+        return writer.attrs.get("kind") != "lrn" and all(_non_negative(lw, r) for r in writer.reads if r != buffer)
+    return False
 
 
 def quantize_calls(x2: np.ndarray, q: np.ndarray, tmp: np.ndarray, amax: np.ndarray, per_row: bool) -> list:
@@ -308,4 +346,40 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     return quantize_calls(x2, q, tmp, amax, eng.row_scales) + _on_variant(variant, make)
 
 
-Int8Engine.binders = {**OneDnnEngine.binders, "int8_linear": _bind_int8_linear}
+def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
+    """Each sample quantized with its own scale (as a linear's rows are), then one int8 conv
+    primitive made for one sample and run on each: weight and source scales in the primitive,
+    the bias, a residual (sum post-op, the residual copied into the output first where it is not
+    the output's own buffer) and the activation applied as it writes f32 in the layout."""
+    (linear,), attrs, o = step.operands, step.attrs, eng.typed
+    batch = y.shape[0]
+    win, group, _ = conv_attrs(attrs["conv"])
+    hw = ins[0].shape[-2:]
+    x2 = ins[0].reshape(batch, -1)
+    q2 = scratch[0].view(np.uint8 if attrs["unsigned"] else np.int8)[:, :x2.shape[1]]
+    tmp, amax = scratch[1], scratch[2]
+    calls = quantize_calls(x2, q2, tmp, amax, True)
+    if attrs["residual"] and step.reads[1] != step.out:
+        calls.append((np.copyto, (y, ins[1])))
+    one = (1, attrs["channels"], *hw)
+    native = eng.is_native(step.reads[0])
+    src = o.typed(one, eng.dnnl.layout if native else PLAIN[4], q2.dtype)
+    dst = eng.md(step.out, 1)
+    w_dims = linear.weights.shape
+    b_md = o.typed((w_dims[0] * (w_dims[1] if group > 1 else 1),), PLAIN[1], np.float32)
+    act = attrs["conv"].get("activation", "none")
+    attr = o.quantized_attr({SRC: 0, WEIGHTS: PER_GROUP_CHANNEL if group > 1 else PER_OUT_CHANNEL}, [],
+                            None if act == "none" else ELTWISE[act](attrs["conv"]), sum_=attrs["residual"])
+    pd = o.conv_pd(src, o.typed(w_dims, ANY, np.int8), b_md, dst, win.strides, tuple(d - 1 for d in win.dilations),
+                   win.pads[:2], win.end_pads(*hw), attr)
+    weights = linear.weights.take(pd)
+    scale_md, one_scale = o.typed((len(linear.scales),), PLAIN[1], np.float32), o.typed((1,), PLAIN[1], np.float32)
+    for i in range(batch):                              # one sample each: its own source scale
+        calls.append(eng.execute(pd, {SRC: (src, q2[i:i + 1]),
+                                      WEIGHTS: weights, BIAS: (b_md, linear.bias), DST: (dst, y[i:i + 1]),
+                                      ATTR_SCALES | SRC: (one_scale, amax[i]),
+                                      ATTR_SCALES | WEIGHTS: (scale_md, linear.scales)}, step))
+    return calls
+
+
+Int8Engine.binders = {**OneDnnEngine.binders, "int8_linear": _bind_int8_linear, "int8_conv": _bind_int8_conv}
