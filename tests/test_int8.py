@@ -159,3 +159,46 @@ def test_a_batch_size_bound_later_gets_its_layout_from_the_held_one():
     assert abs_err < engine.abs_tol and rel_err < engine.rel_tol
     layouts = [len(linear.weights.layouts) for linear in engine.quantized]
     assert all(n >= 1 for n in layouts) and all(linear.weights.plain is None for linear in engine.quantized)
+
+
+# --- convolutions: the CNNs that ship with onnx, with random weights (tests/test_cnn_models.py) ---
+
+def _cnn_logits(name: str):
+    onnx = pytest.importorskip("onnx", reason="importing ONNX files needs the peers extra")
+    import os
+    from engines import load_onnx
+    from tests.test_cnn_models import logits_of
+    path = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light", f"light_{name}.onnx")
+    return logits_of(load_onnx(path, randomize_weights=17))
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
+def test_cnn_convs_run_quantized_and_keep_the_float_top1(name):
+    """Every conv but one followed by a max pool runs as oneDNN's int8 conv (its AMX or VNNI
+    kernels, never its reference code); the class the float engine picks stays the class picked,
+    and the logits stay within the relative bar."""
+    model = _cnn_logits(name)
+    engine = make_engine("int8", model, 1)
+    floats = make_engine("onednn", model, 1)
+    kinds = [s.kind for s in engine.steps]
+    convs = sum(op.kind.startswith("conv") for op in model.ops)
+    assert kinds.count("int8_conv") >= convs - 1
+    impls = {p["implementation"] for p in engine.report()["primitives"] if p["kind"] == "int8_conv"}
+    assert impls and not any(i.startswith("ref") for i in impls), impls
+    for seed in range(3):
+        x = model.random_input(1, np.random.default_rng(seed))
+        y, ref = np.array(engine.forward(x), np.float64), model.reference(x)
+        assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < engine.rel_tol
+        assert np.argmax(y) == np.argmax(np.array(floats.forward(x)))
+    # a quarter of the bytes, plus the scales, and the padding oneDNN's layout gives a grouped
+    # conv's few channels per group (ShuffleNet's: 1.6x the values, docs/int8.md)
+    assert engine.weight_bytes < floats.weight_bytes / 2
+
+
+def test_cnn_samples_are_quantized_one_by_one():
+    model = _cnn_logits("squeezenet")
+    engine = make_engine("int8", model, 2)
+    x = model.random_input(2, np.random.default_rng(0))
+    x[1] *= 50.0
+    both = np.array(engine.forward(x))
+    np.testing.assert_array_equal(both[:1], np.array(engine.forward(np.ascontiguousarray(x[:1]))))
