@@ -1,29 +1,31 @@
-"""int8: ``onednn``'s steps, with every linear run as oneDNN's int8 matmul on weights quantized once.
+"""int8: ``onednn``'s steps, with every linear and convolution run as oneDNN's integer primitives
+on weights quantized once.
 
-Weights: symmetric s8, one scale per output channel (max |w| over the column / 127), quantized
+Weights: symmetric s8, one scale per output channel (max |w| over the channel / 127), quantized
 once at construction from the weights as ``fused`` folds them (layernorm's affine, gelu's 0.5,
-attention's 1/sqrt(d) already in them), then held only in the layout the matmul takes: one byte
-per weight plus a float scale per column.
+attention's 1/sqrt(d) already in them), then held only in the layout the primitive takes: one
+byte per weight plus a float scale per channel.
 
-Activations: quantized at each linear's input at run time, symmetric s8 with one scale per row
-(per token; max |x| over the row / 127), into planned buffers (``lw.buffer``, so the planner
-reuses them between linears like any activation): NumPy ``out=`` calls for the row maxima, the
-scaling, the rounding and the cast. Per row rather than per tensor: the error was lower on every
-model of the zoo and the speed the same, and a row's result does not depend on the other rows of
-the batch (docs/int8.md).
+Activations: quantized at each linear's or conv's input at run time, into planned buffers
+(``lw.buffer``: the planner reuses them like any activation), by NumPy ``out=`` calls (the maxima,
+the scaling, the rounding, the cast): s8 with max |x| / 127, or u8 with max x / 255 where the
+input is a ReLU's output (twice the resolution). One scale per row for a linear (per token), per
+sample for a conv. Per row rather than per tensor: lower error on every model of the zoo, at most
+9 % slower, and a row's result does not depend on the other rows of the batch (docs/int8.md).
 
-The product: oneDNN's matmul primitive, s8 x s8 accumulated in s32 (AMX or VNNI instructions where
-the CPU has them), written as f32 with the weight scales applied in the primitive and, as each
-output block is written, post-ops: the row scales (a binary multiply by a (rows, 1) column), the
-bias (a binary add of a (1, n) row), a residual add and a ReLU. The quantized product never exists
-as an s32 array in engine memory.
+The products: oneDNN's matmul and convolution primitives, 8-bit x s8 accumulated in s32 (AMX
+tiles or AVX-512 VNNI), written as f32 with the weight scales applied in the primitive and, as
+each output block is written, post-ops: the row scales (a binary multiply by a (rows, 1) column),
+the bias, a residual and the activation. No s32 array exists in engine memory. Each matmul shape
+runs on the brgemm implementation (AMX or VNNI) and the threads (OpenMP's pool or one) measured
+fastest here at build time (``MLEXEC_TUNE=0``: a fixed rule).
 
 What stays float32, and why: layernorm's standardize, softmax, gelu, attention's per-head
-products (activation x activation, both produced at run time: quantizing both per call costs
-passes that the small products do not pay back), and every op that is no linear (a CNN's
-convolutions, pools and the rest run as ``onednn`` runs them: int8 convolutions are not done
-yet). Their error budget is the float engines' 1e-4; the int8 linears' is stated as
-``abs_tol``/``rel_tol`` below, derived from measurement on the zoo (docs/int8.md).
+products (activation x activation, both made at run time: quantizing both per call costs passes
+the small products do not pay back), pools, batchnorms and the other CNN ops (no weights to
+shrink, and oneDNN runs them on the f32 layout the convs write), and a conv followed by a max
+pool (``conv_maxpool``: its pool is onednn's own step). The float steps keep the float engines'
+error; the engine's bar is ``abs_tol``/``rel_tol`` below, derived from measurement on the zoo.
 
 Nothing is allocated per forward. Needs oneDNN's CPU library (the ``onednn`` extra).
 """
@@ -159,6 +161,7 @@ class Int8Engine(OneDnnEngine):
     def own_memory(self) -> None:
         super().own_memory()
         self.typed = TypedOwned(self.dnnl)     # this engine's (or worker's) int8 primitives
+        self.matmul_keys: set[tuple] = set()    # the matmul shapes this engine bound (its report)
         weakref.finalize(self, self.typed.release)
 
     def variant(self, key: tuple, brgemm: list[str], trial) -> Variant:
@@ -166,6 +169,7 @@ class Int8Engine(OneDnnEngine):
         once per process among ``brgemm`` (the implementations oneDNN offers for it) on
         OpenMP's pool and on one thread (``trial(variant)`` gives a variant's calls), or without
         tuning (``MLEXEC_TUNE=0``) by ``default_variant``. ``forced_variant``, where set, wins."""
+        self.matmul_keys.add(key)
         if self.forced_variant is not None:
             return self.forced_variant
         if key not in self.chosen:
@@ -187,7 +191,7 @@ class Int8Engine(OneDnnEngine):
                 "quantized_linears": len(self.quantized),
                 "int8_matmuls": [{"gemm": "x".join(map(str, key[:3])), "source": key[3], "variant": str(v),
                                   "candidates_us": {name: t * 1e6 for name, t in self.timings.get(key, {}).items()}}
-                                 for key, v in self.chosen.items()]}
+                                 for key, v in self.chosen.items() if key in self.matmul_keys]}
 
 
 def _non_negative(lw: Lowering, buffer: str) -> bool:
