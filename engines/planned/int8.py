@@ -90,6 +90,10 @@ class Int8Engine(OneDnnEngine):
     rel_tol = 0.05
     # Activation scales: one per row (True) or one per tensor (False); measured, docs/int8.md
     row_scales = True
+    # What a warm forward may allocate (the suite's memray limit): NumPy's iterator state for the
+    # row maxima, a reduction per quantized input, 1.1 KiB at mlp b1 d256 under memray, the same
+    # at every batch and width (tests/test_zero_alloc.py's corners), within its 4 KiB bookkeeping
+    peak_slack_bytes = 4096
     forced_variant: "Variant | None" = None      # one variant for every matmul (measurements, tests)
     chosen: dict[tuple, "Variant"] = {}           # matmul key -> variant, measured once per process
     timings: dict[tuple, dict[str, float]] = {}   # matmul key -> seconds per candidate, where measured

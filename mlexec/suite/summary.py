@@ -21,7 +21,8 @@ def rows(results: dict) -> list[dict]:
             saved = ((1 - r["peak"] / base["peak"]) * 100
                      if base.get("peak") and r.get("peak") is not None else None)
             out.append(dict(case=case_id, engine=engine, peak=r.get("peak"), held=r.get("held"),
-                            median=r.get("median"), speedup=speedup, saved=saved, err=r.get("err")))
+                            median=r.get("median"), speedup=speedup, saved=saved, err=r.get("err"),
+                            tol=r.get("tol", ABS_TOL)))
     return out
 
 
@@ -35,7 +36,7 @@ def format_table(results: dict) -> str:
     for r in table:
         speed = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         saved = f"{r['saved']:.1f}%" if r["saved"] is not None else "-"
-        err = "-" if r["err"] is None else f"{'yes' if r['err'] < ABS_TOL else 'NO'} ({r['err']:.0e})"
+        err = "-" if r["err"] is None else f"{'yes' if r['err'] < r['tol'] else 'NO'} ({r['err']:.0e})"
         lines.append(f"{r['case']:28} {r['engine']:14} {fmt_bytes(r['peak']):>11} {fmt_bytes(r['held']):>11} "
                      f"{fmt_time(r['median']):>11} "
                      f"{speed:>8} {saved:>10}  {err}")
