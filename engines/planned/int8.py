@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -41,7 +41,7 @@ from ..base import EngineUnavailable
 from ..ir.calls import maximum, rows2d
 from ..ir.conv import conv_attrs
 from ..native.onednn import ANY, BIAS, BINARY_ADD, DST, PLAIN, RELU, SRC, WEIGHTS, library
-from ..native.onednn_int8 import (ATTR_SCALES, QuantizedWeights, TypedOwned, implementations, post_op_arg,
+from ..native.onednn_int8 import (ATTR_SCALES, PER_ROW, QuantizedWeights, TypedOwned, implementations, post_op_arg,
                                   quantize_columns, with_implementation)
 from ..kernels import on_one_thread, tuning_enabled
 from ..kernels.timing import measure_forwards
@@ -136,7 +136,7 @@ class Int8Engine(OneDnnEngine):
         self.quantized.append(linear)
         src_shape = self.shapes[step.reads[0]]
         size = math.prod(src_shape)
-        scratch = (lw.buffer(op.output + ".q8", (-(-size // 4),)), lw.buffer(op.output + ".abs", (size,)),
+        scratch = (lw.buffer(op.output + ".q8", (-(-size // 4),)), lw.buffer(op.output + ".min", (1,)),
                    lw.buffer(op.output + ".amax", (1,)))
         return FusedStep("int8_conv", step.out, step.reads, scratch, (linear,),
                          {**step.attrs, "channels": lw.model.shapes[op.inputs[0]][0], "group": group,
@@ -154,7 +154,7 @@ class Int8Engine(OneDnnEngine):
         lead, k = src_shape[:-1], src_shape[-1]
         rows = lead if self.row_scales else (1,) * len(lead)
         scratch = (lw.buffer(step.out + ".q8", (*lead, -(-k // 4))),
-                   lw.buffer(step.out + ".abs", src_shape),
+                   lw.buffer(step.out + ".min", (*rows, 1)),
                    lw.buffer(step.out + ".amax", (*rows, 1)))
         return FusedStep("int8_linear", step.out, step.reads, scratch, (linear,),
                          {"relu": step.kind == "linear_relu", "residual": step.kind == "linear_add",
@@ -215,24 +215,40 @@ def _non_negative(lw: Lowering, buffer: str) -> bool:
     return False
 
 
-def quantize_calls(x2: np.ndarray, q: np.ndarray, tmp: np.ndarray, amax: np.ndarray, per_row: bool) -> list:
+def quantize_calls(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, lo: np.ndarray, amax: np.ndarray,
+                   per_row: bool) -> list:
     """The calls that write ``q`` (rows, k) = round(x2 / scale) and leave the scale in ``amax``:
     s8 with scale = max |x| / 127, or for a u8 ``q`` (x2 known non-negative) max x / 255, per row
-    (``amax`` (rows, 1)) or over the tensor (``amax`` (1, 1)). |x2| / scale <= the top level, so the
-    cast never saturates; ``tmp`` holds |x|, the scales, then the scaled values. A (rows, 1)
-    operand broadcast in a ufunc made NumPy buffer it (17 KB at 256 x 16); ``np.copyto`` does not."""
+    (``amax`` (rows, 1)) or over the tensor (``amax`` (1, 1)); ``lo`` holds the minima.
+
+    The maxima and minima are NumPy reductions (oneDNN's reduction primitive ran the rows' maxima
+    1.4-1.5x slower here); the scaling, rounding and cast are one oneDNN reorder with a destination
+    scale per row, on one thread: 17 against ~130 us for NumPy's divide, rint and cast at 512 x 256,
+    and no float scratch. |x2| / scale <= the top level, so the cast never saturates."""
     levels = U8_LEVELS if q.dtype == np.uint8 else LEVELS
     axis = 1 if per_row else None
-    amax_calls = ([(np.max, (x2, axis, amax, True))] if q.dtype == np.uint8
-                  else [(np.abs, (x2, tmp)), (np.max, (tmp, axis, amax, True))])
-    return [*amax_calls, (maximum, (amax, TINY, amax)), (np.multiply, (amax, np.float32(1.0 / levels), amax)),
-            (np.copyto, (tmp, amax)),           # the scales broadcast without the ufunc's buffer
-            (np.divide, (x2, tmp, tmp)), (np.rint, (tmp, tmp)), (_cast, (q, tmp))]
+    calls = [(np.max, (x2, axis, amax, True))]
+    if q.dtype != np.uint8:
+        calls += [(np.min, (x2, axis, lo, True)), (np.negative, (lo, lo)), (maximum, (amax, lo, amax))]
+    calls += [(maximum, (amax, TINY, amax)), (np.multiply, (amax, np.float32(1.0 / levels), amax))]
+    return calls + _scaled_cast(eng, step, x2, q, amax.reshape(-1), per_row)
 
 
-def default_variant(rows: int, k: int, n: int, offered: list[Variant]) -> Variant:
-    """Without tuning: AMX from a tile's 16 rows, VNNI below (at one row AMX ran the 4096 x 4096
-    product 2x slower, docs/int8.md); on one thread up to ``ONE_THREAD_MAX_WORK`` multiply-adds."""
+def _scaled_cast(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, scales: np.ndarray, per_row: bool) -> list:
+    """q = x2 / scales (per row, or one for all), rounded to nearest even and saturated: oneDNN's
+    reorder f32 -> 8 bits with run-time destination scales, made and run on one thread."""
+    o = eng.typed
+    src, dst = o.strided(x2), o.strided(q)
+    attr = o.quantized_attr({DST: PER_ROW if per_row else 0}, [], None)
+    args = {SRC: (src, x2), DST: (dst, q), ATTR_SCALES | DST: (o.typed(scales.shape, PLAIN[1], np.float32), scales)}
+    quantize = replace(step, kind="int8_quantize")       # its own line in report()["primitives"]
+    return _on_variant(ONE_THREAD_VARIANT, lambda: [eng.execute(o.reorder_pd(src, dst, attr), args, quantize)])
+
+
+def default_variant(rows: int, k: int, n: int, offered: list["Variant"]) -> "Variant":
+    """Without tuning: AMX from a tile's 16 rows, VNNI below; on one thread up to
+    ``ONE_THREAD_MAX_WORK`` multiply-adds (where the pool's wake-up costs more than the second core
+    gives, docs/int8.md)."""
     want = Variant("brg:avx512_core_amx" if rows >= AMX_ROWS else "brg:avx512_core_vnni",
                    rows * k * n <= ONE_THREAD_MAX_WORK)
     return want if want in offered else offered[0]
@@ -242,10 +258,6 @@ def _one(a: np.ndarray) -> np.ndarray:
     """``a`` (rows, cols) as (1, rows, cols), the new axis with a true stride (NumPy gives a new axis
     stride 0, which oneDNN's brgemm matmul does not take)."""
     return np.lib.stride_tricks.as_strided(a, (1, *a.shape), (a.shape[0] * a.strides[0], *a.strides))
-
-
-def _cast(q: np.ndarray, tmp: np.ndarray) -> None:
-    np.copyto(q, tmp, casting="unsafe")
 
 
 @dataclass(frozen=True)
@@ -258,6 +270,9 @@ class Variant:
 
     def __str__(self) -> str:
         return self.implementation + ("-1t" if self.one_thread else "")
+
+
+ONE_THREAD_VARIANT = Variant("", True)     # the quantize reorders: one thread, oneDNN's own choice
 
 
 @dataclass(frozen=True)
@@ -340,9 +355,9 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     x2, y2 = rows2d(ins[0]), rows2d(y)
     k, n = linear.weights.shape[-2:]
     q = rows2d(scratch[0]).view(np.uint8 if attrs["unsigned"] else np.int8)[:, :k]
-    tmp, amax = rows2d(scratch[1]), rows2d(scratch[2])
+    lo, amax = rows2d(scratch[1]), rows2d(scratch[2])
     if not eng.row_scales:
-        amax = amax[:1]                                # one scale for the whole batch
+        lo, amax = lo[:1], amax[:1]                    # one scale for the whole batch
     mm = _matmul(eng, step, q, y2, amax, ins)
     brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
     variant = eng.variant((x2.shape[0], k, n, q.dtype.name, attrs["relu"], attrs["residual"], eng.row_scales), brgemm,
@@ -351,7 +366,7 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     def make():
         pd = mm.pd(variant)
         return [eng.execute(pd, mm.arguments(pd, linear.weights), step)]
-    return quantize_calls(x2, q, tmp, amax, eng.row_scales) + _on_variant(variant, make)
+    return quantize_calls(eng, step, x2, q, lo, amax, eng.row_scales) + _on_variant(variant, make)
 
 
 def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
@@ -365,8 +380,8 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     hw = ins[0].shape[-2:]
     x2 = ins[0].reshape(batch, -1)
     q2 = scratch[0].view(np.uint8 if attrs["unsigned"] else np.int8)[:, :x2.shape[1]]
-    tmp, amax = scratch[1], scratch[2]
-    calls = quantize_calls(x2, q2, tmp, amax, True)
+    amax = scratch[2]
+    calls = quantize_calls(eng, step, x2, q2, scratch[1], amax, True)
     if attrs["residual"] and step.reads[1] != step.out:
         calls.append((np.copyto, (y, ins[1])))
     one = (1, attrs["channels"], *hw)
