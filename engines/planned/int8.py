@@ -7,11 +7,12 @@ attention's 1/sqrt(d) already in them), then held only in the layout the primiti
 byte per weight plus a float scale per channel.
 
 Activations: quantized at each linear's or conv's input at run time, into planned buffers
-(``lw.buffer``: the planner reuses them like any activation), by NumPy ``out=`` calls (the maxima,
-the scaling, the rounding, the cast): s8 with max |x| / 127, or u8 with max x / 255 where the
-input is a ReLU's output (twice the resolution). One scale per row for a linear (per token), per
-sample for a conv. Per row rather than per tensor: lower error on every model of the zoo, at most
-9 % slower, and a row's result does not depend on the other rows of the batch (docs/int8.md).
+(``lw.buffer``: the planner reuses them like any activation): the maxima (and minima) by NumPy
+``out=`` reductions, then one oneDNN reorder that scales, rounds and casts: s8 with max |x| / 127,
+or u8 with max x / 255 where the input is a ReLU's output (twice the resolution). One scale per
+row for a linear (per token), per sample for a conv. Per row rather than per tensor: lower error
+on every model of the zoo, up to 18 % slower at many rows, and a row's result does not depend on
+the other rows of the batch (docs/int8.md).
 
 The products: oneDNN's matmul and convolution primitives, 8-bit x s8 accumulated in s32 (AMX
 tiles or AVX-512 VNNI), written as f32 with the weight scales applied in the primitive and, as
