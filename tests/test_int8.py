@@ -202,3 +202,18 @@ def test_cnn_samples_are_quantized_one_by_one():
     x[1] *= 50.0
     both = np.array(engine.forward(x))
     np.testing.assert_array_equal(both[:1], np.array(engine.forward(np.ascontiguousarray(x[:1]))))
+
+
+def test_an_imported_transformer_runs_its_linears_quantized(tmp_path):
+    """A model from an ONNX file, not the zoo's builder: the zoo's transformer exported and read back."""
+    onnx = pytest.importorskip("onnx", reason="importing ONNX files needs the peers extra")
+    from engines import load_onnx
+    from engines.peers.onnxrt import export
+    path = tmp_path / "transformer.onnx"
+    onnx.save(export(MODELS["transformer"](dim=64, seq=16, heads=4, seed=8), onnx), str(path))
+    model = load_onnx(str(path))
+    engine = make_engine("int8", model, 3)
+    assert [s.kind for s in engine.steps].count("int8_linear") == sum(op.kind == "linear" for op in model.ops) == 4
+    for batch in (3, 1):
+        abs_err, rel_err = _errors(engine, model, model.random_input(batch, np.random.default_rng(batch)))
+        assert abs_err < engine.abs_tol and rel_err < engine.rel_tol
