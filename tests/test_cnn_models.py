@@ -187,18 +187,20 @@ def test_refusals_are_listed_at_once_with_node_names():
     rng = np.random.default_rng(0)
     w = onnx.numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w")
     dw = onnx.numpy_helper.from_array(rng.standard_normal((16, 1, 3, 3)).astype(np.float32), "dw")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["a"], name="same", auto_pad="SAME_UPPER", kernel_shape=[3, 3]),
+    pads = onnx.numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], name="reflect", mode="reflect"),
+             helper.make_node("Conv", ["p", "w"], ["a"], name="same", auto_pad="SAME_UPPER", kernel_shape=[3, 3]),
              helper.make_node("MaxPool", ["a"], ["b"], name="order", kernel_shape=[2, 2], strides=[2, 2],
                               storage_order=1),
              helper.make_node("Conv", ["b", "dw"], ["y"], name="multiplier", group=8, kernel_shape=[3, 3])]
     graph = helper.make_graph(nodes, "bad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 2, 2])], [w, dw])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 3, 3])], [w, dw, pads])
     bad = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     with pytest.raises(OnnxImportError) as info:
         load_onnx(bad.SerializeToString())
     message = str(info.value)
     assert message.startswith("3 problems")
-    assert "'same'" in message and "auto_pad=SAME_UPPER" in message
+    assert "'reflect'" in message and "mode=reflect" in message          # (auto_pad is supported)
     assert "'order'" in message and "storage_order=1" in message
     assert "'multiplier'" in message and "channel multiplier" in message
 

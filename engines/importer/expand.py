@@ -59,15 +59,15 @@ class Expansion:
         return f"node {root.name!r} ({inner} the function body of {root.op_type})"
 
     @contextlib.contextmanager
-    def traced(self):
-        """An ``OnnxImportError`` raised inside names the file's nodes (``refusal``)."""
-        from .load import OnnxImportError
+    def traced(self, error: type):
+        """An ``error`` (``OnnxImportError``: its ``problems``) raised inside names the file's nodes
+        (``refusal``)."""
         try:
             yield
-        except OnnxImportError as exc:
+        except error as exc:
             if not self.roots:
                 raise
-            raise OnnxImportError(self.refusal(exc.problems)) from exc
+            raise error(self.refusal(exc.problems)) from exc
 
     def trace(self, model):
         """The model with its ops' origins named by the file's nodes."""

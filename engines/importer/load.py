@@ -665,7 +665,7 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
         raise OnnxImportError(oversized)
     dynamic = dynamic_values(proto, sig.input)
     bodies = expand_functions(proto, dynamic, LOWER, reads_data_of)     # ops defined by a function body
-    with bodies.traced():
+    with bodies.traced(OnnxImportError):
         proto, dynamic = bodies.proto, dynamic_values(bodies.proto, sig.input)
         bad = unsupported_nodes(proto, dynamic)
         if bad:

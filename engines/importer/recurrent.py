@@ -5,20 +5,21 @@ the gates, ``sigmoid`` / ``tanh`` / ``relu``, ``binary`` products), forward, rev
 ``Y`` stacks every step's hidden state with ``concat``, ``Y_h`` the last. The time axis is X's
 first (layout 0) or second (layout 1), never the importer's batch axis. Supported: the default
 activations (or their names given explicitly), no ``clip``, every sequence at full length, zero
-or absent initial states; LSTM's peepholes and GRU's ``linear_before_reset`` too.
+or absent initial states; LSTM's peepholes and GRU's ``linear_before_reset`` too. ``L`` is the
+``lower.Lowering`` being written (not imported here: lower.py imports this module for its table).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .lower import Act, Lowering, Unsupported
+from .values import Act, Unsupported
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 DEFAULTS = {"RNN": ("tanh",), "GRU": ("sigmoid", "tanh"), "LSTM": ("sigmoid", "tanh", "tanh")}
 KINDS = {"sigmoid": "sigmoid", "tanh": "tanh", "relu": "relu"}
 
 
-def _checked(L: Lowering, op: str, x: Act, seq_axis: int):
+def _checked(L, op: str, x: Act, seq_axis: int):
     """The per-direction activations; Unsupported for what this unrolling does not cover."""
     names = L.attr("activations")
     dirs = 2 if _direction(L) == "bidirectional" else 1
@@ -43,7 +44,7 @@ def _checked(L: Lowering, op: str, x: Act, seq_axis: int):
     return [acts[d * per:(d + 1) * per] for d in range(dirs)]
 
 
-def _direction(L: Lowering) -> str:
+def _direction(L) -> str:
     d = L.attr("direction", b"forward")
     return d.decode() if isinstance(d, bytes) else d
 
@@ -51,7 +52,7 @@ def _direction(L: Lowering) -> str:
 class Step:
     """Emits one direction's ops: the shapes of a step's state, the gates, the elementwise ops."""
 
-    def __init__(self, L: Lowering, lead: tuple[int, ...], hidden: int):
+    def __init__(self, L, lead: tuple[int, ...], hidden: int):
         self.L, self.lead, self.hidden = L, lead, hidden
 
     def shape(self, width=None):
@@ -86,7 +87,7 @@ class Step:
         return self.op("add", g, self.vector("mul", c, p))
 
 
-def _weights(L: Lowering, op: str, d: int, hidden: int):
+def _weights(L, op: str, d: int, hidden: int):
     """W, R, Wb, Rb of direction d, float64."""
     w, r = (np.asarray(L.const(i, what), dtype=np.float64)[d] for i, what in ((1, "W"), (2, "R")))
     b = L.const(3, "B") if len(L.node.input) > 3 else None
@@ -131,7 +132,7 @@ def _cell(s: Step, op: str, acts, x_t: str, h, c, w, r, wb, rb, peep, lbr: bool)
     return s.op("add", cand, s.op("mul", z, s.op("sub", h, cand))), None   # h~ + z (h - h~)
 
 
-def lower_recurrent(L: Lowering):
+def lower_recurrent(L):
     """RNN, GRU, LSTM unrolled (see the module's docstring)."""
     op, x = L.node.op_type, L.values[L.node.input[0]]
     if not isinstance(x, Act) or len(x.shape) != 3:
@@ -164,7 +165,7 @@ def lower_recurrent(L: Lowering):
     _outputs(L, s, layout, finals, every)
 
 
-def _outputs(L: Lowering, s: Step, layout: int, finals: list[str], every: list[list[str]]) -> None:
+def _outputs(L, s: Step, layout: int, finals: list[str], every: list[list[str]]) -> None:
     """Y (every step, every direction) and Y_h (the last), where the graph reads them."""
     at = 0 if layout == 0 else len(s.lead)
     shape = s.shape()
@@ -181,7 +182,7 @@ def _outputs(L: Lowering, s: Step, layout: int, finals: list[str], every: list[l
         L.result(_joined(L, dirs, L.shapes[dirs[0]], at + 1), 0)
 
 
-def _joined(L: Lowering, parts: list[str], unit, axis: int) -> str:
+def _joined(L, parts: list[str], unit, axis: int) -> str:
     if len(parts) == 1:
         return parts[0]
     shape = unit[:axis] + (unit[axis] * len(parts),) + unit[axis + 1:]
