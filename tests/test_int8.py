@@ -174,15 +174,15 @@ def _cnn_logits(name: str):
 
 @pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
 def test_cnn_convs_run_quantized_and_keep_the_float_top1(name):
-    """Every conv but one followed by a max pool runs as oneDNN's int8 conv (its AMX or VNNI
-    kernels, never its reference code); the class the float engine picks stays the class picked,
-    and the logits stay within the relative bar."""
+    """Every conv (a conv then a max pool too) runs as oneDNN's int8 conv (its AMX or VNNI kernels,
+    never its reference code); the class the float engine picks stays the class picked, and the
+    logits stay within the relative bar."""
     model = _cnn_logits(name)
     engine = make_engine("int8", model, 1)
     floats = make_engine("onednn", model, 1)
     kinds = [s.kind for s in engine.steps]
     convs = sum(op.kind.startswith("conv") for op in model.ops)
-    assert kinds.count("int8_conv") >= convs - 1
+    assert kinds.count("int8_conv") == convs and "dnnl_conv" not in kinds
     impls = {p["implementation"] for p in engine.report()["primitives"] if p["kind"] == "int8_conv"}
     assert impls and not any(i.startswith("ref") for i in impls), impls
     for seed in range(3):
@@ -217,3 +217,15 @@ def test_an_imported_transformer_runs_its_linears_quantized(tmp_path):
     for batch in (3, 1):
         abs_err, rel_err = _errors(engine, model, model.random_input(batch, np.random.default_rng(batch)))
         assert abs_err < engine.abs_tol and rel_err < engine.rel_tol
+
+
+def test_a_cnn_allocates_nothing_per_forward():
+    """As tests/test_zero_alloc.py checks the zoo: SqueezeNet's int8 convs, quantize reorders and
+    pools, under tracemalloc and memray, within the bookkeeping bound."""
+    from test_zero_alloc import BOOKKEEPING_BYTES, memray_peak, tracemalloc_peak
+    model = _cnn_logits("squeezenet")
+    engine = make_engine("int8", model, 2)
+    for batch in (1, 2):
+        x = model.random_input(batch, np.random.default_rng(batch))
+        assert tracemalloc_peak(engine, x) <= BOOKKEEPING_BYTES
+        assert memray_peak(engine, x) <= BOOKKEEPING_BYTES

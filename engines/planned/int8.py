@@ -61,7 +61,7 @@ BRGEMM = ("brg:avx512_core_amx", "brg:avx512_core_vnni")
 AMX_ROWS = 16                   # an AMX tile's rows
 ONE_THREAD_MAX_WORK = 1 << 22   # multiply-adds up to which a matmul runs on one thread untuned
 LINEAR_KINDS = ("linear", "linear_relu", "linear_add")
-CONV_KINDS = ("conv", "conv_add")            # conv_maxpool stays float: its pool is onednn's own step
+CONV_KINDS = ("conv", "conv_add", "conv_maxpool")
 PER_OUT_CHANNEL = 1 << 0         # scale mask of conv weights (oc, ic, kh, kw): one per output channel
 PER_GROUP_CHANNEL = 1 << 0 | 1 << 1   # of grouped ones (g, oc / g, ...): one per (group, channel)
 PER_COLUMN_3D = 1 << 2          # scale mask of (1, k, n) weights: one per output channel
@@ -114,19 +114,32 @@ class Int8Engine(OneDnnEngine):
     # --- lowering: fused's linear step (weights folded), then quantized -----------------------
 
     def lower_op(self, lw: Lowering, i: int, op) -> None:
+        """onednn's steps for the op, then its linear or conv step in int8 (found among the steps it
+        appended: a reorder of the model's output may follow it)."""
+        start = len(lw.steps)
         super().lower_op(lw, i, op)
-        step = lw.steps[-1] if lw.steps else None
+        kinds = LINEAR_KINDS if op.kind == "linear" else ("dnnl_conv",) if op.kind in CONV_KINDS else ()
+        at = next((j for j in range(len(lw.steps) - 1, start - 1, -1) if lw.steps[j].kind in kinds), None)
+        if at is None:
+            if op.kind == "linear":
+                raise AssertionError(f"linear {op.output!r} lowered to {[s.kind for s in lw.steps[start:]]}")
+            return
+        step = lw.steps[at]
         if op.kind == "linear":
-            if step.kind not in LINEAR_KINDS:
-                raise AssertionError(f"linear {op.output!r} lowered to {step.kind!r}")
-            lw.steps[-1] = self._quantized_step(lw, step)
-        elif op.kind in CONV_KINDS and step is not None and step.kind == "dnnl_conv" and step.attrs["pool"] is None:
-            lw.steps[-1] = self._quantized_conv(lw, op, step)
+            lw.steps[at] = self._quantized_step(lw, step)
+        elif step.attrs["pool"] is None:
+            lw.steps[at] = self._quantized_conv(lw, op, step)
+        else:
+            # a conv then a max pool (onednn's one step): the int8 conv into the native scratch
+            # onednn declared for it, then onednn's pool step from there
+            conv = replace(step, out=step.scratch[0], scratch=(), attrs={**step.attrs, "pool": None})
+            pool = FusedStep("dnnl_pool", step.out, (conv.out,), attrs={"kind": "maxpool", **step.attrs["pool"]})
+            lw.steps[at:at + 1] = [self._quantized_conv(lw, op, conv), pool]
 
     def _quantized_conv(self, lw: Lowering, op, step: FusedStep) -> FusedStep:
         """The int8 form of onednn's conv step: weights quantized per output channel; scratch for
-        the input's 8-bit copy (in the input's layout, 4 per float slot), its |x| and one scale
-        per sample."""
+        the input's 8-bit copy (in the input's layout, 4 per float slot), its minimum and its
+        scale, one each per sample."""
         w32, b32 = step.operands
         _, group, _ = conv_attrs(step.attrs["conv"])
         q, scales = quantize_columns(w32.reshape(w32.shape[0], -1).T, LEVELS)
@@ -145,8 +158,8 @@ class Int8Engine(OneDnnEngine):
 
     def _quantized_step(self, lw: Lowering, step: FusedStep) -> FusedStep:
         """The int8 form of a fused linear step: its folded float weights quantized per output
-        channel; scratch for the activations' s8 copy (4 per float slot), their |x| and their row
-        scales."""
+        channel; scratch for the activations' 8-bit copy (4 per float slot), their row minima and
+        their row scales."""
         w32, b32 = step.operands[:2]
         q, scales = quantize_columns(w32, LEVELS)
         linear = QuantizedLinear(QuantizedWeights(self.dnnl, _one(q)), scales, np.ascontiguousarray(b32, np.float32))
