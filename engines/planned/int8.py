@@ -25,7 +25,8 @@ What stays float32, and why: layernorm's standardize, softmax, gelu, attention's
 products (activation x activation, both made at run time: quantizing both per call costs passes
 the small products do not pay back), pools, batchnorms and the other CNN ops (no weights to
 shrink, and oneDNN runs them on the f32 layout the convs write; a conv then a max pool is the
-int8 conv, then onednn's pool step). The float steps keep the float engines' error; the engine's bar is ``abs_tol``/``rel_tol`` below, derived from measurement on the zoo.
+int8 conv, then onednn's pool step). The float steps keep the float engines' error; the
+engine's bar is ``abs_tol``/``rel_tol`` below, derived from measurement on the zoo.
 
 Nothing is allocated per forward. Needs oneDNN's CPU library (the ``onednn`` extra).
 """
