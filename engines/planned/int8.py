@@ -103,7 +103,8 @@ class Int8Engine(OneDnnEngine):
         try:
             library()
         except EngineUnavailable as exc:
-            raise EngineUnavailable(f"the int8 engine runs its linears on oneDNN's int8 matmul ({exc})") from exc
+            raise EngineUnavailable(f"the int8 engine runs its linears and convs on oneDNN's int8 primitives "
+                                    f"({exc})") from exc
         self.quantized: list[QuantizedLinear] = []
         super().__init__(model, max_batch)
         for linear in self.quantized:          # bound at max_batch: the plain s8 copies can go
@@ -183,7 +184,7 @@ class Int8Engine(OneDnnEngine):
         weakref.finalize(self, self.typed.release)
 
     def variant(self, key: tuple, brgemm: list[str], trial) -> Variant:
-        """How the int8 matmul of ``key`` (rows, k, n, source type, relu, residual) runs: measured
+        """How the int8 matmul of ``key`` (rows, k, n, source type, relu, residual, row scales) runs: measured
         once per process among ``brgemm`` (the implementations oneDNN offers for it) on
         OpenMP's pool and on one thread (``trial(variant)`` gives a variant's calls), or without
         tuning (``MLEXEC_TUNE=0``) by ``default_variant``. ``forced_variant``, where set, wins."""
@@ -213,15 +214,17 @@ class Int8Engine(OneDnnEngine):
 
 
 def _non_negative(lw: Lowering, buffer: str) -> bool:
-    """Whether ``buffer`` holds no negative value: written last by a linear or conv with its ReLU,
-    a ReLU, or a pool or concat of such buffers (a quantized reader then takes it as u8)."""
+    """Whether ``buffer`` holds no negative value: written last by a linear or conv with its ReLU
+    (or a Clip from 0, ReLU6), a ReLU, or a pool or concat of such buffers (a quantized reader then
+    takes it as u8)."""
     writer = next((s for s in reversed(lw.steps) if s.out == buffer), None)
     if writer is None:
         return False
     if writer.kind == "int8_linear":
         return writer.attrs["relu"]
     if writer.kind in ("int8_conv", "dnnl_conv"):
-        return writer.attrs["conv"].get("activation") == "relu"
+        act = writer.attrs["conv"]
+        return act.get("activation") == "relu" or (act.get("activation") == "clip" and act.get("clip_min", -1) >= 0)
     if writer.kind == "dnnl_eltwise":
         return writer.attrs.get("activation") == "relu"
     if writer.kind in ("dnnl_pool", "dnnl_concat"):
