@@ -15,7 +15,7 @@ import weakref
 import numpy as np
 
 from ..memory import aligned_empty
-from .onednn import F32, PLAIN, Q_IMPL, Q_WEIGHTS, SRC, DST, WEIGHTS, Dims, Dnnl, Owned, P
+from .onednn import DST, F32, Q_IMPL, Q_WEIGHTS, SRC, Dims, Dnnl, Owned, P
 
 S32, S8, U8 = 4, 5, 6                           # dnnl_data_type_t
 DATA_TYPES = {np.dtype(np.float32): F32, np.dtype(np.int32): S32, np.dtype(np.int8): S8, np.dtype(np.uint8): U8}
@@ -119,7 +119,8 @@ class QuantizedWeights:
         plain = self._plain()
         array = aligned_empty(-(-dnnl.lib.dnnl_memory_desc_get_size(want) // 4)).view(np.int8)
         md = o.clone(want)
-        dnnl.run_now(o, o.reorder_pd(o.strided(plain), md, o.attr()), {SRC: (o.strided(plain), plain), DST: (md, array)})
+        plain_md = o.strided(plain)
+        dnnl.run_now(o, o.reorder_pd(plain_md, md, o.attr()), {SRC: (plain_md, plain), DST: (md, array)})
         if keep:
             self.layouts.append((md, array))
         return md, array
@@ -133,7 +134,8 @@ class QuantizedWeights:
         md, array = self.layouts[0]
         plain = np.empty(self.shape, np.int8)
         o = self.owned
-        o.dnnl.run_now(o, o.reorder_pd(md, o.strided(plain), o.attr()), {SRC: (md, array), DST: (o.strided(plain), plain)})
+        plain_md = o.strided(plain)
+        o.dnnl.run_now(o, o.reorder_pd(md, plain_md, o.attr()), {SRC: (md, array), DST: (plain_md, plain)})
         return plain
 
     def settle(self) -> None:
@@ -152,5 +154,5 @@ def quantize_columns(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray
     return q, scales.astype(np.float32)
 
 
-__all__ = ["ATTR_SCALES", "implementations", "with_implementation", "PER_COLUMN", "PER_ROW", "PLAIN", "QuantizedWeights", "S8", "S32", "U8", "TypedOwned",
-           "WEIGHTS", "implementation", "post_op_arg", "quantize_columns"]
+__all__ = ["ATTR_SCALES", "PER_COLUMN", "PER_ROW", "QuantizedWeights", "S8", "S32", "TypedOwned", "U8",
+           "implementation", "implementations", "post_op_arg", "quantize_columns", "with_implementation"]
