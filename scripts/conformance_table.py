@@ -87,7 +87,7 @@ def ort_passes(case) -> bool:
 
 
 def run(progress=None) -> tuple[dict[str, OpRow], list[str]]:
-    engines = [name for name, cls in ENGINES.items() if not cls.peer]
+    engines = conformance.float_engines()
     rows: dict[str, OpRow] = defaultdict(OpRow)
     wrong = []
     cases = conformance.cases()
@@ -130,7 +130,7 @@ def table(rows: dict[str, OpRow], wrong: list[str]) -> str:
     total = sum(r.cases for r in rows.values())
     passed = sum(r.passed for r in rows.values())
     ort = sum(r.ort for r in rows.values())
-    engines = ", ".join(name for name, cls in ENGINES.items() if not cls.peer)
+    engines = ", ".join(conformance.float_engines())
     lines = [
         f"**{passed} of {total} cases pass on every NumPy engine** ({engines}); ONNX Runtime "
         f"{onnxruntime.__version__} passes {ort}: **{passed / ort:.0%} of ONNX Runtime's count** "

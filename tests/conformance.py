@@ -97,3 +97,13 @@ def matches(case: Case, y: np.ndarray) -> bool:
     return y.dtype == expected.dtype and y.shape == expected.shape and bool(
         np.allclose(y.astype(np.float64), expected.astype(np.float64), rtol=case.rtol, atol=case.atol,
                     equal_nan=True))
+
+
+def float_engines() -> list[str]:
+    """The NumPy engines held to ONNX's tolerance: every registered engine that is no peer and
+    keeps the float bar. A quantized engine (``int8``) states a bar of its own, hundreds of times
+    ONNX's (docs/int8.md), and is held to it by its own tests, not by this sweep."""
+    from engines import ENGINES
+    from engines.ir.models import ABS_TOL, REL_TOL
+    return [name for name, cls in ENGINES.items()
+            if not cls.peer and cls.abs_tol <= ABS_TOL and cls.rel_tol <= REL_TOL]

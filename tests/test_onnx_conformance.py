@@ -19,7 +19,7 @@ pytest.importorskip("onnx", reason="ONNX's test cases come from the onnx package
 import conformance  # noqa: E402  (tests/ is on the path: pytest's rootdir conftest)
 from engines import ENGINES, EngineUnavailable, OnnxImportError, load_onnx  # noqa: E402
 
-NUMPY_ENGINES = [name for name, cls in ENGINES.items() if not cls.peer]
+NUMPY_ENGINES = conformance.float_engines()
 CASES = conformance.by_name()
 
 
