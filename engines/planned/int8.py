@@ -194,6 +194,9 @@ class Int8Engine(OneDnnEngine):
         if key not in self.chosen:
             rows, k, n = key[:3]
             offered = [Variant(impl, one) for impl in brgemm for one in (False, True)]
+            if not offered:         # e.g. ONNX's 1 x 25 x 25 test products: no brgemm kernel takes them
+                raise NotImplementedError(f"int8: oneDNN offers no brgemm kernel for a {rows} x {k} x {n} int8 "
+                                          f"product on this CPU; run this model on a float engine")
             if tuning_enabled():
                 trials = {str(v): trial(v) for v in offered}
                 times = measure_forwards(trials)
