@@ -173,18 +173,26 @@ class Owned:
         d = self.dnnl
         attr = self._keep("attr", d.new("dnnl_primitive_attr_create"))
         d.check(d.lib.dnnl_primitive_attr_set_scratchpad_mode(attr, USER_SCRATCHPAD), "scratchpad mode")
-        if sum_ or eltwise or add:
-            po = self._keep("po", d.new("dnnl_post_ops_create"))
-            if sum_:
-                d.check(d.lib.dnnl_post_ops_append_sum(po, ctypes.c_float(1.0), 0, 0), "sum post-op")
-            if add:
-                d.check(d.lib.dnnl_post_ops_append_binary(po, BINARY_ADD, add), "binary post-op")
-            if eltwise:
-                alg, alpha, beta = eltwise
-                d.check(d.lib.dnnl_post_ops_append_eltwise(po, alg, ctypes.c_float(alpha), ctypes.c_float(beta)),
-                        "eltwise post-op")
-            d.check(d.lib.dnnl_primitive_attr_set_post_ops(attr, po), "post-ops")
+        self.post_ops(attr, sum_, [(BINARY_ADD, add)] if add else [], eltwise)
         return attr
+
+    def post_ops(self, attr, sum_: bool, binaries: list, eltwise: tuple | None) -> None:
+        """Set ``attr``'s post-ops, in order: the sum into the output (a residual already there),
+        the binary ones (``(algorithm, md)``, their operands at ``DNNL_ARG_ATTR_MULTIPLE_POST_OP(i)
+        | DNNL_ARG_SRC_1``), then the activation ``(algorithm, alpha, beta)``; none: nothing set."""
+        if not (sum_ or binaries or eltwise):
+            return
+        d = self.dnnl
+        po = self._keep("po", d.new("dnnl_post_ops_create"))
+        if sum_:
+            d.check(d.lib.dnnl_post_ops_append_sum(po, ctypes.c_float(1.0), 0, 0), "sum post-op")
+        for alg, md in binaries:
+            d.check(d.lib.dnnl_post_ops_append_binary(po, alg, md), "binary post-op")
+        if eltwise:
+            alg, alpha, beta = eltwise
+            d.check(d.lib.dnnl_post_ops_append_eltwise(po, alg, ctypes.c_float(alpha), ctypes.c_float(beta)),
+                    "eltwise post-op")
+        d.check(d.lib.dnnl_primitive_attr_set_post_ops(attr, po), "post-ops")
 
     def conv_pd(self, src, w, b, dst, strides, dilations, pad_l, pad_r, attr) -> P:
         return self._keep("pd", self.dnnl.new(

@@ -52,17 +52,7 @@ class TypedOwned(Owned):
         d = self.dnnl
         for arg, mask in scales.items():
             d.check(d.lib.dnnl_primitive_attr_set_scales_mask(attr, arg, mask), "scales mask")
-        if binaries or eltwise or sum_:
-            po = self._keep("po", d.new("dnnl_post_ops_create"))
-            if sum_:
-                d.check(d.lib.dnnl_post_ops_append_sum(po, ctypes.c_float(1.0), 0, 0), "sum post-op")
-            for alg, md in binaries:
-                d.check(d.lib.dnnl_post_ops_append_binary(po, alg, md), "binary post-op")
-            if eltwise:
-                alg, alpha, beta = eltwise
-                d.check(d.lib.dnnl_post_ops_append_eltwise(po, alg, ctypes.c_float(alpha), ctypes.c_float(beta)),
-                        "eltwise post-op")
-            d.check(d.lib.dnnl_primitive_attr_set_post_ops(attr, po), "post-ops")
+        self.post_ops(attr, sum_, binaries, eltwise)
         return attr
 
 
