@@ -54,3 +54,16 @@ def small_models():
 def small():
     """Options that keep an analysis fast."""
     return {"dim": 64, "repeat": 3}
+
+
+@pytest.fixture
+def no_onednn(monkeypatch):
+    """As on a machine without oneDNN: its package and the system's library both absent."""
+    from engines.native import onednn as native_onednn
+    monkeypatch.setattr(native_onednn, "package_file", lambda *a: None)
+    monkeypatch.setattr(native_onednn.ctypes.util, "find_library", lambda name: None)
+    for cached in (native_onednn.load, native_onednn.library):
+        cached.cache_clear()
+    yield
+    for cached in (native_onednn.load, native_onednn.library):
+        cached.cache_clear()                # the real library again for the tests after this one

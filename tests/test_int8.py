@@ -10,7 +10,6 @@ import pytest
 
 from conftest import ROOT, make_engine, subprocess_env
 from engines import ENGINES, MODELS, EngineUnavailable
-from engines.native import onednn as native_onednn
 from engines.native.onednn_int8 import quantize_columns
 from engines.planned.int8 import LEVELS, Int8Engine
 
@@ -108,18 +107,6 @@ def test_onednn_runs_s8_weights_and_8_bit_activations():
     matmuls = [line for line in log.splitlines() if line.startswith("onednn_verbose,exec,cpu,matmul")]
     assert matmuls and all("wei_s8" in line and "dst_f32" in line for line in matmuls)
     assert {("src_u8" in line) for line in matmuls} == {True, False}      # fc1 s8, fc2 (after ReLU) u8
-
-
-@pytest.fixture
-def no_onednn(monkeypatch):
-    """As on a machine without oneDNN: its package and the system's library both absent."""
-    monkeypatch.setattr(native_onednn, "package_file", lambda *a: None)
-    monkeypatch.setattr(native_onednn.ctypes.util, "find_library", lambda name: None)
-    for cached in (native_onednn.load, native_onednn.library):
-        cached.cache_clear()
-    yield
-    for cached in (native_onednn.load, native_onednn.library):
-        cached.cache_clear()                # the real library again for the tests after this one
 
 
 def test_without_onednn_it_says_which_extra(no_onednn):

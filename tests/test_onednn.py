@@ -96,18 +96,6 @@ def test_a_worker_outlives_the_engine_that_made_it():
     assert np.max(np.abs(got - model.reference(x))) <= 1e-4 * max(1.0, float(np.max(np.abs(got))))
 
 
-@pytest.fixture
-def no_onednn(monkeypatch):
-    """As on a machine without oneDNN: its package and the system's library both absent."""
-    monkeypatch.setattr(native_onednn, "package_file", lambda *a: None)
-    monkeypatch.setattr(native_onednn.ctypes.util, "find_library", lambda name: None)
-    for cached in (native_onednn.load, native_onednn.library):
-        cached.cache_clear()
-    yield
-    for cached in (native_onednn.load, native_onednn.library):
-        cached.cache_clear()                # the real library again for the tests after this one
-
-
 def test_without_onednn_the_engine_says_how_to_get_it(no_onednn):
     with pytest.raises(EngineUnavailable, match=r"pip install -e \.\[onednn\]"):
         ENGINES["onednn"](light("squeezenet"), 1)
