@@ -230,14 +230,20 @@ def split_heads(qkv, heads):
     return (split[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
 
 
-def attn_scores_eager(qkv, *, heads):
-    q, k, _ = split_heads(qkv, heads)
-    return (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+def scores_scale(head_dim: int, scale: float | None = None) -> float:
+    """``attn_scores``' factor on q @ k^T: its ``scale`` attribute when given (T5's is 1: its
+    1/sqrt(head_dim) lives in the q weights), else 1/sqrt(head_dim)."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
 
-def attn_scores_calls(out, qkv, keys, *, heads) -> Calls:
+def attn_scores_eager(qkv, *, heads, scale=None):
     q, k, _ = split_heads(qkv, heads)
-    return [(gather_keys, (keys, k, 1.0 / math.sqrt(q.shape[-1]))),
+    return (q @ k.swapaxes(-1, -2)) * scores_scale(q.shape[-1], scale)
+
+
+def attn_scores_calls(out, qkv, keys, *, heads, scale=None) -> Calls:
+    q, k, _ = split_heads(qkv, heads)
+    return [(gather_keys, (keys, k, scores_scale(q.shape[-1], scale))),
             (np.matmul, (q, keys_per_head(keys, heads), out))]
 
 

@@ -30,7 +30,7 @@ from ..base import EngineUnavailable
 from .compiled import Bound, BoundEngine, arena_storage
 from ..kernels import Gemm, Linears, candidates, cpu_model
 from ..ir.models import Model
-from ..ir.ops import GELU_C, OPS, gather_keys, head_columns, keys_per_head, keys_scratch, mean_column, rowwise_scratch, softmax_rows, split_heads, standardize_calls
+from ..ir.ops import GELU_C, OPS, gather_keys, head_columns, keys_per_head, keys_scratch, mean_column, rowwise_scratch, scores_scale, softmax_rows, split_heads, standardize_calls
 from ..ir.calls import maximum, ones_column, rows2d, tile, tiled_calls, weight_layout, zero_rows
 from ..planner import Step
 
@@ -74,7 +74,8 @@ class Lowering:
         for op in self.ops:
             if op.kind == "attn_scores":
                 width = model.shapes[op.inputs[0]][-1] // 3
-                self.qk_scale[op.inputs[0]] = (width, 1.0 / math.sqrt(width // op.attrs["heads"]))
+                scale = scores_scale(width // op.attrs["heads"], op.attrs.get("scale"))
+                self.qk_scale[op.inputs[0]] = (width, scale)
         self.doubled: set[str] = set()      # tensors stored as 2x their value (gelu's 0.5 deferred)
         self.scaled: set[str] = set()       # qkv tensors with q pre-scaled
         self.skip: set[int] = set()         # ops already lowered into an earlier step
