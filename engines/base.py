@@ -51,6 +51,13 @@ class Engine:
         self.weight_bytes = model.weight_bytes
         self.activation_bytes = 0
 
+    @property
+    def tolerance(self) -> tuple[float, float]:
+        """(abs, rel): the bar this engine is held to on its model, the looser of its own and the
+        model's (a quantized file's rounding, ``Model.tolerance``)."""
+        model_abs, model_rel = self.model.tolerance
+        return max(self.abs_tol, model_abs), max(self.rel_tol, model_rel)
+
     def forward_peak_bytes(self, batch: int) -> int:
         """The most array memory one warm forward may allocate at this batch (0 for planned engines).
 

@@ -45,6 +45,8 @@ from ..ir.models import FixedBatch, Model, Op
 from .expand import expand_functions
 from .lower import LOWER, Act, lower
 from .passes import PASSES, live_ops
+from .quantized import DOMAIN as QUANTIZED_DOMAIN, FORMS as QUANTIZED_FORMS, evaluator_op
+from .quantized import rewrite as dequantize
 
 # Refused before anything is built: a graph this large is not what this project's engines
 # are for, and the web page must not spend minutes on an upload.
@@ -269,9 +271,10 @@ def unsupported_nodes(proto, dynamic: set[str]) -> list[str]:
     for node in proto.graph.node:
         domain = node.domain or "ai.onnx"
         runs = reads_data_of(node, dynamic)
-        if domain != "ai.onnx" or (runs and node.op_type not in LOWER):
+        if domain not in ("ai.onnx", QUANTIZED_DOMAIN) or (runs and node.op_type not in LOWER):
+            form = QUANTIZED_FORMS.get(node.op_type)
             bad.append(f"node {node.name or node.output[0]!r}: {node.op_type} (domain {domain}, "
-                       f"opset {opsets.get(domain, '?')}) is not supported")
+                       f"opset {opsets.get(domain, '?')}) is not supported" + (f" (only as {form})" if form else ""))
     return bad
 
 
@@ -339,7 +342,7 @@ def _evaluator_ops() -> list:
             indices = np.where(indices < 0, indices + np.shape(data)[axis], indices)
             return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
 
-    return [MaxPool, AveragePool, BatchNormalization, GatherElements]
+    return [MaxPool, AveragePool, BatchNormalization, GatherElements, evaluator_op()]
 
 
 class NodeFailed(Exception):
@@ -663,6 +666,7 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
     oversized = _oversized_values(inferred, max_value_bytes)
     if oversized:
         raise OnnxImportError(oversized)
+    proto = dequantize(proto)           # a quantized file's integer steps as float ops of the same value
     dynamic = dynamic_values(proto, sig.input)
     bodies = expand_functions(proto, dynamic, LOWER, reads_data_of)     # ops defined by a function body
     with bodies.traced(OnnxImportError):

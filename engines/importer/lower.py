@@ -262,6 +262,12 @@ def lower_clip(L: Lowering):
     L.result(L.emit("clip", [x.name], x.per_sample, lo=as_float(lo), hi=as_float(hi)))
 
 
+def lower_fake_quant(L: Lowering):
+    """``engines.importer.quantized``'s FakeQuantize: the IR's ``fake_quant`` with the same attributes."""
+    x = L.values[L.node.input[0]]
+    L.result(L.emit("fake_quant", [x.name], L.shapes[x.name], **{a.name: L.attr(a.name) for a in L.node.attribute}))
+
+
 def lower_gelu(L: Lowering):
     x = L.values[L.node.input[0]]
     kind = "gelu" if L.attr("approximate", b"none") in (b"tanh", "tanh") else "gelu_erf"
@@ -1230,6 +1236,7 @@ LOWER: dict[str, Callable[[Lowering], None]] = {
     "Trilu": lower_trilu,
     "Clip": lower_clip,
     "Gelu": lower_gelu,
+    "FakeQuantize": lower_fake_quant,
     "Identity": lower_alias,
     "Dropout": lower_alias,
     "Cast": lower_cast,

@@ -21,6 +21,12 @@ from .ops import OPS
 # an absolute bar is meaningful), and REL_TOL on the error's norm over the reference's.
 ABS_TOL = 1e-4
 REL_TOL = 1e-5
+# The bar of quantized computation: the int8 engine's (measured on the zoo, docs/int8.md), and of a
+# model with quantize steps (``fake_quant``, from a quantized file) on any engine. Rounding to a
+# step is not continuous: where float32 and float64 put a value on two sides of a half step, they
+# differ by a whole step there, and what follows carries it (docs/int8.md, "Quantized ONNX files").
+QUANTIZED_ABS_TOL = 0.25
+QUANTIZED_REL_TOL = 0.05
 
 
 class BatchRefused(ValueError):
@@ -123,6 +129,16 @@ class Model:
         if batch is None:
             batch = 1 if self.fixed_batch is None else self.fixed_batch.size
         return 4 * self.rows(batch) * math.prod(self.shapes[name])
+
+    @property
+    def quantized(self) -> bool:
+        """True when the model rounds to quantization steps (a quantized file's ``fake_quant``)."""
+        return any(op.kind == "fake_quant" for op in self.ops)
+
+    @property
+    def tolerance(self) -> tuple[float, float]:
+        """(abs, rel): the bar any engine's forward is held to on this model against ``reference``."""
+        return (QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL) if self.quantized else (ABS_TOL, REL_TOL)
 
     @property
     def weight_bytes(self) -> int:

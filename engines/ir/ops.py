@@ -696,6 +696,64 @@ def stride_zeros_calls(out, x, *, strides) -> Calls:
     return [(np.copyto, (out, 0.0)), (np.copyto, (out[..., ::strides[0], ::strides[1]], x))]
 
 
+# --- quantize, then dequantize: a quantized file's QuantizeLinear -> DequantizeLinear -------------
+# (engines.importer.quantized). Static: the file's scale and zero point, levels lo..hi. Dynamic
+# (scale None): DynamicQuantizeLinear's u8 over the range widened to hold 0, per sample (the file's
+# is per tensor, over the whole batch: the same at batch 1; per sample a row's result does not
+# depend on the others, and its step is never coarser). x / scale, rounded half to even, as ONNX
+# Runtime's QuantizeLinear computes it; the dequantized value is (q - zero_point) * scale.
+U8_LEVELS = 255
+
+
+def dynamic_quant_params(low, high, dtype) -> tuple:
+    """DynamicQuantizeLinear's (scale, zero point) for values in [low, high], in ``dtype``'s
+    arithmetic; an all-zero range gets scale 1 (every value quantizes to 0, as 0 / 0 would not)."""
+    t = np.dtype(dtype).type
+    low, high = min(t(low), t(0)), max(t(high), t(0))
+    scale = (high - low) / t(U8_LEVELS)
+    if scale == 0:
+        return t(1), 0.0
+    return scale, float(np.rint(np.clip(t(0) - low / scale, 0, U8_LEVELS)))
+
+
+def fake_quant_eager(x, *, scale=None, zero_point=0, lo=0, hi=U8_LEVELS):
+    if scale is not None:
+        return (np.clip(np.rint(x / scale) + zero_point, lo, hi) - zero_point) * scale
+    out = np.empty_like(x)
+    for i, row in enumerate(x.reshape(len(x), -1)):
+        s, zp = dynamic_quant_params(row.min(), row.max(), x.dtype)
+        out[i] = ((np.clip(np.rint(row / s) + zp, 0, U8_LEVELS) - zp) * s).reshape(x.shape[1:])
+    return out
+
+
+def fake_quant_scratch(in_shapes, *, scale=None, **_attrs):
+    """Dynamic: each sample's minimum and maximum."""
+    return ((2,),) if scale is None else ()
+
+
+def _fake_quant(y, x, scale, zero_point, lo, hi) -> None:
+    np.divide(x, scale, out=y)
+    np.rint(y, out=y)
+    maximum(y, lo - zero_point, y)      # rint(x / s) + zp clipped to [lo, hi], less zp: exact in float32
+    minimum(y, hi - zero_point, y)
+    np.multiply(y, scale, out=y)
+
+
+def _fake_quant_dynamic(y, x, stat) -> None:
+    np.minimum.reduce(x, axis=1, out=stat[:, 0])
+    np.maximum.reduce(x, axis=1, out=stat[:, 1])
+    for i in range(len(x)):
+        s, zp = dynamic_quant_params(stat[i, 0], stat[i, 1], x.dtype)
+        _fake_quant(y[i], x[i], s, zp, 0, U8_LEVELS)
+
+
+def fake_quant_calls(out, x, *scratch, scale=None, zero_point=0, lo=0, hi=U8_LEVELS) -> Calls:
+    if scale is None:
+        return [(_fake_quant_dynamic, (out.reshape(len(out), -1), x.reshape(len(x), -1),
+                                       scratch[0].reshape(len(x), 2)))]
+    return [(_fake_quant, (out, x, scale, zero_point, lo, hi))]
+
+
 # Elementwise maths of one tensor, each one NumPy ufunc (ONNX's Round rounds halves to even, as
 # np.rint; Sign of 0 is 0, as np.sign).
 MATH = {"sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
@@ -756,6 +814,8 @@ OPS: dict[str, OpKind] = {
     "log": OpKind(**unary(np.log, lambda out, x: [(np.log, (x, out))])),
     **{kind: ufunc_kind(ufunc) for kind, ufunc in MATH.items()},
     "hardsigmoid": OpKind(**unary(hardsigmoid_eager, hardsigmoid_calls, flops=4), eager_temps=2),
+    "fake_quant": OpKind(**unary(fake_quant_eager, fake_quant_calls, flops=4), scratch=fake_quant_scratch,
+                         eager_temps=2),
     "hardswish": OpKind(**unary(hardswish_eager, hardswish_calls, flops=5, inplace=()), eager_temps=3),
     "extremum": OpKind(extremum_eager, extremum_calls, prepare=binary_prepare, inplace=(0, 1),
                        eager_broadcast=True),

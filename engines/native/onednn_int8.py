@@ -134,11 +134,21 @@ class QuantizedWeights:
             self.plain = None
 
 
+ON_GRID = 1e-3     # |w / step - round(w / step)| of a dequantized integer: float32 rounding, far below
+
+
 def quantize_columns(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
     """(q, scales): ``w`` (k, n) as symmetric s8 with one scale per column (output channel),
-    q = round(w / scale), scale = max |w[:, j]| / levels (1 for an all-zero column). In float64."""
+    q = round(w / scale), scale = max |w[:, j]| / levels (1 for an all-zero column). In float64.
+
+    Weights a quantized file dequantized with one scale for the whole tensor (``quantize_dynamic``'s
+    default) lie on that scale's grid: they keep it, so q is the file's integers, not a second
+    rounding of them (per channel, the file's scales are the ones found here anyway)."""
     w64 = np.asarray(w, dtype=np.float64)
     amax = np.max(np.abs(w64), axis=0)
+    step = np.max(amax, initial=0.0) / levels
+    if step > 0 and np.all(np.abs(w64 / step - np.rint(w64 / step)) < ON_GRID):
+        return np.rint(w64 / step).astype(np.int8), np.full(w64.shape[1], step, dtype=np.float32)
     scales = np.where(amax > 0, amax / levels, 1.0)
     q = np.clip(np.rint(w64 / scales), -levels, levels).astype(np.int8)
     return q, scales.astype(np.float32)

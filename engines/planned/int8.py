@@ -41,6 +41,7 @@ import numpy as np
 from ..base import EngineUnavailable
 from ..ir.calls import maximum, rows2d
 from ..ir.conv import conv_attrs
+from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..native.onednn import ANY, BIAS, BINARY_ADD, DST, PLAIN, RELU, SRC, WEIGHTS, library
 from ..native.onednn_int8 import (ATTR_SCALES, PER_ROW, QuantizedWeights, TypedOwned, implementations, post_op_arg,
                                   quantize_columns, with_implementation)
@@ -87,8 +88,8 @@ class Int8Engine(OneDnnEngine):
     # mlp-deep d48-1024, transformer d32-512, batches 1-32): worst max abs error 0.125 on outputs
     # up to 6.3, worst relative L2 error 2.5 % (mlp-deep, six quantized layers); the bars are
     # twice the worst figure.
-    abs_tol = 0.25
-    rel_tol = 0.05
+    abs_tol = QUANTIZED_ABS_TOL
+    rel_tol = QUANTIZED_REL_TOL
     # Activation scales: one per row (True) or one per tensor (False); measured, docs/int8.md
     row_scales = True
     # What a warm forward may allocate (the suite's memray limit): NumPy's iterator state for the

@@ -1,0 +1,231 @@
+"""Quantized ONNX files, as ``onnxruntime.quantization`` writes them, read as float graphs.
+
+Before lowering, ``rewrite`` turns the integer parts of a graph into float ops of the same value,
+so that every engine runs it and the int8 engine sees plain linears and convolutions:
+
+- QDQ (``quantize_static``): a ``QuantizeLinear`` of an activation read only by
+  ``DequantizeLinear`` nodes of the same scale and zero point becomes one ``FakeQuantize``
+  (the IR's ``fake_quant``): the same rounding, the same levels, as floats. A
+  ``DequantizeLinear`` of constants (weights, int32 biases) becomes its float value: the
+  weights dequantized once, at import.
+- Dynamic (``quantize_dynamic``): ``DynamicQuantizeLinear`` -> ``MatMulInteger``/``ConvInteger``
+  -> ``Cast`` -> ``Mul`` by (input scale x weight scale) becomes a dynamic ``FakeQuantize`` of
+  the input, then ``MatMul``/``Conv`` by the dequantized weights ((w - zero point) x scale).
+  The integer sum times the two scales is the float product of the two dequantized operands.
+
+What is not in one of these forms is left as it is, and refused by the importer like any
+node it cannot lower. ``FakeQuantize`` lives in this module's domain; ``EVALUATOR_OPS`` runs it
+in ONNX's reference evaluator during import.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from ..ir.ops import U8_LEVELS, fake_quant_eager
+
+DOMAIN = "mlexec"
+FAKE_QUANTIZE = "FakeQuantize"
+# the levels of each integer element type (TensorProto: UINT8 2, INT8 3, UINT16 4, INT16 5)
+LEVELS = {2: (0, U8_LEVELS), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767)}
+INTEGER_PRODUCTS = {"MatMulInteger": "MatMul", "ConvInteger": "Conv"}
+# What a refusal of a quantized op left by ``rewrite`` adds: the forms that are read
+FORMS = {
+    "QuantizeLinear": "a QuantizeLinear of a tensor, with one scale, read only by DequantizeLinear nodes "
+                      "of the same scale and zero point",
+    "DequantizeLinear": "a DequantizeLinear of constants, or of such a QuantizeLinear",
+    "DynamicQuantizeLinear": "a DynamicQuantizeLinear read only by MatMulInteger or ConvInteger of constant "
+                             "weights, each then Cast to float and multiplied by the two scales",
+}
+FORMS.update(MatMulInteger=FORMS["DynamicQuantizeLinear"], ConvInteger=FORMS["DynamicQuantizeLinear"])
+
+
+def evaluator_op():
+    """``FakeQuantize`` for ONNX's reference evaluator."""
+    from onnx.reference.op_run import OpRun
+
+    class FakeQuantize(OpRun):
+        op_domain = DOMAIN
+
+        def _run(self, x, scale=None, zero_point=None, lo=None, hi=None):
+            attrs = {} if scale is None else dict(scale=scale, zero_point=zero_point, lo=lo, hi=hi)
+            return (fake_quant_eager(x, **attrs).astype(x.dtype),)
+
+    return FakeQuantize
+
+
+class _Graph:
+    """The nodes, constants and readers of a graph, and the edits made to it."""
+
+    def __init__(self, proto):
+        from onnx import numpy_helper
+        self.proto = proto
+        self.nodes = list(proto.graph.node)
+        self.consts = {t.name: t for t in proto.graph.initializer}
+        for n in self.nodes:
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                self.consts[n.output[0]] = n.attribute[0].t
+        self.readers = defaultdict(list)
+        for n in self.nodes:
+            for i in n.input:
+                self.readers[i].append(n)
+        for o in proto.graph.output:
+            self.readers[o.name].append(None)          # the graph's output: a reader that is no node
+        self.array = lambda name: numpy_helper.to_array(self.consts[name])
+        self.replaced: dict[int, list] = {}          # id(node) -> the nodes in its place
+        self.added = []                               # new initializers
+
+    def const(self, node, i: int):
+        """Input i of a node as an array when it is a constant, None when absent, else KeyError."""
+        if i >= len(node.input) or not node.input[i]:
+            return None
+        return self.array(node.input[i])
+
+    def only_reader(self, name: str, op_type: str):
+        found = self.readers.get(name, [])
+        return found[0] if len(found) == 1 and found[0] is not None and found[0].op_type == op_type else None
+
+    def replace(self, node, *new) -> None:
+        self.replaced[id(node)] = list(new)
+
+    def result(self):
+        from onnx import helper
+        if not self.replaced:
+            return self.proto
+        nodes = [m for n in self.nodes for m in self.replaced.get(id(n), [n])]
+        used = {i for n in nodes for i in n.input}
+        inits = [t for t in self.proto.graph.initializer if t.name in used] + self.added
+        g = self.proto.graph
+        graph = helper.make_graph(nodes, g.name, g.input, g.output, inits, value_info=g.value_info)
+        opsets = [o for o in self.proto.opset_import if o.domain != DOMAIN] + [helper.make_opsetid(DOMAIN, 1)]
+        model = helper.make_model(graph, opset_imports=opsets, ir_version=self.proto.ir_version,
+                                  functions=self.proto.functions)
+        return model
+
+
+def _fake_quantize(x: str, out: str, **attrs):
+    from onnx import helper
+    return helper.make_node(FAKE_QUANTIZE, [x], [out], name=out, domain=DOMAIN, **attrs)
+
+
+def _static_attrs(G: _Graph, q) -> dict | None:
+    """A QuantizeLinear's scalar scale and zero point, and its levels; None if not of that form."""
+    try:
+        scale, zero = G.const(q, 1), G.const(q, 2)
+    except KeyError:
+        return None
+    elem = G.consts[q.input[2]].data_type if zero is not None else 2          # default: uint8
+    if scale is None or scale.size != 1 or (zero is not None and zero.size != 1) or elem not in LEVELS:
+        return None
+    lo, hi = LEVELS[elem]
+    return dict(scale=float(scale.reshape(())), zero_point=int(0 if zero is None else zero.reshape(())), lo=lo, hi=hi)
+
+
+def _qdq(G: _Graph, q) -> None:
+    """QuantizeLinear -> DequantizeLinear of the same parameters: one static FakeQuantize."""
+    if q.input[0] in G.consts:
+        return
+    attrs = _static_attrs(G, q)
+    readers = G.readers.get(q.output[0], [])
+    if attrs is None or not readers or any(d is None or d.op_type != "DequantizeLinear" or d.input[1:] != q.input[1:]
+                                           for d in readers):
+        return
+    from onnx import helper
+    fq = q.output[0] + ".fq"
+    G.replace(q, _fake_quantize(q.input[0], fq, **attrs))
+    for d in readers:
+        G.replace(d, helper.make_node("Identity", [fq], [d.output[0]], name=d.name))
+
+
+def _dequantized_weights(G: _Graph, product, w_scale: np.ndarray) -> np.ndarray:
+    """(w - zero point) x scale, per tensor or per output channel (MatMul's last axis, Conv's first)."""
+    w = G.const(product, 1).astype(np.float64)
+    zero = G.const(product, 3)
+    shape = (-1, *([1] * (w.ndim - 1))) if product.op_type == "ConvInteger" else (-1,)
+    if zero is not None:
+        w = w - zero.astype(np.float64).reshape(shape if zero.size > 1 else ())
+    scale = w_scale.astype(np.float64)
+    return (w * scale.reshape(shape if scale.size > 1 else ())).astype(np.float32)
+
+
+def _chain(G: _Graph, product, scale_name: str):
+    """MatMulInteger/ConvInteger -> Cast(float) -> Mul by (scale_name x weight scale): the Cast,
+    the Mul, the scale's Mul and the weight scale; None if the product is not in that form."""
+    cast = G.only_reader(product.output[0], "Cast")
+    mul = cast and G.only_reader(cast.output[0], "Mul")
+    if not mul or cast.attribute[0].i != 1:          # TensorProto.FLOAT
+        return None
+    by = mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0]
+    scales = next((n for n in G.nodes if n.op_type == "Mul" and by in n.output), None)
+    if scales is None or scale_name not in scales.input:
+        return None
+    w_scale = scales.input[1] if scales.input[0] == scale_name else scales.input[0]
+    if w_scale not in G.consts:
+        return None
+    return cast, mul, scales, G.array(w_scale)
+
+
+def _dynamic(G: _Graph, dq) -> None:
+    """DynamicQuantizeLinear feeding integer products: a dynamic FakeQuantize, then float products."""
+    q, scale, zero = dq.output
+    products = G.readers.get(q, [])
+    plans = []
+    for p in products:
+        if p is None or p.op_type not in INTEGER_PRODUCTS or p.input[0] != q or p.input[2:3] != [zero] \
+                or p.input[1] not in G.consts or (len(p.input) > 3 and p.input[3] and p.input[3] not in G.consts):
+            return
+        chain = _chain(G, p, scale)
+        if chain is None:
+            return
+        plans.append((p, chain))
+    chained = {id(n) for _, (_, _, scales, _) in plans for n in [scales]}
+    if not plans or any(r is None or id(r) not in chained for r in G.readers.get(scale, [])):
+        return
+    from onnx import helper, numpy_helper
+    fq = q + ".fq"
+    G.replace(dq, _fake_quantize(dq.input[0], fq))
+    for p, (cast, mul, scales, w_scale) in plans:
+        w = numpy_helper.from_array(_dequantized_weights(G, p, w_scale), p.input[1] + ".dequantized")
+        G.added.append(w)
+        attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
+        G.replace(p)
+        G.replace(cast)
+        G.replace(scales)
+        G.replace(mul, helper.make_node(INTEGER_PRODUCTS[p.op_type], [fq, w.name], [mul.output[0]],
+                                        name=p.name, **attrs))
+
+
+def _fold(G: _Graph, node) -> None:
+    """A DequantizeLinear of constants (weights, int32 biases): its float value, once, as an
+    initializer (ONNX's evaluator has no DequantizeLinear before opset 19)."""
+    try:
+        q, scale, zero = G.const(node, 0), G.const(node, 1), G.const(node, 2)
+    except KeyError:
+        return
+    block = next((a.i for a in node.attribute if a.name == "block_size"), 0)
+    if q is None or scale is None or block:
+        return
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % max(q.ndim, 1)
+    shape = [1] * q.ndim
+    if scale.size > 1:
+        shape[axis] = -1
+    at = lambda a: a.astype(np.float64).reshape(shape if a.size > 1 else ())  # noqa: E731
+    value = (q.astype(np.float64) - (0 if zero is None else at(zero))) * at(scale)
+    from onnx import numpy_helper
+    G.added.append(numpy_helper.from_array(value.astype(np.float32), node.output[0]))
+    G.replace(node)
+
+
+def rewrite(proto):
+    """The graph with its QDQ pairs and dynamic integer products as float ops (module docstring);
+    the proto itself when it has none."""
+    G = _Graph(proto)
+    for node in G.nodes:
+        if node.op_type == "QuantizeLinear":
+            _qdq(G, node)
+        elif node.op_type == "DynamicQuantizeLinear":
+            _dynamic(G, node)
+        elif node.op_type == "DequantizeLinear" and id(node) not in G.replaced:
+            _fold(G, node)
+    return G.result()

@@ -1,0 +1,194 @@
+"""Quantized ONNX files (``onnxruntime.quantization``: ``quantize_dynamic``, and ``quantize_static``
+in QDQ form with per-channel weights) import as float graphs with quantize steps, run on every
+engine, and match ONNX Runtime on the same file (engines/importer/quantized.py, docs/int8.md)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="importing ONNX files needs the peers extra")
+ort = pytest.importorskip("onnxruntime", reason="quantizing and running the files needs onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,  # noqa: E402
+                                      quantize_static)
+
+from engines import ENGINES, EngineUnavailable, OnnxImportError, load_onnx  # noqa: E402
+from engines.ir.models import MODELS, QUANTIZED_ABS_TOL  # noqa: E402
+from engines.native.onednn_int8 import quantize_columns  # noqa: E402
+from engines.peers.onnxrt import export  # noqa: E402
+from tests.conformance import float_engines  # noqa: E402
+from tests.test_zero_alloc import tracemalloc_peak  # noqa: E402
+
+INTEGER_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
+CALIBRATION = 16       # seeded samples for quantize_static
+
+
+def _cnn():
+    """A small CNN: conv-relu, conv-relu, global average pool, flatten, gemm."""
+    rng = np.random.default_rng(3)
+    w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))  # noqa: E731
+    inits = [w(8, 3, 3, 3), w(8), w(16, 8, 3, 3), w(16), w(16, 10), w(10)]
+    for t, name in zip(inits, ("w1", "b1", "w2", "b2", "fc", "fb")):
+        t.name = name
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("GlobalAveragePool", ["r2"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fb"], ["y"])]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _float_files():
+    return {"mlp": export(MODELS["mlp"](dim=64), onnx), "transformer": export(MODELS["transformer"](dim=32, seq=8), onnx),
+            "cnn": _cnn()}
+
+
+class _Calibration(CalibrationDataReader):
+    def __init__(self, proto):
+        name = proto.graph.input[0].name
+        shape = [d.dim_value or 1 for d in proto.graph.input[0].type.tensor_type.shape.dim]
+        rng = np.random.default_rng(0)
+        self.samples = iter([{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(CALIBRATION)])
+
+    def get_next(self):
+        return next(self.samples, None)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, bytes]:
+    """name-dynamic / name-qdq -> the quantized file's bytes."""
+    d = tmp_path_factory.mktemp("quantized")
+    out = {}
+    for name, proto in _float_files().items():
+        src = d / f"{name}.onnx"
+        onnx.save(proto, src)
+        quantize_dynamic(src, d / f"{name}-dynamic.onnx", weight_type=QuantType.QInt8)
+        quantize_static(src, d / f"{name}-qdq.onnx", _Calibration(proto), quant_format=QuantFormat.QDQ,
+                        per_channel=True)
+        for kind in ("dynamic", "qdq"):
+            out[f"{name}-{kind}"] = (d / f"{name}-{kind}.onnx").read_bytes()
+    return out
+
+
+FILES = [f"{m}-{k}" for m in ("mlp", "transformer", "cnn") for k in ("dynamic", "qdq")]
+
+
+def _file_semantics(data: bytes):
+    """ONNX Runtime with its graph optimizations off: the file's own arithmetic, op by op, on the
+    dequantized values (its optimized int8 kernels requantize in between; docs/int8.md)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_integer_steps_become_float_ops_with_quantize_steps(name, files):
+    proto = onnx.load_from_string(files[name])
+    assert INTEGER_OPS & {n.op_type for n in proto.graph.node}, "the file is quantized"
+    model = load_onnx(files[name])
+    kinds = [op.kind for op in model.ops]
+    assert "fake_quant" in kinds and model.quantized
+    assert model.tolerance[0] == QUANTIZED_ABS_TOL
+    dynamic = [op for op in model.ops if op.kind == "fake_quant" and "scale" not in op.attrs]
+    assert bool(dynamic) == name.endswith("dynamic")
+    assert not load_onnx(export(MODELS["mlp"](dim=64), onnx).SerializeToString()).quantized, "a float file"
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_engine_matches_the_file(name, files):
+    """Every float engine and int8, at batch 1 and 8: within its bar of the float64 reference; the
+    float engines within one output step of the file's arithmetic (static files), or within the
+    quantized bar where the step is the input's own (dynamic files, one sample at a time: the file
+    quantizes per tensor, over the batch; the engines per sample)."""
+    model = load_onnx(files[name])
+    session = _file_semantics(files[name])
+    last = model.ops[-1]
+    step = last.attrs["scale"] if last.kind == "fake_quant" and "scale" in last.attrs else None
+    engines = [e for e in float_engines() + ["int8"] if e in ENGINES]
+    for batch in (1, 8):
+        x = model.random_input(batch, rng=batch)
+        ref = model.reference(x)
+        theirs = np.concatenate([session.run(None, {model.input: x[i:i + 1]})[0] for i in range(batch)])
+        for engine_name in engines:
+            try:
+                engine = ENGINES[engine_name](model, batch)
+            except EngineUnavailable:
+                continue
+            got = engine.forward(x)
+            abs_tol, rel_tol = engine.tolerance
+            err = np.abs(got - ref)
+            assert err.max() < abs_tol and np.linalg.norm(got - ref) < rel_tol * np.linalg.norm(ref), \
+                f"{engine_name} at batch {batch}: max abs {err.max():.3g}"
+            if engine_name != "int8":
+                bar = 1.001 * step if step is not None else QUANTIZED_ABS_TOL
+                assert np.abs(got - theirs).max() <= bar, f"{engine_name} vs the file at batch {batch}"
+
+
+def test_static_files_match_onnx_runtime_exactly_on_most_outputs(files):
+    """Where nothing lands on a half step, the float engines compute what the file does: on the
+    MLP's QDQ file at batch 8, at least 99 % of outputs are equal to ONNX Runtime's."""
+    model = load_onnx(files["mlp-qdq"])
+    x = model.random_input(8, rng=8)
+    got = ENGINES["arena"](model, 8).forward(x)
+    theirs = _file_semantics(files["mlp-qdq"]).run(None, {model.input: x})[0]
+    assert np.mean(got == theirs) >= 0.99
+
+
+def test_fake_quant_is_onnx_quantize_then_dequantize():
+    """The IR's fake_quant against ONNX's own evaluator of the file's nodes, static and dynamic."""
+    from onnx.reference import ReferenceEvaluator
+    from engines.ir.ops import OPS
+    x = np.random.default_rng(0).standard_normal((1, 5, 7)).astype(np.float32) * 3
+    for zp_type, zp in ((TensorProto.UINT8, 128), (TensorProto.INT8, -3)):
+        inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.037]), helper.make_tensor("z", zp_type, [], [zp])]
+        g = helper.make_graph([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                               helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])], "qdq",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+        want = ReferenceEvaluator(helper.make_model(g)).run(None, {"x": x})[0]
+        lo, hi = (0, 255) if zp_type == TensorProto.UINT8 else (-128, 127)
+        got = OPS["fake_quant"].eager(x, scale=float(np.float32(0.037)), zero_point=zp, lo=lo, hi=hi)
+        np.testing.assert_array_equal(got, want)
+    g = helper.make_graph([helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
+                           helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])], "dyn",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    want = ReferenceEvaluator(helper.make_model(g)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(OPS["fake_quant"].eager(x), want, rtol=0, atol=1e-6)
+
+
+def test_int8_keeps_the_files_integers():
+    """Weights dequantized with one scale for the whole tensor come back as the file's integers and
+    scale, not rounded a second time; float weights get one scale per column as before."""
+    rng = np.random.default_rng(0)
+    q = rng.integers(-127, 128, size=(64, 32)).astype(np.int8)
+    q[0, 0] = -127
+    step = np.float32(0.0123)
+    got, scales = quantize_columns(q.astype(np.float32) * step, 127)
+    np.testing.assert_array_equal(got, q)
+    np.testing.assert_allclose(scales, step, rtol=1e-6)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    got, scales = quantize_columns(w, 127)
+    np.testing.assert_allclose(scales, np.abs(w).max(axis=0) / 127, rtol=1e-6)
+
+
+def test_a_quantized_tensor_read_by_another_op_is_refused_by_name():
+    inits = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.05]), helper.make_tensor("z", TensorProto.UINT8, [], [128])]
+    g = helper.make_graph([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="quant"),
+                           helper.make_node("Cast", ["q"], ["y"], name="cast", to=TensorProto.FLOAT)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], inits)
+    with pytest.raises(OnnxImportError, match="'quant': QuantizeLinear"):
+        load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]).SerializeToString())
+
+
+@pytest.mark.parametrize("name", ["mlp-dynamic", "transformer-qdq"])
+def test_planned_engines_allocate_nothing_on_quantized_files(name, files):
+    model = load_onnx(files[name])
+    for engine_name in ("arena", "fused"):
+        engine = ENGINES[engine_name](model, 4)
+        assert tracemalloc_peak(engine, model.random_input(4, rng=0)) <= 4096, engine_name
