@@ -37,6 +37,9 @@ class Engine:
     # the project's bar; an engine that computes in lower precision states its own, measured.
     abs_tol: float = ABS_TOL
     rel_tol: float = REL_TOL
+    # True: linears (and convs) run on 8-bit integers (``int8``, ``onnxruntime-int8``): the error is
+    # quantization's, held to the engine's own bar above; mlexec's float targets leave it out.
+    quantized: bool = False
 
     def __init__(self, model: Model, max_batch: int):
         if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or max_batch < 1:

@@ -10,6 +10,7 @@ import inspect
 
 from .base import Engine
 from .peers.onnxrt import OnnxRuntimeEngine
+from .peers.onnxrt_int8 import OnnxRuntimeInt8Engine
 from .peers.torch_compile import TorchCompileEngine
 from .peers.torch_eager import TorchEngine
 from .planned.arena import ArenaEngine
@@ -30,6 +31,7 @@ ENGINES: dict[str, type[Engine]] = {
     "int8": Int8Engine,         # optional extras "fast" and "onednn" (oneDNN's int8 matmul)
     # peers (optional extra "peers"): raise EngineUnavailable when their package is missing
     "onnxruntime": OnnxRuntimeEngine,
+    "onnxruntime-int8": OnnxRuntimeInt8Engine,    # the model quantized by onnxruntime.quantization
     "torch": TorchEngine,
     "torch-compile": TorchCompileEngine,
 }

@@ -22,13 +22,13 @@ from ..native.threads import blas_threads
 OPSET = 20   # LayerNormalization (17) and Gelu with approximate="tanh" (20)
 
 
-def _import():
+def _import(engine: str = "onnxruntime"):
     try:
         import onnx
         import onnxruntime
     except ImportError as exc:
         raise EngineUnavailable(
-            f"the onnxruntime engine needs onnx and onnxruntime ({exc}); pip install -e .[peers]") from exc
+            f"the {engine} engine needs onnx and onnxruntime ({exc}); pip install -e .[peers]") from exc
     return onnx, onnxruntime
 
 
@@ -113,10 +113,9 @@ class OnnxRuntimeEngine(Engine):
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
-        onnx, ort = _import()
-        # An imported model runs as the file it came from, not as a re-export of its IR.
-        source = model.source if model.source is not None else export(model, onnx).SerializeToString()
+        onnx, ort = _import(self.name)
         self.weight_bytes = sum(v.nbytes for v in model.params.values())
+        source = self.program(model, onnx)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.threads = blas_threads()
@@ -128,6 +127,11 @@ class OnnxRuntimeEngine(Engine):
         # A file whose batch axis is fixed at 1 runs one sample at a time.
         shape = self.session.get_inputs()[0].shape
         self._per_sample = not model.whole and bool(shape) and shape[0] == 1
+
+    def program(self, model: Model, onnx) -> bytes:
+        """The ONNX file the session runs: an imported model's own (not a re-export of its IR), or
+        the zoo model's export. A subclass may transform it (``onnxrt_int8`` quantizes it)."""
+        return model.source if model.source is not None else export(model, onnx).SerializeToString()
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
         if self.model.whole:        # one row of the file's whole shape: the file's input is that row

@@ -90,6 +90,7 @@ class Int8Engine(OneDnnEngine):
     # twice the worst figure.
     abs_tol = QUANTIZED_ABS_TOL
     rel_tol = QUANTIZED_REL_TOL
+    quantized = True
     # Activation scales: one per row (True) or one per tensor (False); measured, docs/int8.md
     row_scales = True
     # What a warm forward may allocate (the suite's memray limit): NumPy's iterator state for the
