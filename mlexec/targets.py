@@ -24,6 +24,21 @@ those other than ``naive``.
 5. At mlp batch 1, dim 4096, it reaches 80 % of the measured memory bandwidth
    (the weights must stream once per forward).
 
+The engines that compute in 8 bits (``Engine.quantized``: ``int8``, ``onnxruntime-int8``) are
+no "NumPy engine" and no peer of targets 1-5: their error is quantization's, hundreds of times
+the float bar, so they would win the float targets on precision given away. They have their own
+(issue 34), judged when ``int8`` was measured:
+
+6. At mlp batch 1, dim 4096, ``int8`` is at least 2.5x faster than the best float engine measured
+   there (any engine that is not quantized, peers included), and the figure says what fraction of
+   the copy roof it reaches counted on the int8 weights it holds (the roofline column counts the
+   model's float bytes).
+7. ``int8`` is ahead of ``onnxruntime-int8`` (the same model quantized by ONNX Runtime's tools) at
+   batch 1 on every mlp dim, and within 1.10x of it at batch 8-128.
+
+A quantized target whose comparison was not measured (no float engine or no ``onnxruntime-int8``
+beside ``int8``, or no such point in the grid) is listed as not judged, never as met.
+
 Targets 2 and 3 are judged on the median ratio, and say in how many rounds
 the ratio fell below the bar: on a shared machine a point near a bar can
 land on either side of it from one run to the next, and the count shows
@@ -56,6 +71,12 @@ PEER_SLACK = 1.00      # target 3: how far behind the peer the best NumPy engine
 # targets 4 and 5: (case, row key, least fraction, of what)
 ROOFLINE = ((Case("mlp", 128, 4096), "peak_fraction", 0.75, "of the matmul peak"),
             (Case("mlp", 1, 4096), "bandwidth_fraction", 0.80, "of the memory bandwidth"))
+INT8 = "int8"
+INT8_PEER = "onnxruntime-int8"
+INT8_CASE = Case("mlp", 1, 4096)      # target 6: where the weights stream
+INT8_SPEEDUP = 2.5                    # target 6: over the best float engine
+INT8_PEER_SLACK = 1.10                # target 7: how far behind onnxruntime-int8 at batch 8-128
+INT8_BATCHES = (8, 128)               # target 7's second part, inclusive
 
 
 def sign_test(slower: int, rounds: int) -> float:
@@ -68,10 +89,22 @@ class Target:
     goal: str
     met: bool
     value: str       # the deciding figure, e.g. "min 0.97x at mlp-b128-d4096"
+    judged: bool = True   # False: what it compares was not measured (``met`` is then False)
+
+
+def _quantized(name: str) -> bool:
+    return name in ENGINES and bool(getattr(ENGINES[name], "quantized", False))
 
 
 def _numpy_engine(name: str) -> bool:
-    return name in ENGINES and not ENGINES[name].peer
+    """A NumPy engine of targets 1-5: registered, no peer, and computing in float."""
+    return name in ENGINES and not ENGINES[name].peer and not _quantized(name)
+
+
+def _float_engine(name: str) -> bool:
+    """An engine target 6 compares int8 with: any engine not quantized, peers included (an engine
+    outside the registry, a test's, counts as float)."""
+    return not _quantized(name)
 
 
 def _where(row: dict) -> str:
@@ -194,11 +227,71 @@ def _roofline_targets(m: _Measured) -> list[Target]:
     return out
 
 
+def _not_judged(goal: str, why: str) -> Target:
+    return Target(goal, False, f"not judged: {why}", judged=False)
+
+
+def _paired_ratio(slow: dict, fast: dict) -> tuple[float, list[float]]:
+    """The median and IQR over rounds of slow's time over fast's in the same round."""
+    q1, med, q3 = np.percentile(np.asarray(slow["rounds_s"]) / np.asarray(fast["rounds_s"]), [25, 50, 75])
+    return float(med), [float(q1), float(q3)]
+
+
+def _int8_speedup_target(m: _Measured) -> Target:
+    """Target 6: int8 over the fastest float engine at INT8_CASE; its copy roof on int8 bytes."""
+    where = INT8_CASE.id
+    goal = f"{INT8} >= {INT8_SPEEDUP}x the best float engine at {where}"
+    mine = m.cell.get((where, INT8))
+    floats = [r for r in m.rows if r["case"] == where and _float_engine(r["engine"])]
+    if mine is None:
+        return _not_judged(goal, f"{INT8} not measured at {where}")
+    if not floats:
+        return _not_judged(goal, f"no float engine measured at {where}")
+    best = _fastest(floats)
+    ratio, iqr = _paired_ratio(best, mine)
+    value = f"{ratio:.2f}x ({iqr[0]:.2f}-{iqr[1]:.2f}) over {best['engine']}"
+    if mine.get("held_bandwidth_fraction") is not None:
+        value += (f"; {mine['held_bandwidth_fraction']:.0%} of the copy roof on its "
+                  f"{mine['held_bytes'] / 2**20:.1f} MiB of int8 weights")
+    return Target(goal, ratio >= INT8_SPEEDUP, value)
+
+
+def _int8_peer_targets(m: _Measured) -> list[Target]:
+    """Target 7: int8 against onnxruntime-int8 at every mlp point where both ran."""
+    ahead = f"{INT8} ahead of {INT8_PEER} at batch 1 on every mlp dim"
+    low, high = INT8_BATCHES
+    within = f"{INT8} within {INT8_PEER_SLACK:.2f}x of {INT8_PEER} at mlp batch {low}-{high}"
+    if not any(r["engine"] == INT8_PEER for r in m.rows):
+        return [_not_judged(goal, f"{INT8_PEER} not measured") for goal in (ahead, within)]
+    pairs = [(m.cell[(r["case"], INT8)], r) for r in m.rows
+             if r["engine"] == INT8_PEER and r["model"] == "mlp" and (r["case"], INT8) in m.cell]
+    out = []
+    for goal, points, bar in ((ahead, [p for p in pairs if p[0]["batch"] == 1], 1.0),
+                              (within, [p for p in pairs if low <= p[0]["batch"] <= high], 1 / INT8_PEER_SLACK)):
+        if not points:
+            out.append(_not_judged(goal, f"no mlp point of those batches with both {INT8} and {INT8_PEER}"))
+            continue
+        ratios = [(_paired_ratio(peer, mine), mine) for mine, peer in points]
+        (ratio, iqr), worst = min(ratios, key=lambda x: x[0][0])
+        met = ratio > bar if bar == 1.0 else ratio >= bar
+        out.append(Target(goal, met, f"worst {ratio:.2f}x ({iqr[0]:.2f}-{iqr[1]:.2f}) at {_where(worst)}, "
+                                     f"over {len(points)} point(s)"))
+    return out
+
+
+def _int8_targets(m: _Measured) -> list[Target]:
+    """Targets 6 and 7, when int8 was measured (otherwise left out, as any unmeasured engine's)."""
+    if not any(r["engine"] == INT8 for r in m.rows):
+        return []
+    return [_int8_speedup_target(m)] + _int8_peer_targets(m)
+
+
 def check(rows: list[dict]) -> list[Target]:
-    """The targets that the report's rows can judge (an engine or point not measured is left out)."""
+    """The targets that the report's rows can judge: an engine or point of targets 1-5 not
+    measured is left out; int8's targets, once int8 ran, say what they could not compare."""
     m = _Measured.of(rows)
     return ([t for name in m.optimized for t in _vs_naive_targets(m, name)]
-            + _peer_targets(m) + _roofline_targets(m))
+            + _peer_targets(m) + _roofline_targets(m) + _int8_targets(m))
 
 
 def _spans(case_id: str, here: list[dict]) -> list[Span]:
@@ -243,4 +336,4 @@ def as_dicts(targets: list[Target]) -> list[dict]:
 
 
 def format_lines(targets: list[Target]) -> list[str]:
-    return [f"[{'met' if t.met else 'MISSED'}] {t.goal}: {t.value}" for t in targets]
+    return [f"[{'met' if t.met else 'MISSED' if t.judged else 'not judged'}] {t.goal}: {t.value}" for t in targets]

@@ -157,3 +157,80 @@ def test_not_shown_slower_is_judged_on_every_round():
     assert first.met and first.value.endswith("slower in 8 of 9 rounds: not shown slower")
     (again,) = check(rounds(27, 36))
     assert not again.met and again.value.endswith("shown slower at mlp-b8-d4096 (27 of 36 rounds)")
+
+
+# --- the quantized engines: out of targets 1-5, judged by targets 6 and 7 ----------------------
+
+def quantized_rows(int8_s, peer_s=None, points=((1, 256), (128, 4096), (1, 4096))):
+    """int8 (and onnxruntime-int8) rows at the grid's points, times per point."""
+    rows = []
+    for i, (batch, dim) in enumerate(points):
+        mine = row("int8", batch, dim, int8_s[i], 1.0)
+        mine.update(quantized=True, held_bytes=32 * 2**20, held_bandwidth_fraction=1.52)
+        rows.append(mine)
+        if peer_s is not None:
+            rows.append(row("onnxruntime-int8", batch, dim, peer_s[i], 1.0))
+    return rows
+
+
+def test_quantized_engines_say_so_and_are_neither_numpy_engine_nor_peer():
+    from engines import ENGINES
+    assert {n for n, cls in ENGINES.items() if cls.quantized} == {"int8", "onnxruntime-int8"}
+    # int8 far ahead everywhere: the float targets are still judged on fused, and int8 has none of them
+    got = verdicts(grid(fused_s=[0.8, 1.05, 0.9], ort_s=[0.6, 0.9, 1.0], peak=0.5, bandwidth=0.7)
+                   + quantized_rows([0.01, 0.01, 0.01], [0.02, 0.02, 0.02]))
+    assert not got["best NumPy engine level with onnxruntime at every mlp point"].met
+    assert "(fused)" in got["best NumPy engine level with onnxruntime at every mlp point"].value
+    assert not got["best NumPy engine >= 80% of the memory bandwidth at mlp-b1-d4096"].met
+    assert not [g for g in got if g.startswith("int8 >= naive") or g.startswith("onnxruntime-int8 >=")]
+    assert "mlp-b1-d256" not in close_calls(quantized_rows([0.5, 0.5, 0.5]))    # no float target to straddle
+
+
+def test_int8_targets_met():
+    got = verdicts(grid(fused_s=[0.5, 0.9, 0.9], ort_s=[0.6, 0.95, 1.0])
+                   + quantized_rows([0.2, 0.5, 0.3], [0.25, 0.52, 0.4]))
+    speed = got["int8 >= 2.5x the best float engine at mlp-b1-d4096"]
+    assert speed.met and speed.judged
+    # fused (0.9) is the fastest float engine there: 3.00x; the roof on int8's own bytes
+    assert speed.value == "3.00x (3.00-3.00) over fused; 152% of the copy roof on its 32.0 MiB of int8 weights"
+    ahead = got["int8 ahead of onnxruntime-int8 at batch 1 on every mlp dim"]
+    assert ahead.met and ahead.value == "worst 1.25x (1.25-1.25) at mlp-b1-d256, over 2 point(s)"
+    within = got["int8 within 1.10x of onnxruntime-int8 at mlp batch 8-128"]
+    assert within.met and within.value.startswith("worst 1.04x") and "mlp-b128-d4096" in within.value
+
+
+def test_int8_targets_missed_name_their_point():
+    got = verdicts(grid(fused_s=[0.5, 0.9, 0.9], ort_s=[0.6, 0.95, 1.0])
+                   + quantized_rows([0.2, 0.6, 0.4], [0.19, 0.52, 0.5]))
+    speed = got["int8 >= 2.5x the best float engine at mlp-b1-d4096"]
+    assert not speed.met and speed.value.startswith("2.25x (2.25-2.25) over fused")
+    ahead = got["int8 ahead of onnxruntime-int8 at batch 1 on every mlp dim"]
+    assert not ahead.met and "at mlp-b1-d256" in ahead.value and ahead.value.startswith("worst 0.95x")
+    within = got["int8 within 1.10x of onnxruntime-int8 at mlp batch 8-128"]
+    assert not within.met and within.value.startswith("worst 0.87x") and "mlp-b128-d4096" in within.value
+
+
+def test_int8_targets_with_nothing_to_compare_say_so():
+    from mlexec.targets import format_lines
+    # int8 alone: no float engine, no onnxruntime-int8, and no point at batch 8-128
+    got = verdicts(quantized_rows([0.2, 0.3], points=((1, 256), (1, 4096))))
+    assert set(got) == {"int8 >= 2.5x the best float engine at mlp-b1-d4096",
+                        "int8 ahead of onnxruntime-int8 at batch 1 on every mlp dim",
+                        "int8 within 1.10x of onnxruntime-int8 at mlp batch 8-128"}
+    assert all(not t.met and not t.judged for t in got.values())
+    assert got["int8 >= 2.5x the best float engine at mlp-b1-d4096"].value == \
+        "not judged: no float engine measured at mlp-b1-d4096"
+    assert all(line.startswith("[not judged]") for line in format_lines(list(got.values())))
+    # the peer measured, but no point of batch 8-128; and no mlp-b1-d4096 in the grid
+    got = verdicts(grid(fused_s=[0.5, 0.9, 0.9], ort_s=[0.6, 0.95, 1.0])
+                   + quantized_rows([0.2], [0.25], points=((1, 256),)))
+    assert got["int8 >= 2.5x the best float engine at mlp-b1-d4096"].value == \
+        "not judged: int8 not measured at mlp-b1-d4096"
+    assert got["int8 ahead of onnxruntime-int8 at batch 1 on every mlp dim"].met
+    within = got["int8 within 1.10x of onnxruntime-int8 at mlp batch 8-128"]
+    assert not within.judged and not within.met and "no mlp point" in within.value
+
+
+def test_int8_targets_left_out_when_int8_was_not_measured():
+    got = verdicts(grid(fused_s=[0.5, 0.9, 0.9], ort_s=[0.6, 0.95, 1.0]))
+    assert not [g for g in got if "int8" in g]

@@ -3,7 +3,8 @@ and timed in interleaved rounds (``mlexec.timing.rounds``), and the table's rows
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,17 +22,30 @@ from .inputs import ReportError
 MAX_TIMED_ERROR = 1e-3
 
 
+class Check(NamedTuple):
+    """An engine's result at one case, from its check against the float64 reference: its max abs
+    error, the bar it is held to (``Engine.tolerance``), whether it computes in 8 bits
+    (``Engine.quantized``: its error is quantization's, its bar its own), and the weight bytes it
+    holds (int8's are a quarter of float's: its copy roof is counted on them)."""
+    max_abs_error: float
+    tolerance: float
+    quantized: bool
+    weight_bytes: int
+
+
 @dataclass(frozen=True)
 class Measured:
     """One case: per engine its seconds per call in each round, the engines not timed because
     their result was wrong (with why), the model's flops and weight bytes, and per engine that
-    reports them the kernels its linears ran on. ``rechecked``: more rounds were added."""
+    reports them the kernels its linears ran on. ``rechecked``: more rounds were added. ``checks``:
+    per timed engine its error and bar, and the weights it holds."""
     times: dict[str, np.ndarray]
     wrong: dict[str, str]
     flops: int
     weight_bytes: int
     kernels: dict[str, list[str]]
     rechecked: bool = False
+    checks: dict[str, Check] = field(default_factory=dict)
 
     def with_rounds(self, more: "Measured") -> "Measured":
         """These rounds and ``more``'s, judged on all: an engine wrong either time is not timed;
@@ -71,22 +85,27 @@ def measure(case: Case, names: list[str], rounds: int, block_seconds: float, una
     model = case.build()
     x = model.random_input(case.batch, rng=0)
     expected = model.reference(x)
-    engines, wrong = {}, {}
+    engines, wrong, checks = {}, {}, {}
     for name in (n for n in names if n not in unavailable):
         eng = _build(name, model, case.batch, unavailable)
         if eng is None:
             continue
         eng.forward(x)                                 # warm up, then check it agrees
         err = float(np.max(np.abs(eng.forward(x) - expected)))
-        if err <= max(MAX_TIMED_ERROR, eng.tolerance[0]):      # int8's own, looser bar, or a quantized file's
+        # int8's own, looser bar, or a quantized file's (an engine outside engines.base: its abs_tol)
+        own = eng.tolerance[0] if hasattr(eng, "tolerance") else getattr(eng, "abs_tol", 0.0)
+        bar = max(MAX_TIMED_ERROR, own)
+        quantized = bool(getattr(eng, "quantized", False))
+        if err <= bar:
             engines[name] = eng
+            checks[name] = Check(err, float(own or MAX_TIMED_ERROR), quantized, int(getattr(eng, "weight_bytes", 0)))
         else:
-            wrong[name] = f"max abs error {err:.2e} > {MAX_TIMED_ERROR:g}; not timed"
+            wrong[name] = f"max abs error {err:.2e} > {bar:g}{' (quantized: its own bar)' if quantized else ''}; not timed"
     fns = {name: eng.forward for name, eng in engines.items()}
     calls = timing.block_calls(fns.values(), x, block_seconds) if fns else 0
     times = timing.rounds(fns, x, rounds, calls, settle_seconds, first_round) if fns else {}
     return Measured(times, wrong, model.flops(case.batch), model.weight_bytes,
-                    {name: _kernels_of(eng) for name, eng in engines.items()})
+                    {name: _kernels_of(eng) for name, eng in engines.items()}, checks=checks)
 
 
 def _paired(ref: np.ndarray, t: np.ndarray) -> tuple[float, list[float]]:
@@ -95,7 +114,10 @@ def _paired(ref: np.ndarray, t: np.ndarray) -> tuple[float, list[float]]:
     return float(med), [float(q1), float(q3)]
 
 
-def summarize(case: Case, times: dict[str, np.ndarray], flops: int, weight_bytes: int, roofs: Roofs) -> list[dict]:
+def summarize(case: Case, times: dict[str, np.ndarray], flops: int, weight_bytes: int, roofs: Roofs,
+              checks: dict[str, Check] | None = None) -> list[dict]:
+    """One row per timed engine. The roofline counts the model's float bytes for every engine;
+    ``held_bandwidth_fraction`` counts the weights the engine holds (int8's), when ``checks`` has them."""
     # The least time one forward can take: its flops at the peak rate, or its weights streamed once.
     flops_s = flops / (roofs.gflops * 1e9)
     stream_s = weight_bytes / (roofs.gbytes_per_s * 1e9)
@@ -112,15 +134,26 @@ def summarize(case: Case, times: dict[str, np.ndarray], flops: int, weight_bytes
             "roofline_s": roofline_s, "roofline_fraction": roofline_s / med,
             "peak_fraction": flops_s / med, "bandwidth_fraction": stream_s / med,
             "rounds_s": [float(v) for v in t], "error": None,
+            **_checked(checks.get(name) if checks else None, roofs, med),
         })
     return rows
+
+
+def _checked(check: Check | None, roofs: Roofs, median_s: float) -> dict:
+    """A row's error, its bar and whether it is quantization's; its held weights and their stream."""
+    if check is None:
+        return {"max_abs_error": None, "tolerance": None, "quantized": False, "held_bytes": None,
+                "held_bandwidth_fraction": None}
+    return {"max_abs_error": check.max_abs_error, "tolerance": check.tolerance, "quantized": check.quantized,
+            "held_bytes": check.weight_bytes,
+            "held_bandwidth_fraction": check.weight_bytes / (roofs.gbytes_per_s * 1e9) / median_s}
 
 
 def table_rows(measured: dict[Case, Measured], roofs: Roofs, names: list[str]) -> list[dict]:
     """The table's rows, case by case in the engines' order, wrong results as error rows."""
     rows = []
     for case, m in measured.items():
-        here = summarize(case, m.times, m.flops, m.weight_bytes, roofs) if m.times else []
+        here = summarize(case, m.times, m.flops, m.weight_bytes, roofs, m.checks) if m.times else []
         here += [{"case": case.id, "model": case.model, "batch": case.batch, "dim": case.dim, "seq": case.seq,
                   "engine": name, "error": why} for name, why in m.wrong.items()]
         rows += sorted(here, key=lambda r: names.index(r["engine"]))

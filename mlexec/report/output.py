@@ -12,19 +12,30 @@ from .. import targets
 from ..units import fmt_time
 from .inputs import ReportError
 
-_HEADER = ["case", "engine", "median", "IQR %", "× naive", "× onnxruntime", "of roofline"]
+_HEADER = ["case", "engine", "median", "IQR %", "× naive", "× onnxruntime", "of roofline", "max abs error"]
 
 
 def _ratio(v, iqr) -> str:
     return "-" if v is None else f"{v:.2f}x ({iqr[0]:.2f}-{iqr[1]:.2f})"
 
 
+def error_cell(row: dict) -> str:
+    """The max abs error against the float64 reference; a quantized engine's labelled, with its own bar."""
+    err = row.get("max_abs_error")
+    if err is None:
+        return "-"
+    if row.get("quantized"):
+        return f"{err:.3f} quantized (bar {row['tolerance']:g})"
+    return f"{err:.1e}"
+
+
 def _cells(row: dict) -> list[str]:
     head = [row["case"], row["engine"]]
     if row.get("error"):
-        return head + [row["error"], "", "", "", ""]
+        return head + [row["error"], "", "", "", "", ""]
     return head + [fmt_time(row["median_s"]), f"{row['iqr_pct']:.0f}", _ratio(row["vs_naive"], row["vs_naive_iqr"]),
-                   _ratio(row["vs_onnxruntime"], row["vs_onnxruntime_iqr"]), f"{100 * row['roofline_fraction']:.0f}%"]
+                   _ratio(row["vs_onnxruntime"], row["vs_onnxruntime_iqr"]), f"{100 * row['roofline_fraction']:.0f}%",
+                   error_cell(row)]
 
 
 def _preamble(report: dict) -> list[str]:
@@ -37,7 +48,8 @@ def _preamble(report: dict) -> list[str]:
             f"{report['threads']} BLAS thread(s), {report['rounds']} interleaved round(s) per shape"
             f"{_rechecked(report)}; heap: {report.get('heap', 'not recorded')}",
             "× naive, × onnxruntime: median (IQR) over rounds of their time over this engine's (> 1: faster); "
-            "of roofline: max(flops / matmul roof, weight bytes / copy roof) over the median"]
+            "of roofline: max(flops / matmul roof, weight bytes / copy roof) over the median; "
+            "max abs error: against the float64 reference on the timed input (quantized: 8-bit, held to its own bar)"]
 
 
 def _rechecked(report: dict) -> str:
