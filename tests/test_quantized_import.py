@@ -92,7 +92,8 @@ def test_integer_steps_become_float_ops_with_quantize_steps(name, files):
     model = load_onnx(files[name])
     kinds = [op.kind for op in model.ops]
     assert "fake_quant" in kinds and model.quantized
-    assert model.tolerance[0] == QUANTIZED_ABS_TOL
+    steps = [op.attrs["scale"] for op in model.ops if op.kind == "fake_quant" and "scale" in op.attrs]
+    assert model.tolerance[0] == max(QUANTIZED_ABS_TOL, 2 * max(steps, default=0))
     dynamic = [op for op in model.ops if op.kind == "fake_quant" and "scale" not in op.attrs]
     assert bool(dynamic) == name.endswith("dynamic")
     assert not load_onnx(export(MODELS["mlp"](dim=64), onnx).SerializeToString()).quantized, "a float file"
@@ -192,3 +193,22 @@ def test_planned_engines_allocate_nothing_on_quantized_files(name, files):
     for engine_name in ("arena", "fused"):
         engine = ENGINES[engine_name](model, 4)
         assert tracemalloc_peak(engine, model.random_input(4, rng=0)) <= 4096, engine_name
+
+
+@pytest.mark.parametrize("name", ["mlp-qdq", "cnn-qdq"])
+def test_int8_runs_a_qdq_file_on_its_own_scales_and_zero_points(name, files):
+    """Each int8 linear and conv of a QDQ file quantizes its input with the file's scale and zero
+    point (oneDNN's source zero point), on the file's weight integers: its products are the file's
+    integer products, so at least 99 % of its outputs equal the file's arithmetic exactly."""
+    int8 = ENGINES["int8"]
+    model = load_onnx(files[name])
+    try:
+        engine = int8(model, 8)
+    except EngineUnavailable as exc:
+        pytest.skip(f"int8 needs oneDNN: {exc}")
+    grids = [s.attrs["grid"] for s in engine.steps if s.kind in ("int8_linear", "int8_conv")]
+    assert grids and all(g is not None for g in grids)
+    for batch in (1, 8):
+        x = model.random_input(batch, rng=batch)
+        theirs = _file_semantics(files[name]).run(None, {model.input: x})[0]
+        assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"

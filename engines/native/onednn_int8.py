@@ -20,6 +20,7 @@ from .onednn import DST, F32, Q_IMPL, Q_WEIGHTS, SRC, Dims, Dnnl, Owned, P
 S32, S8, U8 = 4, 5, 6                           # dnnl_data_type_t
 DATA_TYPES = {np.dtype(np.float32): F32, np.dtype(np.int32): S32, np.dtype(np.int8): S8, np.dtype(np.uint8): U8}
 ATTR_SCALES = 4096                              # DNNL_ARG_ATTR_SCALES
+ATTR_ZERO_POINTS = 8192                         # DNNL_ARG_ATTR_ZERO_POINTS
 POST_OP_BASE = 32768                            # DNNL_ARG_ATTR_MULTIPLE_POST_OP_BASE
 ARG_SRC_1 = 2
 PER_COLUMN = 1 << 1                             # scale mask: one scale per index of dim 1 (out channel)
@@ -44,14 +45,17 @@ class TypedOwned(Owned):
                                               DATA_TYPES[a.dtype], Dims(*[s // a.itemsize for s in a.strides])))
 
     def quantized_attr(self, scales: dict[int, int], binaries: list, eltwise: tuple | None,
-                       sum_: bool = False) -> P:
-        """Attributes: a user scratchpad, run-time scales (argument -> mask), then post-ops: the
-        sum into the output (a residual already there) or the binary ones in order (``(algorithm,
-        md)``, their operands at ``post_op_arg(i)``), then the activation ``(algorithm, alpha, beta)``."""
+                       sum_: bool = False, zero_points: dict[int, int] | None = None) -> P:
+        """Attributes: a user scratchpad, run-time scales and zero points (argument -> mask), then
+        post-ops: the sum into the output (a residual already there) or the binary ones in order
+        (``(algorithm, md)``, their operands at ``post_op_arg(i)``), then the activation
+        ``(algorithm, alpha, beta)``. Zero points are s32, passed as ``ATTR_ZERO_POINTS | argument``."""
         attr = self.attr()
         d = self.dnnl
         for arg, mask in scales.items():
             d.check(d.lib.dnnl_primitive_attr_set_scales_mask(attr, arg, mask), "scales mask")
+        for arg, mask in (zero_points or {}).items():
+            d.check(d.lib.dnnl_primitive_attr_set_zero_points_mask(attr, arg, mask), "zero points mask")
         self.post_ops(attr, sum_, binaries, eltwise)
         return attr
 
@@ -154,5 +158,5 @@ def quantize_columns(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray
     return q, scales.astype(np.float32)
 
 
-__all__ = ["ATTR_SCALES", "PER_COLUMN", "PER_ROW", "QuantizedWeights", "S8", "S32", "TypedOwned", "U8",
+__all__ = ["ATTR_SCALES", "ATTR_ZERO_POINTS", "PER_COLUMN", "PER_ROW", "QuantizedWeights", "S8", "S32", "TypedOwned", "U8",
            "implementation", "implementations", "post_op_arg", "quantize_columns", "with_implementation"]

@@ -43,7 +43,7 @@ from ..ir.calls import maximum, rows2d
 from ..ir.conv import conv_attrs
 from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..native.onednn import ANY, BIAS, BINARY_ADD, DST, PLAIN, RELU, SRC, WEIGHTS, library
-from ..native.onednn_int8 import (ATTR_SCALES, PER_ROW, QuantizedWeights, TypedOwned, implementations, post_op_arg,
+from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementations, post_op_arg,
                                   quantize_columns, with_implementation)
 from ..kernels import on_one_thread, tuning_enabled
 from ..kernels.timing import measure_forwards
@@ -129,7 +129,7 @@ class Int8Engine(OneDnnEngine):
             return
         step = lw.steps[at]
         if op.kind == "linear":
-            lw.steps[at] = self._quantized_step(lw, step)
+            lw.steps[at] = self._quantized_step(lw, step, _file_grid(lw, op.inputs[0]))
         elif step.attrs["pool"] is None:
             lw.steps[at] = self._quantized_conv(lw, op, step)
         else:
@@ -155,14 +155,15 @@ class Int8Engine(OneDnnEngine):
         size = math.prod(src_shape)
         scratch = (lw.buffer(op.output + ".q8", (-(-size // 4),)), lw.buffer(op.output + ".min", (1,)),
                    lw.buffer(op.output + ".amax", (1,)))
+        grid = _file_grid(lw, op.inputs[0])
         return FusedStep("int8_conv", step.out, step.reads, scratch, (linear,),
-                         {**step.attrs, "channels": lw.model.shapes[op.inputs[0]][0], "group": group,
-                          "unsigned": _non_negative(lw, step.reads[0])})
+                         {**step.attrs, "channels": lw.model.shapes[op.inputs[0]][0], "group": group, "grid": grid,
+                          "unsigned": grid[2] == 0 if grid else _non_negative(lw, step.reads[0])})
 
-    def _quantized_step(self, lw: Lowering, step: FusedStep) -> FusedStep:
+    def _quantized_step(self, lw: Lowering, step: FusedStep, grid: tuple | None) -> FusedStep:
         """The int8 form of a fused linear step: its folded float weights quantized per output
         channel; scratch for the activations' 8-bit copy (4 per float slot), their row minima and
-        their row scales."""
+        their row scales. ``grid``: a quantized file's step its input lies on (``_file_grid``)."""
         w32, b32 = step.operands[:2]
         q, scales = quantize_columns(w32, LEVELS)
         linear = QuantizedLinear(QuantizedWeights(self.dnnl, _one(q)), scales, np.ascontiguousarray(b32, np.float32))
@@ -174,8 +175,8 @@ class Int8Engine(OneDnnEngine):
                    lw.buffer(step.out + ".min", (*rows, 1)),
                    lw.buffer(step.out + ".amax", (*rows, 1)))
         return FusedStep("int8_linear", step.out, step.reads, scratch, (linear,),
-                         {"relu": step.kind == "linear_relu", "residual": step.kind == "linear_add",
-                          "unsigned": _non_negative(lw, step.reads[0])})
+                         {"relu": step.kind == "linear_relu", "residual": step.kind == "linear_add", "grid": grid,
+                          "unsigned": grid[2] == 0 if grid else _non_negative(lw, step.reads[0])})
 
     # --- binding -----------------------------------------------------------------------------
 
@@ -218,6 +219,22 @@ class Int8Engine(OneDnnEngine):
                                  for key, v in self.chosen.items() if key in self.matmul_keys]}
 
 
+def _file_grid(lw: Lowering, tensor: str) -> tuple[float, int, int] | None:
+    """(scale, zero point, lowest level) where ``tensor`` is a quantized file's static 8-bit step
+    (``fake_quant``): the int8 step reading it quantizes with the file's scale and zero point, so
+    its integers are the file's and its products those ONNX Runtime's integer kernels compute."""
+    op = next((o for o in lw.model.ops if o.output == tensor), None)
+    if op is None or op.kind != "fake_quant" or "scale" not in op.attrs:
+        return None
+    a = op.attrs
+    return (a["scale"], a["zero_point"], a["lo"]) if (a["lo"], a["hi"]) in ((0, 255), (-128, 127)) else None
+
+
+def _grid_operands(grid: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """The file's scale (1,) float32 and zero point (1,) int32, as oneDNN's run-time arguments."""
+    return np.array([grid[0]], np.float32), np.array([grid[1]], np.int32)
+
+
 def _non_negative(lw: Lowering, buffer: str) -> bool:
     """Whether ``buffer`` holds no negative value: written last by a linear or conv with its ReLU
     (or a Clip from 0, ReLU6), a ReLU, or a pool or concat of such buffers (a quantized reader then
@@ -256,13 +273,17 @@ def quantize_calls(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, lo: n
     return calls + _scaled_cast(eng, step, x2, q, amax.reshape(-1), per_row)
 
 
-def _scaled_cast(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, scales: np.ndarray, per_row: bool) -> list:
-    """q = x2 / scales (per row, or one for all), rounded to nearest even and saturated: oneDNN's
-    reorder f32 -> 8 bits with run-time destination scales, made and run on one thread."""
+def _scaled_cast(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, scales: np.ndarray, per_row: bool,
+                 zero_point: np.ndarray | None = None) -> list:
+    """q = x2 / scales (per row, or one for all) + zero_point, rounded to nearest even and
+    saturated: oneDNN's reorder f32 -> 8 bits with run-time destination scales, made and run on one
+    thread."""
     o = eng.typed
     src, dst = o.strided(x2), o.strided(q)
-    attr = o.quantized_attr({DST: PER_ROW if per_row else 0}, [], None)
+    attr = o.quantized_attr({DST: PER_ROW if per_row else 0}, [], None, zero_points=None if zero_point is None else {DST: 0})
     args = {SRC: (src, x2), DST: (dst, q), ATTR_SCALES | DST: (o.typed(scales.shape, PLAIN[1], np.float32), scales)}
+    if zero_point is not None:
+        args[ATTR_ZERO_POINTS | DST] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
     quantize = replace(step, kind="int8_quantize")       # its own line in report()["primitives"]
     return _on_variant(ONE_THREAD_VARIANT, lambda: [eng.execute(o.reorder_pd(src, dst, attr), args, quantize)])
 
@@ -319,8 +340,9 @@ class Matmul:
         return {**self.args, WEIGHTS: weights.take(pd, keep)}
 
 
-def _matmul(eng: Int8Engine, step, q, y2, amax, ins) -> Matmul:
+def _matmul(eng: Int8Engine, step, q, y2, amax, ins, zero_point: np.ndarray | None = None) -> Matmul:
     """The descriptors and arguments of the step's matmul: (1, rows, k) x (1, k, n) -> (1, rows, n).
+    With ``zero_point`` (a file's grid): one source scale and that source zero point.
 
     3-D because oneDNN 3.2's brgemm matmul takes a (1, rows, 1) binary operand (the row scales),
     while on the 2-D form a (rows, 1) one fell back to its reference code (``ref:any``, hundreds
@@ -331,20 +353,23 @@ def _matmul(eng: Int8Engine, step, q, y2, amax, ins) -> Matmul:
     src, dst = o.strided(_one(q)), o.strided(_one(y2))
     args = {SRC: (src, _one(q)), DST: (dst, _one(y2)),
             ATTR_SCALES | WEIGHTS: (o.typed((n,), PLAIN[1], np.float32), linear.scales)}
-    binaries = []
-    if eng.row_scales:                                 # per-row scales, then the bias, as post-ops
+    binaries, zero_points = [], None
+    if eng.row_scales and zero_point is None:          # per-row scales, then the bias, as post-ops
         binaries += [(BINARY_MUL, _one(amax)), (BINARY_ADD, bias)]
         scales, bias_md = {WEIGHTS: PER_COLUMN_3D}, None
     else:                                              # one scale for the tensor, the bias in the primitive
         scales, bias_md = {SRC: 0, WEIGHTS: PER_COLUMN_3D}, o.strided(bias)
         args[BIAS] = (bias_md, bias)
         args[ATTR_SCALES | SRC] = (o.typed((1,), PLAIN[1], np.float32), amax.reshape(1))
+        if zero_point is not None:
+            zero_points = {SRC: 0}
+            args[ATTR_ZERO_POINTS | SRC] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
     if attrs["residual"]:
         binaries.append((BINARY_ADD, _one(rows2d(ins[1]))))
     described = [(alg, o.strided(a), a) for alg, a in binaries]
     args.update({post_op_arg(i): (md, a) for i, (_, md, a) in enumerate(described)})
     attr = o.quantized_attr(scales, [(alg, md) for alg, md, _ in described],
-                            (RELU, 0.0, 0.0) if attrs["relu"] else None)
+                            (RELU, 0.0, 0.0) if attrs["relu"] else None, zero_points=zero_points)
     return Matmul(o, src, dst, bias_md, attr, args, k, n)
 
 
@@ -378,17 +403,23 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     k, n = linear.weights.shape[-2:]
     q = rows2d(scratch[0]).view(np.uint8 if attrs["unsigned"] else np.int8)[:, :k]
     lo, amax = rows2d(scratch[1]), rows2d(scratch[2])
-    if not eng.row_scales:
-        lo, amax = lo[:1], amax[:1]                    # one scale for the whole batch
-    mm = _matmul(eng, step, q, y2, amax, ins)
+    if attrs["grid"]:                                  # the file's scale and zero point
+        amax, zero_point = _grid_operands(attrs["grid"])
+        quantize = _scaled_cast(eng, step, x2, q, amax, False, zero_point)
+    else:
+        if not eng.row_scales:
+            lo, amax = lo[:1], amax[:1]                # one scale for the whole batch
+        zero_point, quantize = None, quantize_calls(eng, step, x2, q, lo, amax, eng.row_scales)
+    mm = _matmul(eng, step, q, y2, amax, ins, zero_point)
     brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
-    variant = eng.variant((x2.shape[0], k, n, q.dtype.name, attrs["relu"], attrs["residual"], eng.row_scales), brgemm,
+    scaling = "grid" if attrs["grid"] else eng.row_scales
+    variant = eng.variant((x2.shape[0], k, n, q.dtype.name, attrs["relu"], attrs["residual"], scaling), brgemm,
                           lambda v: _trial_calls(mm, v, linear.weights))
 
     def make():
         pd = mm.pd(variant)
         return [eng.execute(pd, mm.arguments(pd, linear.weights), step)]
-    return quantize_calls(eng, step, x2, q, lo, amax, eng.row_scales) + _on_variant(variant, make)
+    return quantize + _on_variant(variant, make)
 
 
 def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
@@ -402,8 +433,14 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     hw = ins[0].shape[-2:]
     x2 = ins[0].reshape(batch, -1)
     q2 = scratch[0].view(np.uint8 if attrs["unsigned"] else np.int8)[:, :x2.shape[1]]
-    amax = scratch[2]
-    calls = quantize_calls(eng, step, x2, q2, scratch[1], amax, True)
+    zero_point = None
+    if attrs["grid"]:                                  # the file's scale and zero point, every sample
+        scale, zero_point = _grid_operands(attrs["grid"])
+        amax = np.broadcast_to(scale, (batch, 1))
+        calls = _scaled_cast(eng, step, x2, q2, scale, False, zero_point)
+    else:
+        amax = scratch[2]
+        calls = quantize_calls(eng, step, x2, q2, scratch[1], amax, True)
     if attrs["residual"] and step.reads[1] != step.out:
         calls.append((np.copyto, (y, ins[1])))
     one = (1, attrs["channels"], *hw)
@@ -414,16 +451,18 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     b_md = o.typed((w_dims[0] * (w_dims[1] if group > 1 else 1),), PLAIN[1], np.float32)
     act = attrs["conv"].get("activation", "none")
     attr = o.quantized_attr({SRC: 0, WEIGHTS: PER_GROUP_CHANNEL if group > 1 else PER_OUT_CHANNEL}, [],
-                            None if act == "none" else ELTWISE[act](attrs["conv"]), sum_=attrs["residual"])
+                            None if act == "none" else ELTWISE[act](attrs["conv"]), sum_=attrs["residual"],
+                            zero_points=None if zero_point is None else {SRC: 0})
     pd = o.conv_pd(src, o.typed(w_dims, ANY, np.int8), b_md, dst, win.strides, tuple(d - 1 for d in win.dilations),
                    win.pads[:2], win.end_pads(*hw), attr)
     weights = linear.weights.take(pd)
     scale_md, one_scale = o.typed((len(linear.scales),), PLAIN[1], np.float32), o.typed((1,), PLAIN[1], np.float32)
+    zero = {} if zero_point is None else {ATTR_ZERO_POINTS | SRC: (o.typed((1,), PLAIN[1], np.int32), zero_point)}
     for i in range(batch):                              # one sample each: its own source scale
         calls.append(eng.execute(pd, {SRC: (src, q2[i:i + 1]),
                                       WEIGHTS: weights, BIAS: (b_md, linear.bias), DST: (dst, y[i:i + 1]),
                                       ATTR_SCALES | SRC: (one_scale, amax[i]),
-                                      ATTR_SCALES | WEIGHTS: (scale_md, linear.scales)}, step))
+                                      ATTR_SCALES | WEIGHTS: (scale_md, linear.scales), **zero}, step))
     return calls
 
 
