@@ -107,9 +107,9 @@ class Int8Engine(OneDnnEngine):
         except EngineUnavailable as exc:
             raise EngineUnavailable(f"the int8 engine runs its linears and convs on oneDNN's int8 primitives "
                                     f"({exc})") from exc
-        self.quantized: list[QuantizedLinear] = []
+        self.quantized_linears: list[QuantizedLinear] = []
         super().__init__(model, max_batch)
-        for linear in self.quantized:          # bound at max_batch: the plain s8 copies can go
+        for linear in self.quantized_linears:          # bound at max_batch: the plain s8 copies can go
             linear.weights.settle()
         self.weight_bytes = sum(a.nbytes for step in self.steps for a in step.operands
                                 if isinstance(a, (np.ndarray, QuantizedLinear)))
@@ -150,7 +150,7 @@ class Int8Engine(OneDnnEngine):
         if group > 1:                                   # oneDNN's grouped weights: (g, oc / g, ic / g, kh, kw)
             plain = plain.reshape(group, w32.shape[0] // group, *w32.shape[1:])
         linear = QuantizedLinear(QuantizedWeights(self.dnnl, plain), scales, np.ascontiguousarray(b32, np.float32))
-        self.quantized.append(linear)
+        self.quantized_linears.append(linear)
         src_shape = self.shapes[step.reads[0]]
         size = math.prod(src_shape)
         scratch = (lw.buffer(op.output + ".q8", (-(-size // 4),)), lw.buffer(op.output + ".min", (1,)),
@@ -167,7 +167,7 @@ class Int8Engine(OneDnnEngine):
         w32, b32 = step.operands[:2]
         q, scales = quantize_columns(w32, LEVELS)
         linear = QuantizedLinear(QuantizedWeights(self.dnnl, _one(q)), scales, np.ascontiguousarray(b32, np.float32))
-        self.quantized.append(linear)
+        self.quantized_linears.append(linear)
         src_shape = self.shapes[step.reads[0]]
         lead, k = src_shape[:-1], src_shape[-1]
         rows = lead if self.row_scales else (1,) * len(lead)
@@ -213,7 +213,7 @@ class Int8Engine(OneDnnEngine):
         """onednn's report, with how the int8 linears' activations are scaled and, per matmul shape
         (rows x k x n), the variant that runs it and what each measured."""
         return {**super().report(), "activation_scales": "row" if self.row_scales else "tensor",
-                "quantized_linears": len(self.quantized),
+                "quantized_linears": len(self.quantized_linears),
                 "int8_matmuls": [{"gemm": "x".join(map(str, key[:3])), "source": key[3], "variant": str(v),
                                   "candidates_us": {name: t * 1e6 for name, t in self.timings.get(key, {}).items()}}
                                  for key, v in self.chosen.items() if key in self.matmul_keys]}
