@@ -43,12 +43,12 @@ def test_weights_quantized_per_output_channel_and_held_as_one_byte():
     model = MODELS["mlp"](dim=256, seed=3)
     engine = make_engine("int8", model, 4)
     w = model.params["fc1.w"]                       # fc1 reads the input: nothing folded into it
-    first = engine.quantized[0]
+    first = engine.quantized_linears[0]
     np.testing.assert_allclose(first.scales, np.abs(w).max(axis=0) / LEVELS, rtol=1e-6)
     q, scales = quantize_columns(w, LEVELS)
     assert q.dtype == np.int8 and np.abs(q).max(axis=0).min() == LEVELS      # every column uses its range
     assert np.max(np.abs(q * scales.astype(np.float64) - w)) <= scales.max() / 2 * (1 + 1e-6)
-    for linear in engine.quantized:
+    for linear in engine.quantized_linears:
         assert linear.weights.plain is None                    # the plain copy was dropped
         assert [a.dtype for _, a in linear.weights.layouts] == [np.int8]
     floats = make_engine("onednn", model, 4).weight_bytes
@@ -145,7 +145,7 @@ def test_a_batch_size_bound_later_gets_its_layout_from_the_held_one():
     x = model.random_input(1, 0)
     abs_err, rel_err = _errors(engine, model, x)
     assert abs_err < engine.abs_tol and rel_err < engine.rel_tol
-    layouts = [len(linear.weights.layouts) for linear in engine.quantized]
+    layouts = [len(linear.weights.layouts) for linear in engine.quantized_linears]
     assert all(n >= 1 for n in layouts) and all(linear.weights.plain is None for linear in engine.quantized)
 
 
