@@ -15,7 +15,8 @@ chosen engines and returns a JSON-serializable dict:
   allocated during one warm ``forward`` (tracemalloc, which sees NumPy's array allocations), the
   engine's planned ``activation_bytes`` and ``weight_bytes``, memory saved vs
   ``naive``, and the max abs error against the float64 reference with a
-  pass/fail at the engine's ``abs_tol`` (``engines.ir.models.ABS_TOL``, or an int8 engine's own);
+  pass/fail at the engine's ``abs_tol`` (``engines.ir.models.ABS_TOL``, or an int8 engine's own),
+  and ``quantized`` where the engine computes in 8 bits (its error is quantization's);
 - a per-op breakdown of the eager (naive) run: median time and output bytes
   of every op, with its share of the total and the slowest ops ranked.
 
@@ -437,9 +438,11 @@ def _checked(name: str, engine, x, reference) -> dict:
     y = np.array(engine.forward(x), dtype=np.float64)   # warm-up, and a copy of the view
     error = float(np.max(np.abs(y - reference))) if y.size else 0.0
     tolerance = engine.tolerance[0]      # int8 states its own, looser bar; so does a quantized file
+    # quantized: the engine computes in 8 bits, its error is quantization's and its bar its own
     return {"name": name, "available": True, "weight_bytes": int(engine.weight_bytes),
             "activation_bytes": int(engine.activation_bytes), "peak_bytes": _peak_forward_bytes(engine, x),
-            "max_abs_error": error, "tolerance": tolerance, "passed": bool(error <= tolerance)}
+            "max_abs_error": error, "tolerance": tolerance, "passed": bool(error <= tolerance),
+            "quantized": bool(getattr(engine, "quantized", False))}
 
 
 def _build_engines(model: Model, x, names: list[str], batch: int, progress: _Progress) -> _Built:

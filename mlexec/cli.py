@@ -30,6 +30,13 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def error_label(engine: dict) -> str:
+    """An engine's max abs error; a quantized engine's labelled so, with the bar it is held to."""
+    if engine.get("quantized"):
+        return f"{engine['max_abs_error']:.2e} quantized (bar {engine['tolerance']:g})"
+    return f"{engine['max_abs_error']:.2e}"
+
+
 def format_result(result: dict) -> str:
     m = result["model"]
     given = "a seeded random input" if result["input"].get("random") else f"{result['input']['values']} value(s)"
@@ -45,7 +52,7 @@ def format_result(result: dict) -> str:
                      "-" if e["speedup_vs_naive"] is None else f"{e['speedup_vs_naive']:.2f}x",
                      fmt_bytes(e["peak_bytes"]), fmt_bytes(e["activation_bytes"]), fmt_bytes(e["weight_bytes"]),
                      "-" if e["memory_saved_pct"] is None else f"{e['memory_saved_pct']:.1f}%",
-                     f"{e['max_abs_error']:.2e}", "pass" if e["passed"] else f"FAIL (> {result['tolerance']:g})"])
+                     error_label(e), "pass" if e["passed"] else f"FAIL (> {e.get('tolerance', result['tolerance']):g})"])
     out.append(_table(rows))
     out += ["", "naive run, per op (* = among the slowest):"]
     origins = any(o.get("origin") for o in result["ops"])       # an imported model: its file's nodes

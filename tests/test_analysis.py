@@ -136,3 +136,26 @@ def test_huge_request_is_refused_before_allocation(monkeypatch):
         run_analysis("1", dim=4096, batch=1024)
     assert 4096 not in built   # only the tiny builds of the estimate ran
     assert estimate_bytes("mlp", 4096, 1024, 3) > LIMITS["max_estimated_bytes"]
+
+
+def test_a_quantized_engine_is_labelled_and_held_to_its_own_bar(small, monkeypatch):
+    """int8's and onnxruntime-int8's error is quantization's: shown as such, against their own bar;
+    over that bar the analysis fails, never passes silently."""
+    from mlexec.cli import format_result
+    quantized = "onnxruntime-int8"
+    try:
+        ENGINES[quantized](MODELS["mlp"](dim=8), 1)
+    except EngineUnavailable as exc:
+        pytest.skip(str(exc))
+    result = run_analysis("1.0, 0.5", engines=["naive", quantized], **small)
+    naive, peer = result["engines"]
+    assert naive["quantized"] is False and naive["tolerance"] == ABS_TOL
+    assert peer["quantized"] is True and peer["tolerance"] == ENGINES[quantized].abs_tol
+    assert ABS_TOL < peer["max_abs_error"] < peer["tolerance"] and peer["passed"] and result["all_passed"]
+    text = format_result(result)
+    assert f"quantized (bar {ENGINES[quantized].abs_tol:g})" in text and "FAIL" not in text
+    monkeypatch.setattr(ENGINES[quantized], "abs_tol", 1e-3)      # a bar its error exceeds
+    result = run_analysis("1.0, 0.5", engines=["naive", quantized], **small)
+    peer = result["engines"][1]
+    assert peer["passed"] is False and result["all_passed"] is False
+    assert "quantized (bar 0.001)" in format_result(result) and "FAIL (> 0.001)" in format_result(result)

@@ -407,3 +407,26 @@ def test_one_model_file_is_imported_at_a_time(uploads, monkeypatch):
     assert ("the server is importing other model files (waited 0.2 s); try again in 3 s"
             in second.get_data(as_text=True))
     assert list(folder.iterdir()) == []
+
+
+def test_a_quantized_engine_is_shown_against_its_own_bar(client):
+    from engines import ENGINES, EngineUnavailable, MODELS
+    try:
+        ENGINES["onnxruntime-int8"](MODELS["mlp"](dim=8), 1)
+    except EngineUnavailable as exc:
+        pytest.skip(str(exc))
+    page = client.post("/analyze", data=dict(FORM, engines=["naive", "onnxruntime-int8"])).get_data(as_text=True)
+    bar = ENGINES["onnxruntime-int8"].abs_tol
+    assert f"quantized, bar {bar}" in page
+    assert f"quantized: onnxruntime-int8 within its own bar, {bar}" in page
+    # over its bar: the verdict fails, naming the engine and its bar (rendered from such a result)
+    app = create_app({"BASELINES_ROOT": str(FIXTURES / "baselines")})
+    from mlexec.analysis import run_analysis
+    result = run_analysis("0.25, -1.5", engines=["naive", "onnxruntime-int8"], dim=48, repeat=2)
+    result["engines"][1].update(tolerance=1e-3, passed=False)
+    result["all_passed"] = False
+    with app.test_request_context():
+        from flask import render_template
+        page = render_template("results.html", result=result, form=dict(FORM))
+    assert "FAILED: onnxruntime-int8 off by" in page and "over its own bar (quantized) 0.001" in page
+    assert "FAIL (&gt; 0.001)" in page or "FAIL (> 0.001)" in page
