@@ -146,7 +146,7 @@ def test_a_batch_size_bound_later_gets_its_layout_from_the_held_one():
     abs_err, rel_err = _errors(engine, model, x)
     assert abs_err < engine.abs_tol and rel_err < engine.rel_tol
     layouts = [len(linear.weights.layouts) for linear in engine.quantized_linears]
-    assert all(n >= 1 for n in layouts) and all(linear.weights.plain is None for linear in engine.quantized)
+    assert all(n >= 1 for n in layouts) and all(linear.weights.plain is None for linear in engine.quantized_linears)
 
 
 # --- convolutions: the CNNs that ship with onnx, with random weights (tests/test_cnn_models.py) ---
