@@ -4,7 +4,8 @@ at batch 1 and 4; a graph that almost matches stays generic and matches too.
 
 The patterns are those of Hugging Face exports (scripts/export_zoo.py): attention with a folded
 causal or padding mask and SDPA's NaN guard (GPT-2, BERT, DistilBERT), an export's mask of zeros
-(the dynamo exports of ViT and wav2vec 2.0), and GPT-2's GELU in tanh form.
+(the dynamo exports of ViT and wav2vec 2.0), T5's unscaled attention with its position bias and
+padding mask added one after the other, and GPT-2's GELU in tanh form.
 """
 import math
 
@@ -128,11 +129,72 @@ def test_a_fully_masked_row_keeps_the_guard():
     assert kinds == ["linear", "attn_scores", "binary", "softmax", "isnan", "where", "attn_context"], kinds
 
 
-@pytest.mark.parametrize("graph", [sdpa(causal(), guard=1.0), sdpa(causal(), scale=0.5)],
-                         ids=["guard-fill-1", "misscaled"])
-def test_attention_that_almost_matches_stays_generic(graph):
-    kinds = check(graph)
+def test_attention_that_almost_matches_stays_generic():
+    """A guard that fills NaN rows with 1 is not the identity on them: the pattern is not SDPA's."""
+    kinds = check(sdpa(causal(), guard=1.0))
     assert "attn_scores" not in kinds and kinds.count("matmul") == 2, kinds
+
+
+def test_another_scale_is_attn_scores_scale():
+    """Scalings that do not multiply to 1/sqrt(head_dim) are kept as ``attn_scores``' scale."""
+    model = load_onnx(sdpa(causal(), scale=0.5))
+    assert [op.attrs.get("scale") for op in model.ops if op.kind == "attn_scores"] == [0.25]
+    assert check(sdpa(causal(), scale=0.5)) == MASKED
+
+
+def padding(seq: int = SEQ) -> np.ndarray:
+    """A padding mask over keys: the last one masked with float32's lowest, as transformers writes it."""
+    mask = np.zeros((1, 1, 1, seq), np.float32)
+    mask[..., -1] = np.finfo(np.float32).min
+    return mask
+
+
+def t5(adds: int = 2) -> bytes:
+    """T5's self-attention as both exporters write its eager form: q, k and v projected apart with
+    no bias, scores not scaled (T5 keeps 1/sqrt(head_dim) in q's weights), plus the relative
+    position bias (heads, seq, seq) and then the padding mask (``adds`` 1: their sum, one add, as
+    TorchScript exports T5's SDPA path), softmax, context moved back to (seq, dim)."""
+    head = DIM // HEADS
+    nodes = [*[N("MatMul", ["x", f"w{t}"], [f"{t}0"]) for t in "qkv"],
+             *[N("Reshape", [f"{t}0", "heads"], [f"{t}1"]) for t in "qkv"],
+             N("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]), N("Transpose", ["k1"], ["kT"], perm=[0, 2, 3, 1]),
+             N("Transpose", ["v1"], ["v"], perm=[0, 2, 1, 3]), N("MatMul", ["q", "kT"], ["scores"])]
+    bias = _f32(RNG.standard_normal((1, HEADS, SEQ, SEQ)))
+    inits = {**{f"w{t}": _f32(RNG.standard_normal((DIM, DIM)) / math.sqrt(DIM)) for t in "qkv"},
+             "heads": _i64(0, SEQ, HEADS, head), "back": _i64(0, SEQ, DIM)}
+    if adds == 2:
+        nodes += [N("Add", ["scores", "bias"], ["biased"]), N("Add", ["biased", "mask"], ["masked"])]
+        inits.update(bias=bias, mask=padding())
+    else:
+        nodes.append(N("Add", ["scores", "bias"], ["masked"]))
+        inits.update(bias=bias + padding())
+    nodes += [N("Softmax", ["masked"], ["p"], axis=-1), N("MatMul", ["p", "v"], ["ctx"]),
+              N("Transpose", ["ctx"], ["ctxT"], perm=[0, 2, 1, 3]), N("Reshape", ["ctxT", "back"], ["y"])]
+    return build(nodes, inits)
+
+
+@pytest.mark.parametrize("adds", [1, 2])
+def test_t5_attention_is_the_fused_attention_with_scale_1(adds):
+    """Its position bias and padding mask are one constant add between the scores and the softmax."""
+    assert check(t5(adds)) == MASKED
+    model = load_onnx(t5(adds))
+    assert [op.attrs for op in model.ops if op.kind == "attn_scores"] == [{"heads": HEADS, "scale": 1.0}]
+
+
+def constant_adds(read_twice: bool = False) -> bytes:
+    """x + a row vector + a (seq, dim) block; ``read_twice``: the first sum is also an output's term."""
+    nodes = [N("Add", ["x", "row"], ["a"]), N("Add", ["a", "block"], ["b" if read_twice else "y"])]
+    if read_twice:
+        nodes.append(N("Mul", ["a", "b"], ["y"]))
+    return build(nodes, {"row": _f32(RNG.standard_normal(DIM)), "block": _f32(RNG.standard_normal((SEQ, DIM)))})
+
+
+def test_two_constant_adds_are_one():
+    assert check(constant_adds()) == ["binary"]
+
+
+def test_constant_adds_with_the_first_sum_read_elsewhere_stay_two():
+    assert check(constant_adds(read_twice=True)) == ["binary", "binary", "binary"]
 
 
 def tanh_gelu(form: str, c: float = 0.044715) -> bytes:
@@ -162,16 +224,17 @@ def test_gelu_in_tanh_form_with_another_constant_stays_generic():
 
 
 @NAN_ROWS
-@pytest.mark.parametrize("graph", ["causal", "guarded-row", "zeros", "gelu-first", "gelu-last"])
+@pytest.mark.parametrize("graph", ["causal", "guarded-row", "zeros", "gelu-first", "gelu-last", "t5", "adds"])
 def test_each_fusion_keeps_the_float64_reference(graph):
     """The pass alone, on the generic ops: the same float64 output (the dropped guard and the
     dropped zero mask are exact on finite scores)."""
     row = causal()
     row[0] = -np.inf
     data = {"causal": sdpa(causal()), "guarded-row": sdpa(row), "zeros": sdpa(np.zeros((SEQ, SEQ), np.float32)),
-            "gelu-first": tanh_gelu("half-first"), "gelu-last": tanh_gelu("half-last")}[graph]
+            "gelu-first": tanh_gelu("half-first"), "gelu-last": tanh_gelu("half-last"), "t5": t5(),
+            "adds": constant_adds()}[graph]
     raw = load_onnx(data, passes=False)
-    fused = passes.fuse_attention(passes.fuse_gelu_tanh(raw))
+    fused = passes.fuse_attention(passes.fuse_gelu_tanh(passes.fold_constant_adds(raw)))
     assert len(fused.ops) < len(raw.ops)
     x = raw.random_input(3, rng=11)
     ref = raw.reference(x)

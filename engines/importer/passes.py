@@ -87,6 +87,36 @@ def fold_bias(model: Model) -> Model:
     return _rebuild(model, [op for op in ops if op is not None], params, origin) if None in ops else model
 
 
+def _added_block(op: Op, params) -> np.ndarray | None:
+    """What an add of a constant adds, as a flat float64 block repeating along the sample (a
+    scalar: a block of one), else None."""
+    if op.kind != "binary" or op.attrs.get("fn") != "add" or op.attrs.get("swap") or len(op.inputs) != 1:
+        return None
+    if op.attrs.get("scalar") is not None:
+        return np.array([op.attrs["scalar"]], np.float64)
+    return params[op.params[0]].astype(np.float64).reshape(-1) if len(op.params) == 1 else None
+
+
+def fold_constant_adds(model: Model) -> Model:
+    """An add of a constant, read only by another add of a constant, whose blocks repeat one
+    within the other: one add of their sum (T5's eager attention adds its position bias, then
+    its padding mask, to the scores; ``fuse_attention`` then keeps one mask)."""
+    def merge(first, second, params):
+        a, b = _added_block(first, params), _added_block(second, params)
+        if a is None or b is None or second.inputs != (first.output,):
+            return None
+        small, large = sorted((a, b), key=len)
+        if len(large) % len(small):
+            return None
+        total = np.tile(small, len(large) // len(small)) + large
+        if len(total) == 1:
+            return Op("binary", first.inputs, second.output, (), {"fn": "add", "swap": False,
+                                                                   "scalar": float(total[0])})
+        name = _new_param(params, (second.params or first.params)[0] + ".sum", total)
+        return Op("binary", first.inputs, second.output, (name,), {"fn": "add", "swap": False, "width": len(total)})
+    return _absorb(model, merge)
+
+
 def fuse_gelu_erf(model: Model) -> Model:
     """x · (1 + erf(x / √2)) · 0.5, as exporters write GELU, becomes one ``gelu_erf``."""
     ops, readers = list(model.ops), _readers(model.ops)
@@ -412,6 +442,7 @@ class _Attention:
     heads: int
     after: list[Op]              # the moves of the context back to (seq, dim)
     out: str                     # the tensor they write
+    scale: dict                  # attn_scores' ``scale`` attribute: {} for 1/sqrt(head_dim)
 
     @property
     def scores_out(self) -> str:
@@ -484,18 +515,23 @@ def _match_attention(soft: Op, ops, model: Model, by_out, readers) -> _Attention
     if not heads or (width // 3) % heads or score_shape != (heads, seq, seq):
         return None
     scale = moves[0].scale * moves[1].scale * (1.0 if scaled is None else _scale_of(scaled))
-    if not math.isclose(scale, 1.0 / math.sqrt(width // 3 // heads), rel_tol=1e-6) \
-            or not _heads_layout(moves, merged, seq, width, heads):
+    if not math.isfinite(scale) or not _heads_layout(moves, merged, seq, width, heads):
         return None
     back = _moves_back(context, ops, readers, model, seq, width // 3, heads)
     if back is None:
         return None
     found = _Attention(soft, scores, scaled, *_mask_and_guard(around, model, seq), context, moves, merged, qkv,
-                       heads, *back)
+                       heads, *back, _scale_attr(scale, width // 3 // heads))
     inner = _attention_outputs(found)
     if _escapes(inner - {found.out}, inner, ops, readers, model, soft, *([found.mask] if found.mask else [])):
         return None                      # a piece of the pattern is read outside it
     return found
+
+
+def _scale_attr(scale: float, head_dim: int) -> dict:
+    """``attn_scores``' attributes for the scores' product of scalings: none for 1/sqrt(head_dim)
+    (to float32 precision), else ``scale`` (T5's 1: its 1/sqrt(head_dim) is in the q weights)."""
+    return {} if math.isclose(scale, 1.0 / math.sqrt(head_dim), rel_tol=1e-6) else {"scale": scale}
 
 
 def _attention_outputs(a: _Attention) -> set[str]:
@@ -531,7 +567,7 @@ def _rewrite_attention(model: Model, found: list[_Attention]) -> Model:
     for a in found:
         _join(a, model, params, origin, shapes)
         new.update(dict.fromkeys(_attention_outputs(a)))
-        new[a.scores.output] = Op("attn_scores", (a.qkv,), a.scores_out, (), {"heads": a.heads})
+        new[a.scores.output] = Op("attn_scores", (a.qkv,), a.scores_out, (), {"heads": a.heads, **a.scale})
         new[a.out] = Op("attn_context", (a.probs, a.qkv), a.out, (), {"heads": a.heads})
         first = next(op for op in model.ops if op in a.merged) if a.merged else None
         for p in a.merged or ():
@@ -548,8 +584,9 @@ def fuse_attention(model: Model) -> Model:
     ``attn_context`` (three projections become one).
 
     Exact by construction: the moves are replayed on element indices and must give precisely
-    the zoo's head layout (``ops.split_heads``, ``ops.head_columns``), and the scalings must
-    multiply to 1/sqrt(head_dim) to float32 precision. A mask (a folded causal or padding mask,
+    the zoo's head layout (``ops.split_heads``, ``ops.head_columns``); the scalings' product
+    becomes ``attn_scores``' ``scale`` unless it is 1/sqrt(head_dim) to float32 precision (T5's
+    is 1). A mask (a folded causal or padding mask, or T5's position bias with its padding,
     added to the scaled scores) stays one ``binary`` add between ``attn_scores`` and the softmax;
     a mask of zeros goes. SDPA's guard Where(IsNaN(p), 0, p) goes where no row can be all -inf
     (it is then the identity on finite scores); else it stays before ``attn_context``.
@@ -708,5 +745,5 @@ def fuse_conv_maxpool(model: Model) -> Model:
 
 
 # In order: fusions first, then what they left unread.
-PASSES = (fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm, fuse_attention, fold_batchnorm, fold_affine,
-          fuse_conv_add, fuse_conv_activation, fuse_conv_maxpool, remove_dead)
+PASSES = (fold_constant_adds, fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm, fuse_attention,
+          fold_batchnorm, fold_affine, fuse_conv_add, fuse_conv_activation, fuse_conv_maxpool, remove_dead)
