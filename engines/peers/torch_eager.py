@@ -39,9 +39,9 @@ def op_functions(torch):
         parts = qkv.view(b, s, 3, h, width // (3 * h)).permute(2, 0, 3, 1, 4)
         return parts[0], parts[1], parts[2]
 
-    def attn_scores(qkv, *, heads: int):
+    def attn_scores(qkv, *, heads: int, scale: float | None = None):
         q, k, _ = _heads(qkv, heads)
-        return torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+        return torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
 
     def attn_context(probs, qkv, *, heads: int):
         _, _, v = _heads(qkv, heads)
