@@ -164,6 +164,12 @@ class Owned:
         return self._keep("md", self.dnnl.new("dnnl_memory_desc_create_with_strides", len(dims), Dims(*dims), F32,
                                               Dims(*strides)))
 
+    def submemory(self, parent, dims, offsets) -> P:
+        """The part of ``parent`` of ``dims`` from ``offsets``, laid out as it lies in ``parent``
+        (oneDNN refuses an offset inside a channel block of a blocked layout)."""
+        return self._keep("md", self.dnnl.new("dnnl_memory_desc_create_submemory", parent, Dims(*dims),
+                                              Dims(*offsets)))
+
     def clone(self, md) -> P:
         return self._keep("md", self.dnnl.new("dnnl_memory_desc_clone", P(md)))
 

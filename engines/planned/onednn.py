@@ -1,4 +1,4 @@
-"""onednn: fused's steps, with a CNN's convolutions, pools, LRN, channel concats and shuffles, and
+"""onednn: fused's steps, with a CNN's convolutions, pools, LRN, channel concats, slices and shuffles, and
 the batchnorms and ReLUs between them, run as oneDNN primitives on activations held in the
 layout oneDNN's convolutions take on this CPU, and the linears on oneDNN's matmul primitive
 (``kernels``' ``onednn-matmul``, ``matmul_calls``).
@@ -269,6 +269,25 @@ def _lower_shuffle(lw: Lowering, i: int, op) -> bool:
     return True
 
 
+def _lower_slice(lw: Lowering, i: int, op) -> bool:
+    """A channel range of a tensor in oneDNN's layout (ShuffleNet v2's split in two), the rest of
+    each axis whole: a reorder of that part of it into a buffer of its own, in the same layout. On
+    a blocked layout only from a multiple of the block (oneDNN takes no part of a block)."""
+    eng = lw.engine
+    src = lw.where[op.inputs[0]]
+    index = op.attrs.get("index", ())
+    shape = lw.model.shapes[op.inputs[0]]
+    if not eng.is_native(src) or len(index) != 3 or len(shape) != 3:
+        return False
+    (start, stop, step), *rest = index
+    whole = all(tuple(r) == (0, n, 1) for r, n in zip(rest, shape[1:]))
+    if step != 1 or not whole or not 0 <= start < stop <= shape[0] or start % eng.dnnl.block:
+        return False
+    out = lw.where[op.output] = eng.new_native(lw, op.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_slice", out, (src,), attrs={"start": start}))
+    return True
+
+
 def _lower_batchnorm(lw: Lowering, i: int, op) -> bool:
     """A batchnorm (one no conv took in: after a concat, DenseNet's) of a tensor in oneDNN's
     layout, and the ReLU right after it that alone reads it, as one primitive."""
@@ -403,7 +422,8 @@ def _lower_channel_scale(lw: Lowering, i: int, op) -> bool:
 _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
                "maxpool": _lower_pool, "averagepool": _lower_pool, "lrn": _lower_pool, "concat": _lower_concat,
                "reshape": _lower_reshape, "batchnorm": _lower_batchnorm, "globalaveragepool": _lower_global_pool,
-               "expand": _lower_channel_scale, "add": _lower_binary, "binary": _lower_binary, "softmax": _lower_softmax,
+               "expand": _lower_channel_scale, "slice": _lower_slice, "add": _lower_binary, "binary": _lower_binary,
+               "softmax": _lower_softmax,
                **{kind: _lower_eltwise for kind in ELTWISE}}
 
 
@@ -476,6 +496,15 @@ def _bind_reorder(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     return _one_input(eng, step, y, ins, _reorder_pd)
 
 
+def _bind_slice(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    """A reorder from the channels' part of the source (a submemory) to the output."""
+    batch = y.shape[0]
+    dst = eng.md(step.out, batch)
+    dims = (batch, eng._channels[step.out], *y.shape[2:])
+    src = eng.owned.submemory(eng.md(step.reads[0], batch), dims, (0, step.attrs["start"], 0, 0))
+    return _one_input(eng, step, y, ins, _reorder_pd, src, dst)
+
+
 def _bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     batch = y.shape[0]
     srcs = [eng.md(b, batch) for b in step.reads]
@@ -527,6 +556,7 @@ def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 
 OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": _bind_pool, "dnnl_reorder": _bind_reorder,
-                        "dnnl_concat": _bind_concat, "dnnl_shuffle": _bind_shuffle, "dnnl_eltwise": _bind_eltwise,
+                        "dnnl_concat": _bind_concat, "dnnl_slice": _bind_slice, "dnnl_shuffle": _bind_shuffle,
+                        "dnnl_eltwise": _bind_eltwise,
                         "dnnl_binary": _bind_binary, "dnnl_softmax": _bind_softmax,
                         "dnnl_batchnorm": _bind_batchnorm}
