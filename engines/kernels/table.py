@@ -47,10 +47,12 @@ def _one_thread(set_threads, get_threads, calls: tuple) -> None:
     """Run ``calls`` with a pool (OpenBLAS's, OpenMP's) on one thread, then give back the count
     found (which a caller's threadpoolctl limit may have set)."""
     before = get_threads()
-    set_threads(1)
+    if before != 1:
+        set_threads(1)
     for fn, args in calls:
         fn(*args)
-    set_threads(before)
+    if before != 1:
+        set_threads(before)
 
 
 def _one_mkl_thread(set_local, calls: tuple) -> None:
