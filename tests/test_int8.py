@@ -217,3 +217,20 @@ def test_a_cnn_allocates_nothing_per_forward():
         x = model.random_input(batch, np.random.default_rng(batch))
         assert tracemalloc_peak(engine, x) <= BOOKKEEPING_BYTES
         assert memray_peak(engine, x) <= BOOKKEEPING_BYTES
+
+
+def test_a_product_no_int8_kernel_takes_runs_in_float_and_says_so():
+    """oneDNN's brgemm kernels take no 4 x 25 x 25 int8 product here (ONNX's test graphs have such):
+    that linear runs its quantized weights in float32, is named in report(), stays within the bar
+    and allocates nothing per forward; the 24-wide one runs in int8."""
+    from test_zero_alloc import BOOKKEEPING_BYTES, tracemalloc_peak
+    for dim, expected in ((25, ["4x25x25"]), (24, [])):
+        model = MODELS["mlp"](dim=dim, seed=1)
+        engine = make_engine("int8", model, 4)
+        x = model.random_input(4, rng=2)
+        err, rel = _errors(engine, model, x)
+        assert err < engine.abs_tol and rel < engine.rel_tol
+        if expected and not engine.report()["float_products"]:
+            pytest.skip("this CPU's oneDNN takes a 25-wide int8 product")
+        assert engine.report()["float_products"] == expected
+        assert tracemalloc_peak(engine, x) <= BOOKKEEPING_BYTES

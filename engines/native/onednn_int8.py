@@ -119,6 +119,10 @@ class QuantizedWeights:
             self.layouts.append((md, array))
         return md, array
 
+    def values(self) -> np.ndarray:
+        """The plain (k, n) s8 values (a temporary copy once only a layout holds them)."""
+        return self._plain()
+
     def _plain(self) -> np.ndarray:
         """The plain (k, n) values: the copy still held, or a temporary one reordered back from the
         first layout. oneDNN reorders between two of its layouts only in some directions (AMX's to

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..base import EngineUnavailable
-from ..ir.calls import maximum, rows2d
+from ..ir.calls import maximum, rows2d, tiled_calls, zero_rows
 from ..ir.conv import conv_attrs
 from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..native.onednn import ANY, BIAS, BINARY_ADD, DST, PLAIN, RELU, SRC, WEIGHTS, library
@@ -79,6 +79,13 @@ class QuantizedLinear:
     @property
     def nbytes(self) -> int:
         return self.weights.nbytes + self.scales.nbytes + self.bias.nbytes
+
+    def dequantized(self) -> np.ndarray:
+        """The weights as float32 (k, n), q x scale: for a product no int8 kernel takes."""
+        return self.weights.values().reshape(self.weights.shape[-2:]).astype(np.float32) * self.scales
+
+    def tiled_bias(self, rows: int) -> np.ndarray:
+        return np.ascontiguousarray(np.broadcast_to(self.bias, (rows, len(self.bias))))
 
 
 class Int8Engine(OneDnnEngine):
@@ -184,6 +191,7 @@ class Int8Engine(OneDnnEngine):
         super().own_memory()
         self.typed = TypedOwned(self.dnnl)     # this engine's (or worker's) int8 primitives
         self.matmul_keys: set[tuple] = set()    # the matmul shapes this engine bound (its report)
+        self.float_products: set[str] = set()   # "rows x k x n" that no int8 kernel takes: run in float
         weakref.finalize(self, self.typed.release)
 
     def variant(self, key: tuple, brgemm: list[str], trial) -> Variant:
@@ -197,9 +205,6 @@ class Int8Engine(OneDnnEngine):
         if key not in self.chosen:
             rows, k, n = key[:3]
             offered = [Variant(impl, one) for impl in brgemm for one in (False, True)]
-            if not offered:         # e.g. ONNX's 1 x 25 x 25 test products: no brgemm kernel takes them
-                raise NotImplementedError(f"int8: oneDNN offers no brgemm kernel for a {rows} x {k} x {n} int8 "
-                                          f"product on this CPU; run this model on a float engine")
             if tuning_enabled():
                 trials = {str(v): trial(v) for v in offered}
                 times = measure_forwards(trials)
@@ -214,6 +219,7 @@ class Int8Engine(OneDnnEngine):
         (rows x k x n), the variant that runs it and what each measured."""
         return {**super().report(), "activation_scales": "row" if self.row_scales else "tensor",
                 "quantized_linears": len(self.quantized_linears),
+                "float_products": sorted(self.float_products),
                 "int8_matmuls": [{"gemm": "x".join(map(str, key[:3])), "source": key[3], "variant": str(v),
                                   "candidates_us": {name: t * 1e6 for name, t in self.timings.get(key, {}).items()}}
                                  for key, v in self.chosen.items() if key in self.matmul_keys]}
@@ -377,6 +383,21 @@ def _matmul(eng: Int8Engine, step, q, y2, amax, ins, zero_point: np.ndarray | No
     return Matmul(o, src, dst, bias_md, attr, args, k, n)
 
 
+def _float_linear(eng: Int8Engine, step, x2, y2, ins) -> list:
+    """A product no int8 kernel of oneDNN takes here (its brgemm kernels only; the others allocate
+    per call or are reference code): the same quantized weights, dequantized once, in a float32
+    NumPy product with the bias, residual and ReLU; named in ``report()["float_products"]``."""
+    (linear,), attrs = step.operands, step.attrs
+    eng.float_products.add("x".join(map(str, (x2.shape[0], *linear.weights.shape[-2:]))))
+    w = linear.dequantized()
+    calls = [(np.matmul, (x2, w, y2))] + tiled_calls(np.add, y2, linear.tiled_bias(len(y2)))
+    if attrs["residual"]:
+        calls.append((np.add, (y2, rows2d(ins[1]), y2)))
+    if attrs["relu"]:
+        calls += tiled_calls(maximum, y2, zero_rows(y2.shape[1]))
+    return calls
+
+
 def _on_variant(variant: Variant, make) -> list:
     """``make()`` (which returns the calls of a primitive) run as the variant asks: on one thread,
     and its calls then run on one thread too, or as they are."""
@@ -416,6 +437,8 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
         zero_point, quantize = None, quantize_calls(eng, step, x2, q, lo, amax, eng.row_scales)
     mm = _matmul(eng, step, q, y2, amax, ins, zero_point)
     brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
+    if not brgemm:          # e.g. ONNX's 1 x 25 x 25 test products: no brgemm kernel takes them
+        return _float_linear(eng, step, x2, y2, ins)
     scaling = "grid" if attrs["grid"] else eng.row_scales
     variant = eng.variant((x2.shape[0], k, n, q.dtype.name, attrs["relu"], attrs["residual"], scaling), brgemm,
                           lambda v: _trial_calls(mm, v, linear.weights))
