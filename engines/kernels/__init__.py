@@ -52,8 +52,8 @@ from __future__ import annotations
 from .cache import CACHE_ENV, cache_path, cpu_model, machine
 from .choice import TUNE_ENV, Choice, Linears, choose, tuning_enabled
 from .timing import measure, weight_copies
-from .table import KERNELS, PACK_ROWS, POOLS, Gemm, Kernel, bind, candidates, on_one_thread, unavailable
+from .table import KERNELS, PACK_ROWS, POOLS, Gemm, Kernel, bind, candidates, on_one_thread, pool_threads, unavailable
 
 __all__ = ["CACHE_ENV", "KERNELS", "PACK_ROWS", "POOLS", "TUNE_ENV", "Choice", "Gemm", "Kernel", "Linears", "bind",
-           "cache_path", "candidates", "choose", "cpu_model", "machine", "measure", "on_one_thread",
+           "cache_path", "candidates", "choose", "cpu_model", "machine", "measure", "on_one_thread", "pool_threads",
            "tuning_enabled", "unavailable", "weight_copies"]

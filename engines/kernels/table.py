@@ -252,6 +252,13 @@ def on_one_thread(pool: str, calls: list) -> list:
     return [(_one_thread, (*_LIBS[pool], tuple(calls)))]
 
 
+def pool_threads(pool: str) -> int:
+    """The threads a ``one_thread`` pool other than "mkl" (see ``on_one_thread``) runs on now."""
+    if pool == "mkl" or _load(pool) is None:
+        raise RuntimeError(f"cannot read {pool}'s threads here: {_WHY.get(pool, 'a per-thread setting')}")
+    return int(_LIBS[pool][1]())
+
+
 def run_calls(calls) -> None:
     for fn, args in calls:
         fn(*args)

@@ -45,7 +45,7 @@ from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..native.onednn import ANY, BIAS, BINARY_ADD, DST, PLAIN, RELU, SRC, WEIGHTS, library
 from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementations, post_op_arg,
                                   quantize_columns, with_implementation)
-from ..kernels import on_one_thread, tuning_enabled
+from ..kernels import on_one_thread, pool_threads, tuning_enabled
 from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
 from .fused import FusedStep, Lowering
@@ -260,6 +260,10 @@ def _non_negative(lw: Lowering, buffer: str) -> bool:
     return False
 
 
+def levels_of(q: np.ndarray) -> int:
+    return U8_LEVELS if q.dtype == np.uint8 else LEVELS
+
+
 def quantize_calls(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, lo: np.ndarray, amax: np.ndarray,
                    per_row: bool) -> list:
     """The calls that write ``q`` (rows, k) = round(x2 / scale) and leave the scale in ``amax``:
@@ -270,17 +274,33 @@ def quantize_calls(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, lo: n
     1.4-1.5x slower here); the scaling, rounding and cast are one oneDNN reorder with a destination
     scale per row, on one thread: 17 against ~130 us for NumPy's divide, rint and cast at 512 x 256,
     and no float scratch. |x2| / scale <= the top level, so the cast never saturates."""
-    levels = U8_LEVELS if q.dtype == np.uint8 else LEVELS
     axis = 1 if per_row else None
     # ufunc.reduce(x, axis, dtype, out, keepdims, initial): np.max's wrapper cost 1 us more a call
     # at one row of 256 (a third of the pass); TINY as the initial maximum keeps an all-zero row's
     # scale above 0
     calls = [(np.maximum.reduce, (x2, axis, None, amax, True, TINY))]
-    if q.dtype != np.uint8:
-        calls += [(np.minimum.reduce, (x2, axis, None, lo, True, -TINY)), (np.negative, (lo, lo)),
-                  (maximum, (amax, lo, amax))]
-    calls.append((np.multiply, (amax, np.float32(1.0 / levels), amax)))
+    signed = q.dtype != np.uint8
+    if signed:
+        calls.append((np.minimum.reduce, (x2, axis, None, lo, True, -TINY)))
+    # the scale, max / levels, in its own pass (as the reorder's source scale it made oneDNN 3.2 leave
+    # its jit reorder: 9 us instead of 1.7 at one row of 256); at one scale, in Python floats (the
+    # three NumPy calls on (1, 1) arrays took 1.9 us there)
+    inverse = np.float32(1.0 / levels_of(q))
+    if amax.size == 1:
+        calls.append((_one_scale, (amax.reshape(1), lo.reshape(1) if signed else None, float(inverse))))
+    else:
+        if signed:
+            calls += [(np.negative, (lo, lo)), (maximum, (amax, lo, amax))]
+        calls.append((np.multiply, (amax, inverse, amax)))
     return calls + _scaled_cast(eng, step, x2, q, amax.reshape(-1), per_row)
+
+
+def _one_scale(amax: np.ndarray, lo: np.ndarray | None, inverse: float) -> None:
+    """amax[0] = max(amax[0], -lo[0]) x inverse: one tensor's or row's scale from its extrema."""
+    top = amax.item()
+    if lo is not None:
+        top = max(top, -lo.item())
+    amax[0] = top * inverse
 
 
 def _scaled_cast(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, scales: np.ndarray, per_row: bool,
@@ -401,7 +421,7 @@ def _float_linear(eng: Int8Engine, step, x2, y2, ins) -> list:
 def _on_variant(variant: Variant, make) -> list:
     """``make()`` (which returns the calls of a primitive) run as the variant asks: on one thread,
     and its calls then run on one thread too, or as they are."""
-    if not variant.one_thread:
+    if not variant.one_thread or pool_threads(ONE_THREAD) == 1:    # already on one thread: no wrapper
         return make()
     made = []
     for fn, args in on_one_thread(ONE_THREAD, [(lambda: made.extend(make()), ())]):
