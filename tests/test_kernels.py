@@ -380,6 +380,21 @@ def test_a_rival_far_behind_alone_is_not_timed_in_the_forward(tuned, monkeypatch
     assert (report["kernel"], report["how"]) == ("numpy", "measured")
 
 
+def test_above_one_thread_max_work_no_one_thread_kernel_is_timed_nor_any_forward_judged(tuned, monkeypatch):
+    """A product over ONE_THREAD_MAX_WORK multiply-adds: the one-thread kernels (the default aside)
+    are not measured, and close rivals are not judged in the forward; below it both happen."""
+    monkeypatch.setattr(kernels.choice, "ONE_THREAD_MAX_WORK", 4 * 32 * 32 - 1)      # the mlp's 4 x 32 x 32
+    seen = []
+    alone = _alone({"numpy": 100.0, "scipy": 101.0})
+    monkeypatch.setattr(kernels.timing, "measure", lambda gemm, names, *a, **k: seen.append(list(names)) or
+                        alone(gemm, names, *a, **k))
+    monkeypatch.setattr(kernels.timing, "measure_forwards", lambda *a, **k: pytest.fail("judged"))
+    (report,) = ENGINES["fused"](MODELS["mlp"](dim=32, seed=1), 4).report()["kernels"]
+    assert seen and not any(kernels.KERNELS[n].one_thread for n in seen[0] if n != report["default"])
+    assert report["how"] == "measured"
+    assert kernels.choose(kernels.Gemm(1, 32, 32), ("numpy-1t", "scipy"), "scipy").times_s.keys() >= {"numpy-1t"}
+
+
 def test_the_choice_alone_stays_unless_another_is_clearly_faster_in_the_forward(tuned, monkeypatch):
     monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy": 100.0, "scipy-1t": 105.0}))
     monkeypatch.setattr(kernels.timing, "measure_forwards", lambda v, *a, **k: {"numpy": 80e-6, "scipy-1t": 78e-6})
