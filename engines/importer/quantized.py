@@ -67,6 +67,7 @@ class _Graph:
             if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
                 self.consts[n.output[0]] = n.attribute[0].t
         self.readers = defaultdict(list)
+        self.producer = {o: n for n in self.nodes for o in n.output}
         for n in self.nodes:
             for i in n.input:
                 self.readers[i].append(n)
@@ -74,7 +75,7 @@ class _Graph:
             self.readers[o.name].append(None)          # the graph's output: a reader that is no node
         self.array = lambda name: numpy_helper.to_array(self.consts[name])
         self.replaced: dict[int, list] = {}          # id(node) -> the nodes in its place
-        self.added = []                               # new initializers
+        self.added = {}                               # new initializers by name
 
     def const(self, node, i: int):
         """Input i of a node as an array when it is a constant, None when absent, else KeyError."""
@@ -95,7 +96,7 @@ class _Graph:
             return self.proto
         nodes = [m for n in self.nodes for m in self.replaced.get(id(n), [n])]
         used = {i for n in nodes for i in n.input}
-        inits = [t for t in self.proto.graph.initializer if t.name in used] + self.added
+        inits = [t for t in self.proto.graph.initializer if t.name in used] + list(self.added.values())
         g = self.proto.graph
         graph = helper.make_graph(nodes, g.name, g.input, g.output, inits, value_info=g.value_info)
         opsets = [o for o in self.proto.opset_import if o.domain != DOMAIN] + [helper.make_opsetid(DOMAIN, 1)]
@@ -151,49 +152,57 @@ def _dequantized_weights(G: _Graph, product, w_scale: np.ndarray) -> np.ndarray:
 
 def _chain(G: _Graph, product, scale_name: str):
     """MatMulInteger/ConvInteger -> Cast(float) -> Mul by (scale_name x weight scale): the Cast,
-    the Mul, the scale's Mul and the weight scale; None if the product is not in that form."""
+    the Mul, the scale's Mul and the weight scale's name; None if the product is not in that form."""
     cast = G.only_reader(product.output[0], "Cast")
     mul = cast and G.only_reader(cast.output[0], "Mul")
-    if not mul or cast.attribute[0].i != 1:          # TensorProto.FLOAT
+    if not mul or next((a.i for a in cast.attribute if a.name == "to"), None) != 1:     # TensorProto.FLOAT
         return None
     by = mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0]
-    scales = next((n for n in G.nodes if n.op_type == "Mul" and by in n.output), None)
-    if scales is None or scale_name not in scales.input:
+    scales = G.producer.get(by)
+    if scales is None or scales.op_type != "Mul" or scale_name not in scales.input:
         return None
     w_scale = scales.input[1] if scales.input[0] == scale_name else scales.input[0]
     if w_scale not in G.consts:
         return None
-    return cast, mul, scales, G.array(w_scale)
+    return cast, mul, scales, w_scale
+
+
+def _dynamic_plans(G: _Graph, dq) -> list | None:
+    """The (product, chain) of each reader of a DynamicQuantizeLinear, when all are in
+    quantize_dynamic's form and nothing else reads its scale and zero point; else None."""
+    q, scale, zero = dq.output
+    plans = []
+    for p in G.readers.get(q, []):
+        if p is None or p.op_type not in INTEGER_PRODUCTS or p.input[0] != q or p.input[2:3] != [zero] \
+                or any(i and i not in G.consts for i in p.input[1:2] + p.input[3:4]):
+            return None
+        chain = _chain(G, p, scale)
+        if chain is None:
+            return None
+        plans.append((p, chain))
+    products, scale_muls = {id(p) for p, _ in plans}, {id(chain[2]) for _, chain in plans}
+    if not plans or any(r is None or id(r) not in scale_muls for r in G.readers.get(scale, [])) \
+            or any(r is None or id(r) not in products for r in G.readers.get(zero, [])):
+        return None
+    return plans
 
 
 def _dynamic(G: _Graph, dq) -> None:
     """DynamicQuantizeLinear feeding integer products: a dynamic FakeQuantize, then float products."""
-    q, scale, zero = dq.output
-    products = G.readers.get(q, [])
-    plans = []
-    for p in products:
-        if p is None or p.op_type not in INTEGER_PRODUCTS or p.input[0] != q or p.input[2:3] != [zero] \
-                or p.input[1] not in G.consts or (len(p.input) > 3 and p.input[3] and p.input[3] not in G.consts):
-            return
-        chain = _chain(G, p, scale)
-        if chain is None:
-            return
-        plans.append((p, chain))
-    chained = {id(n) for _, (_, _, scales, _) in plans for n in [scales]}
-    if not plans or any(r is None or id(r) not in chained for r in G.readers.get(scale, [])):
+    plans = _dynamic_plans(G, dq)
+    if plans is None:
         return
     from onnx import helper, numpy_helper
-    fq = q + ".fq"
+    fq = dq.output[0] + ".fq"
     G.replace(dq, _fake_quantize(dq.input[0], fq))
     for p, (cast, mul, scales, w_scale) in plans:
-        w = numpy_helper.from_array(_dequantized_weights(G, p, w_scale), p.input[1] + ".dequantized")
-        G.added.append(w)
+        name = "|".join([p.input[1], w_scale, *p.input[3:4]]) + ".dequantized"      # shared weights: once
+        if name not in G.added:
+            G.added[name] = numpy_helper.from_array(_dequantized_weights(G, p, G.array(w_scale)), name)
         attrs = {a.name: helper.get_attribute_value(a) for a in p.attribute}
-        G.replace(p)
-        G.replace(cast)
-        G.replace(scales)
-        G.replace(mul, helper.make_node(INTEGER_PRODUCTS[p.op_type], [fq, w.name], [mul.output[0]],
-                                        name=p.name, **attrs))
+        for n in (p, cast, scales):
+            G.replace(n)
+        G.replace(mul, helper.make_node(INTEGER_PRODUCTS[p.op_type], [fq, name], [mul.output[0]], name=p.name, **attrs))
 
 
 def _fold(G: _Graph, node) -> None:
@@ -213,7 +222,7 @@ def _fold(G: _Graph, node) -> None:
     at = lambda a: a.astype(np.float64).reshape(shape if a.size > 1 else ())  # noqa: E731
     value = (q.astype(np.float64) - (0 if zero is None else at(zero))) * at(scale)
     from onnx import numpy_helper
-    G.added.append(numpy_helper.from_array(value.astype(np.float32), node.output[0]))
+    G.added[node.output[0]] = numpy_helper.from_array(value.astype(np.float32), node.output[0])
     G.replace(node)
 
 
