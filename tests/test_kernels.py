@@ -381,9 +381,9 @@ def test_a_rival_far_behind_alone_is_not_timed_in_the_forward(tuned, monkeypatch
 
 
 def test_above_one_thread_max_work_no_one_thread_kernel_is_timed_nor_any_forward_judged(tuned, monkeypatch):
-    """A product over ONE_THREAD_MAX_WORK multiply-adds: the one-thread kernels (the default aside)
+    """A product of ONE_THREAD_MAX_WORK multiply-adds or more: the one-thread kernels (the default aside)
     are not measured, and close rivals are not judged in the forward; below it both happen."""
-    monkeypatch.setattr(kernels.choice, "ONE_THREAD_MAX_WORK", 4 * 32 * 32 - 1)      # the mlp's 4 x 32 x 32
+    monkeypatch.setattr(kernels.choice, "ONE_THREAD_MAX_WORK", 4 * 32 * 32)      # the mlp's 4 x 32 x 32
     seen = []
     alone = _alone({"numpy": 100.0, "scipy": 101.0})
     monkeypatch.setattr(kernels.timing, "measure", lambda gemm, names, *a, **k: seen.append(list(names)) or

@@ -27,7 +27,7 @@ BUSY_SHARE = 0.25           # seconds per second this process's threads waited f
 # FORWARD_CLOSE of the best alone, FORWARD_RIVALS at most, are timed again as whole forwards.
 FORWARD_CLOSE = 1.5
 FORWARD_RIVALS = 3
-# The one-thread kernels are candidates up to this many multiply-adds: they exist for products so
+# The one-thread kernels are candidates below this many multiply-adds: they exist for products so
 # small that waking the pool costs more than the second core gives (tens of us). Above it a product
 # takes over a millisecond on one core, and one thread can only win while another process holds the
 # second core (a choice then not cached): timing them there took half the tuning of mlp b128 d4096
@@ -60,7 +60,7 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
     """The fastest of ``candidates`` and ``default`` for ``gemm`` on this machine: from the cache,
     else measured (and cached). ``default`` unless another is KEEP_DEFAULT faster, and when
     tuning is off or nothing can run."""
-    big = gemm.rows * gemm.k * gemm.n > ONE_THREAD_MAX_WORK
+    big = gemm.rows * gemm.k * gemm.n >= ONE_THREAD_MAX_WORK
     runnable = [c for c in dict.fromkeys((*candidates, default))
                 if c not in unavailable() and (KERNELS[c].fits is None or KERNELS[c].fits(gemm))
                 and (c == default or not (big and KERNELS[c].one_thread))]
@@ -152,7 +152,7 @@ class Linears:
         """For each GEMM shape bound since ``bound_keys`` was cleared and just measured alone (not
         from the cache, not yet in the forward): the kernels to time in the forward (its choice
         first, then those within FORWARD_CLOSE of the fastest alone, FORWARD_RIVALS in all),
-        where there are two or more. Not above ONE_THREAD_MAX_WORK multiply-adds: a product of a
+        where there are two or more. Not from ONE_THREAD_MAX_WORK multiply-adds up: a product of a
         millisecond or more is little changed by what its neighbours leave in the cache or by a
         pool's wake-up (the two shapes where the forward chose otherwise were 2 x 512 x 512 and
         4 x 1024 x 1024), and judging the transformer d512 s128's four such shapes took 5.4 s of
@@ -162,7 +162,7 @@ class Linears:
             choice = self.choices[key]
             alone = {n: t for n, t in choice.times_s.items() if np.isfinite(t)}
             if not choice.how.startswith("measured") or choice.forward_s or len(alone) < 2 \
-                    or self.work.get(key, 0) > ONE_THREAD_MAX_WORK:
+                    or self.work.get(key, 0) >= ONE_THREAD_MAX_WORK:
                 continue
             close = [n for n in sorted(alone, key=alone.get) if alone[n] <= FORWARD_CLOSE * min(alone.values())]
             rivals = list(dict.fromkeys([choice.kernel, *close]))[:FORWARD_RIVALS]
