@@ -28,10 +28,11 @@ BUSY_SHARE = 0.25           # seconds per second this process's threads waited f
 FORWARD_CLOSE = 1.5
 FORWARD_RIVALS = 3
 # The one-thread kernels are candidates below this many multiply-adds: they exist for products so
-# small that waking the pool costs more than the second core gives (tens of us). Above it a product
-# takes over a millisecond on one core, and one thread can only win while another process holds the
-# second core (a choice then not cached): timing them there took half the tuning of mlp b128 d4096
-# (5 of 8 s, loaded Intel Xeon) and of transformer d512 s128 b8.
+# small that waking the pool costs more than the second core gives (tens of us). From here up a
+# product takes over a millisecond on one core, and timing them took half the tuning of mlp b128
+# d4096 (5 of 8 s, loaded Intel Xeon) and of transformer d512 s128 b8. What is given up: in a
+# shared 2-core host's cache, 79 choices of that size, two threads ran 1.25-2.1x faster in 49; in
+# the other 30, measured beside other work, one thread was ahead by 2-16 % (three by 22-76 %).
 ONE_THREAD_MAX_WORK = 1 << 27
 
 
