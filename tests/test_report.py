@@ -316,3 +316,13 @@ def test_the_heat_map_has_a_cell_for_every_point_and_reference():
     assert np.ma.is_masked(grid[1, 1]) or np.isnan(grid[1, 1])          # b8 d1024: not measured
     labels = sorted(t.get_text() for t in panels["fused vs onnxruntime"].texts)
     assert labels == ["2.00"] * 3
+
+
+def test_no_heat_map_without_naive_or_onnx_runtime():
+    """A run of engines none of which is compared with naive or ONNX Runtime (``--engines
+    int8,onnxruntime-int8``) has no heat map, and saving its report does not fail."""
+    pytest.importorskip("matplotlib", reason="charts are the 'charts' extra")
+    from mlexec.report.output import _heatmap
+    rows = [{"model": "mlp", "case": "mlp-b1-d256", "batch": 1, "dim": 256, "seq": None, "engine": e,
+             "vs_naive": None, "vs_onnxruntime": None, "error": None} for e in ("int8", "onednn")]
+    assert _heatmap({"engines": ["int8", "onednn"], "rows": rows}, "mlp") is None

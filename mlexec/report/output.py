@@ -147,7 +147,8 @@ def _heat_axes(rows: list[dict]) -> tuple[list[int], list[str]]:
 def _heatmap(report: dict, model: str):
     """Every point of a model's grid: one panel per engine and reference (speedup over naive, over
     ONNX Runtime), batch across and dim (x seq) down, each cell coloured on a log scale around
-    1.0x and labelled with its median ratio; a blank cell was not measured."""
+    1.0x and labelled with its median ratio; a blank cell was not measured. None when no engine
+    was measured against naive or ONNX Runtime (a run without either)."""
     from matplotlib.colors import LogNorm
     from matplotlib.figure import Figure
 
@@ -155,6 +156,8 @@ def _heatmap(report: dict, model: str):
     refs = [(key, label) for key, label in HEAT_REFS if any(r.get(key) is not None for r in rows)]
     names = [n for n in report["engines"] if any(r["engine"] == n and any(r.get(k) is not None for k, _ in refs)
                                                  for r in rows)]
+    if not names:
+        return None
     batches, lines = _heat_axes(rows)
     fig = Figure(figsize=(2.2 + 0.55 * len(batches) * len(refs), 1.0 + (0.45 * len(lines) + 0.6) * len(names)))
     axes = fig.subplots(len(names), len(refs), squeeze=False)
@@ -204,8 +207,10 @@ def save(report: dict, out_dir) -> tuple[list[Path], str | None]:
         for model in report["models"]:
             if any(r["model"] == model and not r.get("error") for r in report["rows"]):
                 for path, figure in ((out_dir / f"{model}.png", _figure), (out_dir / f"{model}-grid.png", _heatmap)):
-                    figure(report, model).savefig(path, format="png", dpi=100)
-                    paths.append(path)
+                    fig = figure(report, model)
+                    if fig is not None:
+                        fig.savefig(path, format="png", dpi=100)
+                        paths.append(path)
     except OSError as exc:
         raise ReportError(f"cannot write the report into {str(out_dir)!r}: {exc.strerror or exc}") from None
     return paths, None
