@@ -284,7 +284,7 @@ def _lower_slice(lw: Lowering, i: int, op) -> bool:
     if step != 1 or not whole or not 0 <= start < stop <= shape[0] or start % eng.dnnl.block:
         return False
     out = lw.where[op.output] = eng.new_native(lw, op.output, lw.model.shapes[op.output])
-    lw.steps.append(FusedStep("dnnl_slice", out, (src,), attrs={"start": start}))
+    lw.steps.append(FusedStep("dnnl_slice", out, (src,), attrs={"start": start, "channels": stop - start}))
     return True
 
 
@@ -500,7 +500,7 @@ def _bind_slice(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     """A reorder from the channels' part of the source (a submemory) to the output."""
     batch = y.shape[0]
     dst = eng.md(step.out, batch)
-    dims = (batch, eng._channels[step.out], *y.shape[2:])
+    dims = (batch, step.attrs["channels"], *y.shape[2:])
     src = eng.owned.submemory(eng.md(step.reads[0], batch), dims, (0, step.attrs["start"], 0, 0))
     return _one_input(eng, step, y, ins, _reorder_pd, src, dst)
 
