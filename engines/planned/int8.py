@@ -42,6 +42,7 @@ from ..base import EngineUnavailable
 from ..ir.calls import maximum, rows2d, tiled_calls, zero_rows
 from ..ir.conv import conv_attrs
 from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
+from ..ir.ops import U8_LEVELS    # a ReLU's output as u8: [0, 255], twice the resolution
 from ..native.onednn import ANY, BIAS, BINARY_ADD, DST, PLAIN, RELU, SRC, WEIGHTS, library
 from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementations, post_op_arg,
                                   quantize_columns, with_implementation)
@@ -52,7 +53,6 @@ from .fused import FusedStep, Lowering
 from .onednn import ELTWISE, OneDnnEngine
 
 LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly representable
-U8_LEVELS = 255                 # a ReLU's output as u8: [0, 255], twice the resolution
 TINY = np.float32(1e-30)        # an all-zero row's scale: its values quantize to 0 without a 0/0
 BINARY_MUL = 0x1FFF1            # dnnl_binary_mul
 ONE_THREAD = "openmp-threads"   # the pool a small linear's matmul runs on at one thread
@@ -448,17 +448,17 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     k, n = linear.weights.shape[-2:]
     q = rows2d(scratch[0]).view(np.uint8 if attrs["unsigned"] else np.int8)[:, :k]
     lo, amax = rows2d(scratch[1]), rows2d(scratch[2])
+    zero_point = None
     if attrs["grid"]:                                  # the file's scale and zero point
         amax, zero_point = _grid_operands(attrs["grid"])
-        quantize = _scaled_cast(eng, step, x2, q, amax, False, zero_point)
-    else:
-        if not eng.row_scales:
-            lo, amax = lo[:1], amax[:1]                # one scale for the whole batch
-        zero_point, quantize = None, quantize_calls(eng, step, x2, q, lo, amax, eng.row_scales)
+    elif not eng.row_scales:
+        lo, amax = lo[:1], amax[:1]                    # one scale for the whole batch
     mm = _matmul(eng, step, q, y2, amax, ins, zero_point)
     brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
     if not brgemm:          # e.g. ONNX's 1 x 25 x 25 test products: no brgemm kernel takes them
         return _float_linear(eng, step, x2, y2, ins)
+    quantize = (_scaled_cast(eng, step, x2, q, amax, False, zero_point) if attrs["grid"]
+                else quantize_calls(eng, step, x2, q, lo, amax, eng.row_scales))
     scaling = "grid" if attrs["grid"] else eng.row_scales
     variant = eng.variant((x2.shape[0], k, n, q.dtype.name, attrs["relu"], attrs["residual"], scaling), brgemm,
                           lambda v: _trial_calls(mm, v, linear.weights))
