@@ -240,8 +240,14 @@ def check(data: bytes, batches=BATCHES) -> str:
                 return f"wrong: {name} at batch {batch}, {err:.1e} relative"
     kinds = sorted({op.kind for op in model.ops})
     peak = max(_warm_peak(ENGINES[name](model, 3), model.random_input(3, rng=0)) for name in OWN[1:])
+    arena = ", ".join(f"b{b} {_arena_ratio(model, b):.3f}x" for b in (1, 8))
     return (f"imported: {len(model.ops)} IR ops ({', '.join(kinds)}); worst {worst:.1e} relative; "
-            f"a warm forward of the planned engines traced at most {peak} B")
+            f"a warm forward of the planned engines traced at most {peak} B; arena / lower bound: {arena}")
+
+
+def _arena_ratio(model, batch: int) -> float:
+    report = ENGINES["arena"](model, batch).report()
+    return report["arena_bytes"] / report["lower_bound_bytes"]
 
 
 def _warm_peak(engine, x) -> int:
@@ -263,6 +269,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", help="a family (repeatable)")
     parser.add_argument("--keep", type=Path, help="write the exported files into this folder")
+    parser.add_argument("--files", type=Path, help="check the files of this folder (FAMILY-EXPORTER.onnx), "
+                        "as --keep wrote them, instead of exporting")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="checked batches, e.g. 1,2")
     args = parser.parse_args(argv)
     batches = tuple(int(b) for b in args.batches.split(","))
@@ -273,9 +281,17 @@ def main(argv=None) -> int:
     for family in args.only or FAMILIES:
         for dynamo in (False, True):
             exporter = "dynamo" if dynamo else "torchscript"
+            if args.files:
+                path = args.files / f"{family}-{exporter}.onnx"
+                if not path.exists():
+                    print(f"| {family} | {exporter} | - | no {path.name} in {args.files} |", flush=True)
+                    continue
             try:
-                module, x = FAMILIES[family]()
-                data = export(module, x, dynamo)
+                if args.files:
+                    data = path.read_bytes()
+                else:
+                    module, x = FAMILIES[family]()
+                    data = export(module, x, dynamo)
             except Exception as exc:           # the exporter's own failure, reported as such
                 text = " ".join(str(exc).split())
                 cause = text[text.find("<class"):][:200] if "<class" in text else text[:200]
