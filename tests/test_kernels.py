@@ -2,7 +2,10 @@
 once per machine and then read from the cache, the switch that turns it off, and the report."""
 import json
 import os
+import subprocess
+import sys
 import tempfile
+import time
 import tracemalloc
 
 import numpy as np
@@ -22,6 +25,7 @@ def tuned(monkeypatch, tmp_path):
     and the cores idle as far as the busy check sees (a test runs beside other processes; the
     busy path has tests of its own)."""
     monkeypatch.setattr(kernels.timing, "waiting_seconds", lambda: 0.0)
+    monkeypatch.setattr(kernels.timing, "others_cpu_seconds", lambda: 0.0)
     monkeypatch.setenv(kernels.TUNE_ENV, "1")
     monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(kernels.choice, "_MEMO", {})
@@ -238,6 +242,38 @@ def test_a_choice_measured_while_the_cores_were_busy_is_used_but_not_cached(tune
     monkeypatch.setattr(kernels.choice, "_MEMO", {})
     idle = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
     assert idle.how == "measured" and list(tuned.glob("kernels-*.json"))
+
+
+def test_a_choice_measured_while_other_processes_held_the_cores_is_not_cached(tuned, monkeypatch):
+    """Other processes' CPU time on this process's cores beyond the spare ones makes a choice
+    this process's only, though its own threads never waited (one-thread candidates)."""
+    others = iter([100.0, 101.0, 200.0, 200.0])     # a whole core over the first measurement, none over the second
+    monkeypatch.setattr(kernels.timing, "others_cpu_seconds", lambda: next(others))
+    monkeypatch.setattr(kernels.timing, "spare_cores", lambda seconds: 0.05)
+    clock = iter([0.0, 1.0, 5.0, 6.0])
+    monkeypatch.setattr(kernels.timing.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(kernels.timing, "measure", lambda *a, **k: {"numpy": 2e-6, "scipy": 1e-6})
+    gemm = kernels.Gemm(4, 32, 32)
+    busy = kernels.choose(gemm, ("numpy", "scipy"), "numpy")
+    assert busy.how == "measured while busy (other processes used 1.00 cores), not cached"
+    assert not list(tuned.glob("kernels-*.json"))
+    monkeypatch.setattr(kernels.choice, "_MEMO", {})
+    assert kernels.choose(gemm, ("numpy", "scipy"), "numpy").how == "measured"
+    assert list(tuned.glob("kernels-*.json"))
+
+
+def test_other_processes_cpu_time_is_read_and_a_busy_core_shows():
+    """Where /proc/stat can be read, a process spinning beside this one shows as its CPU time
+    (not this process's own), within the ticks' resolution."""
+    before = kernels.timing.others_cpu_seconds()
+    if before is None:
+        pytest.skip("no /proc/stat here (not Linux)")
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 0.6\nwhile time.time() < end: pass"])
+    t0 = time.perf_counter()
+    spinner.wait()
+    seconds = time.perf_counter() - t0
+    used = kernels.timing.others_cpu_seconds() - before
+    assert used >= 0.5 * 0.6 - 2 * os.cpu_count() / os.sysconf("SC_CLK_TCK"), (used, seconds)
 
 
 def test_large_weights_are_timed_cold_cycling_through_copies(monkeypatch):

@@ -41,8 +41,9 @@ the fastest.
   versions, thread count) in ``$MLEXEC_CACHE_DIR`` or
   ``$XDG_CACHE_HOME/mlexec`` (``~/.cache/mlexec``), one JSON file per machine,
   written atomically; a second build on the same machine measures nothing.
-  A measurement during which this process's threads waited for a core
-  (``BUSY_SHARE``: another process held one) is used but not cached.
+  A measurement during which this process's threads waited for a core, or
+  other processes used more than the cores its pool leaves spare
+  (``BUSY_SHARE``), is used but not cached.
 - **Switch**: on by default. ``MLEXEC_TUNE=0`` measures nothing and uses each
   engine's fixed default (the choices made before tuning existed);
   ``MLEXEC_TUNE=again`` measures every GEMM afresh and overwrites the cache.

@@ -17,8 +17,9 @@ from .table import KERNELS, Gemm, bind, unavailable
 TUNE_ENV = "MLEXEC_TUNE"
 KEEP_DEFAULT = 0.05         # the engine's default stays unless another kernel is this much faster
 BUSY_SHARE = 0.25           # seconds per second this process's threads waited for a core while
-                            # measuring, above which the choice is not cached (idle: 0.003; one
-                            # busy process beside a two-thread matmul: 0.74, the matmul 3.6x slower)
+                            # measuring, or cores other processes used beyond the spare ones, above
+                            # which the choice is not cached (idle: 0.003 and 0.01-0.05; one busy
+                            # process beside a two-thread matmul: 0.74 and 1.0, the matmul 3.6x slower)
 
 
 # A GEMM timed alone is not the GEMM in the forward: there its weights, its neighbours' data and
@@ -77,13 +78,13 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
         choice = Choice(cached["kernel"], "cached", default, _seconds(cached.get("times_s")), entry=entry,
                         forward_s=_seconds(cached.get("forward_s")))
     else:
-        t0, waited0 = time.perf_counter(), timing.waiting_seconds()
+        t0, load0 = time.perf_counter(), _load()
         times = timing.measure(gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")}
         seconds = time.perf_counter() - t0
         best = min(times, key=times.get)
         if default in times and times[default] <= (1 + KEEP_DEFAULT) * times[best]:    # ties included
             best = default
-        choice = _keep(Choice(best, "measured", default, times, seconds, entry=entry), waited0, seconds)
+        choice = _keep(Choice(best, "measured", default, times, seconds, entry=entry), load0, seconds)
     _MEMO[memo_key] = choice
     return choice
 
@@ -92,16 +93,28 @@ def _seconds(times) -> dict[str, float]:
     return {n: float("inf") if t is None else float(t) for n, t in dict(times or {}).items()}
 
 
-def _keep(choice: Choice, waited0: float | None, seconds: float) -> Choice:
-    """``choice``, cached unless this process's threads waited for a core while it was measured
-    (for the last ``seconds``, from when they had waited ``waited0``)."""
-    waited1 = timing.waiting_seconds()
+def _load() -> tuple[float | None, float | None]:
+    """The counters ``_keep`` compares: this process's waiting for a core, others' CPU time."""
+    return timing.waiting_seconds(), timing.others_cpu_seconds()
+
+
+def _keep(choice: Choice, load0: tuple[float | None, float | None], seconds: float) -> Choice:
+    """``choice``, cached unless, while it was measured (the last ``seconds``, from counters
+    ``load0``), this process's threads waited for a core or other processes used more than the
+    spare cores."""
     # Measured while other work held the cores, a two-thread kernel waits for its second core
     # and a one-thread one wins: right for now, wrong for every later build on an idle
     # machine (a 512 x 256 x 1024 linear cached that way ran at half speed). Used, not cached.
-    busy = None if None in (waited0, waited1) else (waited1 - waited0) / max(seconds, 1e-3)
-    if busy is not None and busy > BUSY_SHARE:
-        return replace(choice, how=f"{choice.how} while busy (threads waited {busy:.2f} s/s for a core), not cached")
+    (waited0, others0), (waited1, others1) = load0, _load()
+    span = max(seconds, 1e-3)
+    if None not in (waited0, waited1) and (waited1 - waited0) / span > BUSY_SHARE:
+        why = f"threads waited {(waited1 - waited0) / span:.2f} s/s for a core"
+    elif None not in (others0, others1) and (others1 - others0) / span > timing.spare_cores(span) + BUSY_SHARE:
+        why = f"other processes used {(others1 - others0) / span:.2f} cores"
+    else:
+        why = None
+    if why:
+        return replace(choice, how=f"{choice.how} while busy ({why}), not cached")
     def finite(times):
         return {n: (t if np.isfinite(t) else None) for n, t in times.items()}
     cache.write(cache.cache_path(), {choice.entry: {"kernel": choice.kernel, "times_s": finite(choice.times_s),
@@ -176,7 +189,7 @@ class Linears:
         calls of one forward with that kernel bound for ``key``) ran fastest, its choice unless
         another is KEEP_DEFAULT faster; cached like any choice, and the states of the kernels
         that lost dropped."""
-        t0, waited0 = time.perf_counter(), timing.waiting_seconds()
+        t0, load0 = time.perf_counter(), _load()
         times = timing.measure_forwards(forwards)
         choice = self.choices[key]
         best = min(times, key=times.get)
@@ -185,7 +198,7 @@ class Linears:
         seconds = time.perf_counter() - t0
         judged = replace(choice, kernel=best, how="measured in the forward", forward_s=times,
                          seconds=choice.seconds + seconds)
-        self.choices[key] = judged = _keep(judged, waited0, seconds)
+        self.choices[key] = judged = _keep(judged, load0, seconds)
         _MEMO[(str(cache.cache_path()), judged.entry)] = judged
         self._drop_unused()
         return judged

@@ -3,6 +3,7 @@ the pools of whatever ran before have parked; and one linear's rivals inside an 
 forward (the rules are in ``engines.kernels``' docstring)."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -53,6 +54,35 @@ def waiting_seconds() -> float | None:
         except (OSError, ValueError, IndexError):
             pass                                    # a thread that ended meanwhile
     return total / 1e9 if seen else None
+
+
+def others_cpu_seconds() -> float | None:
+    """CPU-seconds other processes have used on the cores this process may run on (Linux's
+    /proc/stat over this process's affinity, less its own CPU time), or None where that cannot be
+    read. ``waiting_seconds`` misses what this sees: a one-thread kernel never waits while another
+    process holds the second core, so over five one-thread candidates and one two-thread one the
+    waiting averaged under ``BUSY_SHARE`` while the two-thread kernel ran 2.5x slow (a cache entry
+    that ran ConvNeXt's 4 x 768 x 3072 linears at one thread: 345 against 235 us)."""
+    try:
+        cpus, ticks = os.sched_getaffinity(0), 0
+        with open("/proc/stat") as stat:
+            for line in stat:
+                name, *fields = line.split()
+                if name[:3] == "cpu" and name[3:].isdigit() and int(name[3:]) in cpus:
+                    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+                    ticks += user + nice + system + irq + softirq + steal
+    except (OSError, ValueError, AttributeError):
+        return None
+    return ticks / os.sysconf("SC_CLK_TCK") - time.process_time()
+
+
+def spare_cores(seconds: float) -> float:
+    """Cores this process may run on beyond its BLAS pool's threads, plus what /proc/stat's ticks
+    cannot resolve over ``seconds`` (one tick per core at each end): other processes may use that
+    much without slowing a measurement."""
+    from ..native.threads import blas_threads
+    cores = len(os.sched_getaffinity(0))
+    return max(0, cores - blas_threads()) + 2 * cores / os.sysconf("SC_CLK_TCK") / max(seconds, 1e-3)
 
 
 def weight_copies(gemm: Gemm) -> int:
