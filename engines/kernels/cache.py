@@ -21,8 +21,9 @@ from ..native.threads import blas_threads
 KERNEL_ENV = ("OPENBLAS_CORETYPE", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
               "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 CACHE_ENV = "MLEXEC_CACHE_DIR"
-CACHE_VERSION = 3           # bump when a kernel's calls change: older choices are then ignored
-                            # (3: choices measured while the cores were busy are no longer cached)
+CACHE_VERSION = 4           # bump when a kernel's calls change: older choices are then ignored
+                            # (3: choices measured while the cores were busy are no longer cached;
+                            # 4: nor those measured while other processes used the spare cores)
 
 
 def machine() -> dict:
