@@ -5,7 +5,8 @@ at batch 1 and 4; a graph that almost matches stays generic and matches too.
 The patterns are those of Hugging Face exports (scripts/export_zoo.py): attention with a folded
 causal or padding mask and SDPA's NaN guard (GPT-2, BERT, DistilBERT), an export's mask of zeros
 (the dynamo exports of ViT and wav2vec 2.0), T5's unscaled attention with its position bias and
-padding mask added one after the other, and GPT-2's GELU in tanh form.
+padding mask added one after the other, GPT-2's GELU in tanh form, and ConvNeXt's layer scale
+after its transpose back to channels-first, and SiLU (a Sigmoid times its input).
 """
 import math
 
@@ -239,3 +240,80 @@ def test_each_fusion_keeps_the_float64_reference(graph):
     x = raw.random_input(3, rng=11)
     ref = raw.reference(x)
     assert np.abs(fused.reference(x) - ref).max() <= 1e-6 * max(1.0, float(np.abs(ref).max()))
+
+
+def convnext_block(gamma_shape=(4, 1, 1)) -> bytes:
+    """ConvNeXt's block as torchvision exports it: a depthwise conv, channels-last (a Transpose),
+    LayerNorm, two linears, channels-first again, the layer scale (a Mul by ``gamma_shape``) and
+    the residual add."""
+    c, hw = 4, 5
+    nodes = [N("Conv", ["x", "dw", "dwb"], ["d"], group=c, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             N("Transpose", ["d"], ["dl"], perm=[0, 2, 3, 1]),
+             N("LayerNormalization", ["dl", "g", "be"], ["n"], axis=-1, epsilon=1e-6),
+             N("MatMul", ["n", "w1"], ["h0"]), N("Add", ["h0", "b1"], ["h"]), N("Relu", ["h"], ["r"]),
+             N("MatMul", ["r", "w2"], ["o0"]), N("Add", ["o0", "b2"], ["o"]),
+             N("Transpose", ["o"], ["of"], perm=[0, 3, 1, 2]), N("Mul", ["of", "gamma"], ["s"]),
+             N("Add", ["s", "x"], ["y"])]
+    inits = {"dw": _f32(RNG.standard_normal((c, 1, 3, 3))), "dwb": _f32(RNG.standard_normal(c)),
+             "g": _f32(RNG.standard_normal(c)), "be": _f32(RNG.standard_normal(c)),
+             "w1": _f32(RNG.standard_normal((c, 4 * c))), "b1": _f32(RNG.standard_normal(4 * c)),
+             "w2": _f32(RNG.standard_normal((4 * c, c))), "b2": _f32(RNG.standard_normal(c)),
+             "gamma": _f32(RNG.standard_normal(gamma_shape))}
+    return build(nodes, inits, in_shape=("N", c, hw, hw))
+
+
+def test_a_layer_scale_after_the_transpose_joins_the_linear():
+    """The Mul by a per-channel constant goes before the Transpose (``binary_before_transpose``),
+    where ``fold_affine`` takes it into the second linear's columns."""
+    kinds = check(convnext_block())
+    assert "binary" not in kinds and kinds.count("linear") == 2, kinds
+
+
+def test_a_constant_varying_over_the_plane_moves_before_the_transpose_too():
+    """A constant of the whole (C, H, W) shape is permuted back with the transpose; it joins no
+    linear (it is not one value per column) and still matches."""
+    kinds = check(convnext_block(gamma_shape=(4, 5, 5)))
+    assert kinds.index("binary") < kinds.index("transpose", kinds.index("linear")), kinds
+
+
+def test_onednn_reads_channels_last_transposes_as_its_own_layout():
+    """On NHWC the two transposes of the block move nothing: their outputs are the bytes of their
+    inputs (``Lowering.alias``), so no reorder and no copy runs between the conv and the add."""
+    model = load_onnx(convnext_block())
+    try:
+        engine = ENGINES["onednn"](model, 2)
+    except Exception as exc:                                    # noqa: BLE001 - the extra is optional
+        pytest.skip(f"onednn engine unavailable: {exc}")
+    if engine.report()["layout"] != "NHWC":
+        pytest.skip(f"oneDNN's conv layout here is {engine.report()['layout']}: the transposes are reorders there")
+    kinds = [step.kind for step in engine.steps]
+    assert len(engine.aliases) == 2 and "calls" not in kinds, kinds
+    assert kinds.count("dnnl_reorder") == 2, kinds              # the input into the layout, the output back
+
+
+def silu_after_conv(other_operand: bool = False) -> bytes:
+    """EfficientNet's activation as exporters write SiLU: a conv, its Sigmoid, their product
+    (``other_operand``: the Sigmoid multiplied by another tensor, a gate, not SiLU)."""
+    nodes = [N("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             N("Sigmoid", ["c"], ["s"]), N("Mul", ["x" if other_operand else "c", "s"], ["y"])]
+    inits = {"w": _f32(RNG.standard_normal((3, 3, 3, 3))), "b": _f32(RNG.standard_normal(3))}
+    return build(nodes, inits, in_shape=("N", 3, 6, 6))
+
+
+def test_sigmoid_times_its_input_is_one_silu():
+    assert check(silu_after_conv()) == ["conv", "silu"]
+
+
+def test_sigmoid_times_another_tensor_stays_a_gate():
+    assert check(silu_after_conv(other_operand=True)) == ["conv", "sigmoid", "binary"]
+
+
+def test_onednn_runs_silu_as_its_convs_post_op():
+    model = load_onnx(silu_after_conv())
+    try:
+        engine = ENGINES["onednn"](model, 2)
+    except Exception as exc:                                    # noqa: BLE001 - the extra is optional
+        pytest.skip(f"onednn engine unavailable: {exc}")
+    convs = [step for step in engine.steps if step.kind == "dnnl_conv"]
+    assert len(convs) == 1 and convs[0].attrs["conv"]["activation"] == "silu", engine.steps
+    assert not [step for step in engine.steps if step.kind in ("dnnl_eltwise", "dnnl_binary", "calls")]

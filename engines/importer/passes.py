@@ -663,6 +663,39 @@ def _per_channel(model: Model, op: Op, params, channel_axis: int) -> np.ndarray 
     return full[:, 0] if np.all(full == full[:, :1]) else None
 
 
+def binary_before_transpose(model: Model) -> Model:
+    """A ``transpose`` read only by a ``binary`` with a constant operand: the binary first, on
+    the constant permuted back, then the transpose. ConvNeXt's layer scale multiplies the
+    output of its channels-last MLP after the transpose back to channels-first; before it, the
+    product follows the MLP's last ``linear``, whose columns ``fold_affine`` then scales."""
+    ops, readers = list(model.ops), _readers(model.ops)
+    params, origin, shapes = dict(model.params), dict(model.origin), {}
+    for i, t in enumerate(ops):
+        if t.kind != "transpose" or t.output == model.output or len(readers.get(t.output, ())) != 1:
+            continue
+        j = readers[t.output][0]
+        b = ops[j]
+        if b.kind != "binary" or b.inputs != (t.output,) or (b.attrs.get("scalar") is None and len(b.params) != 1):
+            continue
+        attrs, new_params = dict(b.attrs), ()
+        if attrs.get("scalar") is None:
+            out_shape, in_shape = model.shapes[b.output], model.shapes[t.inputs[0]]
+            block = params[b.params[0]].reshape(-1)
+            full = np.tile(block, math.prod(out_shape) // block.size).reshape(out_shape)
+            back = np.argsort(t.attrs["perm"])                       # the transpose's inverse
+            new_params = (_new_param(params, b.params[0] + ".pre", full.transpose(back).reshape(-1)),)
+            attrs["width"] = math.prod(in_shape)
+        moved = b.output + ".pre"
+        shapes[moved] = model.shapes[t.inputs[0]]
+        origin[moved] = origin.get(b.output, ())
+        ops[i] = Op("binary", t.inputs, moved, new_params, attrs)
+        ops[j] = Op("transpose", (moved,), b.output, (), t.attrs)
+        readers = _readers(ops)
+    if not shapes:
+        return model
+    return _rebuild(model, ops, params, origin, shapes)
+
+
 def fold_affine(model: Model) -> Model:
     """A mul or add by a per-channel constant (or a scalar) after a ``conv``, a standalone
     ``batchnorm`` or a ``linear``, read only there, joins its weights and bias: mul scales both,
@@ -695,6 +728,17 @@ def fold_affine(model: Model) -> Model:
                 p = p * c                               # a bias, a bn scale, or w's output columns
             new[k] = _new_param(params, op.params[k] + "." + fn, p)
         return Op(op.kind, op.inputs, aff.output, tuple(new), op.attrs)
+    return _absorb(model, merge)
+
+
+def fuse_silu(model: Model) -> Model:
+    """``sigmoid`` of x read only by a product with x: one ``silu`` (SiLU as exporters write it,
+    EfficientNet's activation; oneDNN's conv takes it as a post-op)."""
+    def merge(sig, mul, params):
+        if (sig.kind != "sigmoid" or mul.kind != "binary" or mul.attrs.get("fn") != "mul" or mul.params
+                or sorted(mul.inputs) != sorted((sig.inputs[0], sig.output))):
+            return None
+        return Op("silu", sig.inputs, mul.output, (), {})
     return _absorb(model, merge)
 
 
@@ -746,4 +790,5 @@ def fuse_conv_maxpool(model: Model) -> Model:
 
 # In order: fusions first, then what they left unread.
 PASSES = (fold_constant_adds, fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm, fuse_attention,
-          fold_batchnorm, fold_affine, fuse_conv_add, fuse_conv_activation, fuse_conv_maxpool, remove_dead)
+          fold_batchnorm, binary_before_transpose, fold_affine, fuse_silu, fuse_conv_add, fuse_conv_activation,
+          fuse_conv_maxpool, remove_dead)

@@ -170,7 +170,8 @@ def block_rows(plane: int) -> int:
 
 # What a conv's ``activation`` attribute may name, as its eager form: the NumPy engines fuse
 # relu and clip into their calls (``activation_calls``); oneDNN's conv takes the others as a
-# post-op too (``engines.planned.onednn``, MobileNetV3's hard-swish and squeeze-excite gates).
+# post-op too (``engines.planned.onednn``, MobileNetV3's hard-swish and squeeze-excite gates,
+# EfficientNet's SiLU).
 ACTIVATION_EAGER = {
     "none": lambda y: y,
     "relu": lambda y: np.maximum(y, 0),
@@ -178,6 +179,7 @@ ACTIVATION_EAGER = {
     "hardsigmoid": lambda y, act_alpha, act_beta: np.clip(y * act_alpha + act_beta, 0, 1),
     "hardswish": lambda y: y * np.clip(y / 6 + 0.5, 0, 1),
     "sigmoid": lambda y: 1 / (1 + np.exp(-y)),
+    "silu": lambda y: y / (1 + np.exp(-y)),
 }
 ACTIVATIONS = tuple(ACTIVATION_EAGER)
 ACTIVATION_ATTRS = ("activation", "clip_min", "clip_max", "act_alpha", "act_beta")

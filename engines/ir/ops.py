@@ -327,6 +327,11 @@ def sigmoid_calls(out, x) -> Calls:
             (np.reciprocal, (out, out))]
 
 
+def silu_calls(out, x) -> Calls:
+    """x · sigmoid(x) (SiLU, Swish with alpha 1); reads x after writing out: out must not alias x."""
+    return sigmoid_calls(out, x) + [(np.multiply, (out, x, out))]
+
+
 def gelu_erf_eager(x):
     return 0.5 * x * (1 + _erf()(x * SQRT1_2))
 
@@ -791,6 +796,7 @@ OPS: dict[str, OpKind] = {
     "neg": OpKind(**unary(np.negative, lambda out, x: [(np.negative, (x, out))])),
     "erf": OpKind(**unary(lambda x: _erf()(x), erf_calls, inplace=()), scratch=erf_scratch),
     "sigmoid": OpKind(**unary(lambda x: 1 / (1 + np.exp(-x)), sigmoid_calls, flops=4), eager_temps=1),
+    "silu": OpKind(**unary(lambda x: x / (1 + np.exp(-x)), silu_calls, flops=5, inplace=()), eager_temps=1),
     "clip": OpKind(**unary(clip_eager, clip_calls, flops=2)),
     "gelu_erf": OpKind(**unary(gelu_erf_eager, gelu_erf_calls, flops=5, inplace=()), scratch=erf_scratch,
                        eager_temps=2),

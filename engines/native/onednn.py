@@ -44,7 +44,7 @@ ANY, PLAIN = 1, {1: 2, 2: 3, 3: 4, 4: 5, 5: 6}      # format tags any; a, ab, ab
 # The activation layouts a conv may pick, as (format tag, channel block): NHWC (acdb), and
 # nChw16c / nChw8c / nChw4c (aBcd16b/8b/4b: [N][C/b][H][W][b], channels padded to the block)
 LAYOUTS = ((22, 1), (78, 16), (102, 8), (84, 4))
-RELU, HARDSIGMOID, LOGISTIC, GELU_TANH, CLIP, GELU_ERF, HARDSWISH = 0x20, 0x28, 0x29, 0x2B, 0x2E, 0x31, 0x34  # eltwise
+RELU, HARDSIGMOID, LOGISTIC, GELU_TANH, SWISH, CLIP, GELU_ERF, HARDSWISH = 0x20, 0x28, 0x29, 0x2B, 0x2C, 0x2E, 0x31, 0x34
 SOFTMAX_ACCURATE = 0x30000
 POOL_MAX, POOL_AVG_INCLUDE, POOL_AVG_EXCLUDE, LRN_ACROSS = 0x1FF, 0x2FF, 0x3FF, 0xAFF
 SRC, SRC_1, WEIGHTS, BIAS, DST, SCRATCHPAD, MULTIPLE_SRC = 1, 2, 33, 41, 17, 80, 1024

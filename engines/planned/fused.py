@@ -87,6 +87,17 @@ class Lowering:
         self.engine.shapes[name] = tuple(shape)
         return name
 
+    def alias(self, name: str, shape, base: str) -> str:
+        """Declare buffer ``name`` of per-sample ``shape`` as the bytes of buffer ``base``, the same
+        number of elements read another way (a transpose that moves nothing in memory): planned
+        and bound as ``base``; returns the name."""
+        base = self.engine.aliases.get(base, base)
+        if math.prod(shape) != math.prod(self.engine.shapes[base]):
+            raise ValueError(f"alias {name!r} of {base!r}: {tuple(shape)} against {self.engine.shapes[base]}")
+        self.engine.shapes[name] = tuple(shape)
+        self.engine.aliases[name] = base
+        return name
+
     def next_reader(self, op):
         """The op that alone reads ``op``'s output, or None."""
         return self.only_reader.get(op.output)
@@ -297,7 +308,8 @@ class FusedEngine(BoundEngine):
     builds an engine from it alone):
 
     - ``lowerings``: op kind -> ``lower(lw, i, op) -> bool`` appending ``FusedStep``s to the
-      ``Lowering`` (buffers by ``lw.buffer``/``lw.output``); False leaves the op to its own calls.
+      ``Lowering`` (buffers by ``lw.buffer``/``lw.output``, another reading of one's bytes by
+      ``lw.alias``); False leaves the op to its own calls.
       ``lower_op(lw, i, op)`` runs it; override it to decide per op before fused's table.
     - ``binders``: step kind -> ``bind(engine, step, y, ins, scratch) -> [(fn, args), ...]``, the
       calls of one step on views of one batch size. A new step kind needs an entry here.
@@ -328,6 +340,7 @@ class FusedEngine(BoundEngine):
         super().__init__(model, max_batch)
         _import_blas()                    # SciPy's BLAS runs the default kernels: refuse early without it
         self.shapes: dict[str, tuple[int, ...]] = {}   # per-sample shape of every engine buffer
+        self.aliases: dict[str, str] = {}              # buffer -> the buffer whose bytes it reads (``Lowering.alias``)
         self.steps = self._lower(model)
         self.weight_bytes = sum(a.nbytes for step in self.steps for a in step.operands if isinstance(a, np.ndarray))
         self.own_memory()
@@ -336,8 +349,8 @@ class FusedEngine(BoundEngine):
         self.bind_judged(self.max_batch)  # chooses every linear's kernel now (engines.kernels)
 
     def own_memory(self) -> None:
-        self.plan, arena, self._buffers = arena_storage(
-            {t: 4 * self.max_batch * math.prod(s) for t, s in self.shapes.items()}, self._schedule(), [self._output])
+        sizes = {t: 4 * self.max_batch * math.prod(s) for t, s in self.shapes.items() if t not in self.aliases}
+        self.plan, arena, self._buffers = arena_storage(sizes, self._schedule(), [self.aliases.get(self._output, self._output)])
         self.activation_bytes = arena.nbytes
 
     # --- lowering: ops -> fused steps, weights folded once --------------------
@@ -346,8 +359,10 @@ class FusedEngine(BoundEngine):
         """The steps as the planner sees them: the input copy first, then each step reading its
         buffers and its scratch, writing its output and its scratch. An in-place step reads and
         writes one buffer."""
+        def base(names):
+            return tuple(self.aliases.get(n, n) for n in names)
         return [Step(reads=(), writes=("input",))] + [
-            Step(reads=step.reads + step.scratch, writes=(step.out, *step.scratch)) for step in self.steps]
+            Step(reads=base(step.reads + step.scratch), writes=base((step.out, *step.scratch))) for step in self.steps]
 
     def _lower(self, model: Model) -> list[FusedStep]:
         """Ops -> fused steps (``LOWER``, else the op's own calls), weights folded once."""
@@ -368,7 +383,7 @@ class FusedEngine(BoundEngine):
 
     def view(self, name: str, batch: int) -> np.ndarray:
         shape = (batch, *self.shapes[name])
-        return self._buffers[name][:math.prod(shape)].reshape(shape)
+        return self._buffers[self.aliases.get(name, name)][:math.prod(shape)].reshape(shape)
 
     def linear_calls(self, x2, y2, w, b, b_tiled, residual) -> list:
         """The calls for y2 = x2 @ w + b (+ residual), every array a 2-D view bound in advance, on

@@ -37,7 +37,8 @@ from ..memory import aligned_empty
 from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_DIV, BINARY_MUL, BINARY_SUB, CLIP, DST, GELU_ERF, GELU_TANH,
                              GLOBAL_STATS, HARDSIGMOID, HARDSWISH, LOGISTIC, MEAN,
                              MULTIPLE_SRC, NORM_RELU, Owned, P, PLAIN, POOL_AVG_EXCLUDE, POOL_AVG_INCLUDE, POOL_MAX,
-                             Q_IMPL, RELU, SCALE, SHIFT, SRC, SRC_1, USE_SCALE, USE_SHIFT, VARIANCE, WEIGHTS, Weights,
+                             Q_IMPL, RELU, SCALE, SHIFT, SRC, SRC_1, SWISH, USE_SCALE, USE_SHIFT, VARIANCE, WEIGHTS,
+                             Weights,
                              library, matmul_fits)
 from .fused import BIND, FusedEngine, FusedStep, Lowering
 
@@ -95,9 +96,11 @@ class OneDnnEngine(FusedEngine):
         b = self.dnnl.block
         return (-(-shape[0] // b) * b, *shape[1:])
 
-    def new_native(self, lw: Lowering, name: str, shape) -> str:
-        """A new buffer for a (C, H, W) tensor in oneDNN's layout, channels padded to its block."""
-        buffer = lw.buffer(name, self._native_shape(shape))
+    def new_native(self, lw: Lowering, name: str, shape, base: str | None = None) -> str:
+        """A new buffer for a (C, H, W) tensor in oneDNN's layout, channels padded to its block
+        (``base``: the bytes of that buffer, ``Lowering.alias``)."""
+        native = self._native_shape(shape)
+        buffer = lw.buffer(name, native) if base is None else lw.alias(name, native, base)
         self._channels[buffer] = shape[0]
         return buffer
 
@@ -178,6 +181,7 @@ ELTWISE = {
     "hardswish": lambda a: (HARDSWISH, 1.0 / 6.0, 0.5),
     "hardsigmoid": lambda a: (HARDSIGMOID, a["act_alpha"], a["act_beta"]),
     "sigmoid": lambda a: (LOGISTIC, 0.0, 0.0),
+    "silu": lambda a: (SWISH, 1.0, 0.0),                  # x · sigmoid(alpha x)
     "gelu": lambda a: (GELU_TANH, 0.0, 0.0),
     "gelu_erf": lambda a: (GELU_ERF, 0.0, 0.0),
 }
@@ -419,11 +423,29 @@ def _lower_channel_scale(lw: Lowering, i: int, op) -> bool:
     return True
 
 
+def _lower_transpose(lw: Lowering, i: int, op) -> bool:
+    """On NHWC, (C, H, W) -> (H, W, C) of a tensor in oneDNN's layout, and (H, W, C) -> (C, H, W)
+    of a plain one, move nothing: the output is the input's bytes read the other way
+    (``Lowering.alias``), where this transpose alone reads its input (a later write into either
+    would reach the other). ConvNeXt's blocks run channels-last between two such transposes."""
+    eng, src, perm = lw.engine, lw.where[op.inputs[0]], tuple(op.attrs["perm"])
+    if eng.dnnl.block != 1 or lw.only_reader.get(op.inputs[0]) is not op or src == "input":
+        return False
+    shape = lw.model.shapes[op.output]
+    if perm == (1, 2, 0) and eng.is_native(src):
+        lw.where[op.output] = lw.alias(op.output, shape, src)
+    elif perm == (2, 0, 1) and len(shape) == 3 and not eng.is_native(src):
+        lw.where[op.output] = eng.new_native(lw, op.output + ".dnnl", shape, base=src)
+    else:
+        return False
+    return True
+
+
 _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
                "maxpool": _lower_pool, "averagepool": _lower_pool, "lrn": _lower_pool, "concat": _lower_concat,
                "reshape": _lower_reshape, "batchnorm": _lower_batchnorm, "globalaveragepool": _lower_global_pool,
                "expand": _lower_channel_scale, "slice": _lower_slice, "add": _lower_binary, "binary": _lower_binary,
-               "softmax": _lower_softmax,
+               "softmax": _lower_softmax, "transpose": _lower_transpose,
                **{kind: _lower_eltwise for kind in ELTWISE}}
 
 
