@@ -274,3 +274,36 @@ def test_shufflenet_v2s_channel_split_stays_in_onednns_layout(layout, monkeypatc
     for batch in (1, 4):
         x = model.random_input(batch, rng=batch)
         np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("one_thread_faster", [True, False], ids=["one-thread", "pool"])
+def test_a_short_forward_runs_on_one_thread_where_its_own_forward_was_faster(one_thread_faster, monkeypatch):
+    """The forward at a batch is timed on OpenMP's pool and with OpenMP at one thread (its
+    primitives made so); the faster runs, named in the report, and both give the pool's answer."""
+    from engines.kernels import pool_threads
+    if pool_threads("openmp-threads") < 2:
+        pytest.skip("OpenMP runs one thread here: nothing to choose")
+    timed = []
+    def measure(variants):
+        timed.append(sorted(variants))
+        return {"pool": 2.0, "one thread": 1.0} if one_thread_faster else {"pool": 1.0, "one thread": 1.0}
+    monkeypatch.setattr(onednn, "measure_forwards", measure)
+    monkeypatch.setenv("MLEXEC_TUNE", "1")
+    model = light("squeezenet")
+    engine = ENGINES["onednn"](model, 2)
+    chosen = engine.report()["forward_threads"]["2"]
+    assert timed == [["one thread", "pool"]] and chosen["how"] == "measured in the forward"
+    assert chosen["threads"] == (1 if one_thread_faster else chosen["pool"])
+    assert (len(engine._bound[2].calls) == 1) == one_thread_faster      # one call: OpenMP at one thread around all
+    x = model.random_input(2, rng=3)
+    monkeypatch.setattr(onednn, "measure_forwards", lambda variants: {"pool": 1.0, "one thread": 1.0})
+    pool = ENGINES["onednn"](model, 2)
+    np.testing.assert_allclose(engine.forward(x), pool.forward(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_long_forward_is_not_timed_on_one_thread(monkeypatch):
+    monkeypatch.setattr(onednn, "ONE_THREAD_FORWARD_S", 0.0)
+    monkeypatch.setattr(onednn, "measure_forwards", lambda variants: pytest.fail("timed"))
+    monkeypatch.setenv("MLEXEC_TUNE", "1")
+    chosen = ENGINES["onednn"](light("squeezenet"), 1).report()["forward_threads"]["1"]
+    assert chosen["threads"] == chosen["pool"] and chosen["how"].endswith("forward: on the pool"), chosen

@@ -2,6 +2,7 @@
 (loaded once through ``engines.native``), the thread pools they run on, and their bound calls."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from dataclasses import dataclass
 from typing import Callable
@@ -250,6 +251,21 @@ def on_one_thread(pool: str, calls: list) -> list:
     if pool == "mkl":
         return [(_one_mkl_thread, (_LIBS["mkl"].MKL_Set_Num_Threads_Local, tuple(calls)))]
     return [(_one_thread, (*_LIBS[pool], tuple(calls)))]
+
+
+@contextlib.contextmanager
+def one_thread(pool: str):
+    """``pool`` (as in ``on_one_thread``, not "mkl") at one thread inside the block, then its count
+    back: for what reads the count when it is made (oneDNN sizes a primitive's work then)."""
+    if pool == "mkl" or _load(pool) is None:
+        raise RuntimeError(f"cannot set {pool} to one thread here: {_WHY.get(pool, 'a per-call setting')}")
+    set_threads, get_threads = _LIBS[pool]
+    before = get_threads()
+    set_threads(1)
+    try:
+        yield
+    finally:
+        set_threads(before)
 
 
 def pool_threads(pool: str) -> int:

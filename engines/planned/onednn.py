@@ -26,13 +26,17 @@ which is measured at build time (``engines.kernels``).
 from __future__ import annotations
 
 import ctypes
+import time
 import weakref
 
 import numpy as np
 
 from ..ir.conv import activation_of, conv_attrs, pool_window, split_pool
 from ..importer.passes import fuse_conv_activation, fuse_conv_add
-from ..kernels import candidates, on_one_thread
+from ..kernels import candidates, on_one_thread, pool_threads, tuning_enabled
+from ..kernels.choice import KEEP_DEFAULT
+from ..kernels.table import one_thread, run_calls
+from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
 from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_DIV, BINARY_MUL, BINARY_SUB, CLIP, DST, GELU_ERF, GELU_TANH,
                              GLOBAL_STATS, HARDSIGMOID, HARDSWISH, LOGISTIC, MEAN,
@@ -41,6 +45,14 @@ from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_DIV, BINARY_MUL, BINA
                              Weights,
                              library, matmul_fits)
 from .fused import BIND, FusedEngine, FusedStep, Lowering
+
+
+# A forward shorter than this is also timed with OpenMP at one thread, and runs so where that is
+# KEEP_DEFAULT faster: between two primitives the Python of the next call outlasts the workers'
+# spin, so each primitive pays their wake-up. MobileNetV3-small exported at 64x64, batch 1: 0.905 ms
+# on the two-thread pool, 0.655 ms on one (Intel Xeon; ONNX Runtime 0.53 ms). Longer forwards
+# would cost their timing more than any wake-up they pay.
+ONE_THREAD_FORWARD_S = 0.02
 
 
 class OneDnnEngine(FusedEngine):
@@ -58,6 +70,7 @@ class OneDnnEngine(FusedEngine):
         # oneDNN's conv takes a residual sum and an activation after any conv (engines.ir.conv's
         # conv_add only after a 1x1 one): ShuffleNet's grouped 1x1 convs then their Sum and ReLU
         model = fuse_conv_activation(fuse_conv_add(model, fusable=lambda channels, attrs: True), tuple(ELTWISE))
+        self.forward_threads: dict[int, dict] = {}   # batch -> how its forward runs (shared with workers)
         super().__init__(model, max_batch)
 
     def default_kernel(self, gemm) -> str:
@@ -76,6 +89,46 @@ class OneDnnEngine(FusedEngine):
 
     def matmul_calls(self, a, b, out) -> list:
         return on_one_thread("numpy-threads", super().matmul_calls(a, b, out))
+
+    def bind_judged(self, batch: int):
+        """The forward at ``batch`` with its linears judged (``BoundEngine``), then on OpenMP's pool
+        or, where its own warm forward ran faster so, all of it with OpenMP at one thread
+        (``ONE_THREAD_FORWARD_S``; measured once per batch size and process)."""
+        bound = super().bind_judged(batch)
+        if batch not in self.forward_threads:
+            self.forward_threads[batch] = self._judge_threads(batch, bound)
+            if self.forward_threads[batch]["threads"] != 1:
+                self._bound[batch] = bound
+        elif self.forward_threads[batch]["threads"] == 1 and self.forward_threads[batch]["pool"] > 1:
+            self._one_thread_bound(batch)
+        return self._bound[batch]
+
+    def _one_thread_bound(self, batch: int):
+        """The forward at ``batch`` bound with OpenMP at one thread, run so: oneDNN sizes a
+        primitive's work for the threads there are when it is made, and asks for as many."""
+        with one_thread("openmp-threads"):
+            bound = self.bind(batch)
+        self._bound[batch] = bound._replace(calls=tuple(on_one_thread("openmp-threads", list(bound.calls))))
+        return self._bound[batch]
+
+    def _judge_threads(self, batch: int, bound) -> dict:
+        try:
+            pool = pool_threads("openmp-threads")
+        except RuntimeError as exc:
+            return {"threads": None, "pool": None, "how": f"OpenMP's threads unknown: {exc}"}
+        if pool == 1 or not tuning_enabled():
+            return {"threads": pool, "pool": pool, "how": "one-thread pool" if pool == 1 else "default"}
+        bound.input[...] = np.random.default_rng(0).standard_normal(bound.input.shape, dtype=np.float32)
+        run_calls(bound.calls)
+        t0 = time.perf_counter()
+        run_calls(bound.calls)
+        once = time.perf_counter() - t0
+        if once > ONE_THREAD_FORWARD_S:
+            return {"threads": pool, "pool": pool, "how": f"a {once * 1e3:.0f} ms forward: on the pool"}
+        times = measure_forwards({"pool": list(bound.calls), "one thread": list(self._one_thread_bound(batch).calls)})
+        one = times["one thread"] * (1 + KEEP_DEFAULT) < times["pool"]
+        return {"threads": 1 if one else pool, "pool": pool, "how": "measured in the forward",
+                "forward_us": {name: t * 1e6 for name, t in times.items()}}
 
     # --- lowering: which tensors are native, and the reorders between layouts --------------
 
@@ -134,7 +187,8 @@ class OneDnnEngine(FusedEngine):
         oneDNN chose on this CPU (``brgconv:avx512_core``, ``jit:avx2``, ...; ``ref`` is its
         slow reference code)."""
         layout = {PLAIN[4]: "NCHW", 22: "NHWC"}.get(self.dnnl.layout, f"nChw{self.dnnl.block}c")
-        return {**super().report(), "layout": layout, "primitives": list(self._primitives)}
+        return {**super().report(), "layout": layout, "primitives": list(self._primitives),
+                "forward_threads": {str(b): dict(v) for b, v in self.forward_threads.items()}}
 
     # --- binding ---------------------------------------------------------------------------
 
