@@ -317,3 +317,19 @@ def test_onednn_runs_silu_as_its_convs_post_op():
     convs = [step for step in engine.steps if step.kind == "dnnl_conv"]
     assert len(convs) == 1 and convs[0].attrs["conv"]["activation"] == "silu", engine.steps
     assert not [step for step in engine.steps if step.kind in ("dnnl_eltwise", "dnnl_binary", "calls")]
+
+
+def test_an_ops_vectors_are_tiled_over_its_own_rows_not_the_inputs():
+    """A LayerNorm over (8, 8) per sample after a Reshape of a flat input (raw audio, as wav2vec
+    2.0 takes): its gamma and beta are tiled over the op's 8 rows a sample, one call each for
+    all rows, not one per row (168 calls for wav2vec 2.0's (79, 64) LayerNorm at batch 1 before)."""
+    nodes = [N("Reshape", ["x", "shape"], ["r"]),
+             N("LayerNormalization", ["r", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
+    data = build(nodes, {"shape": _i64(0, 8, 8), "g": _f32(RNG.standard_normal(8)), "b": _f32(RNG.standard_normal(8))},
+                 in_shape=("N", 64), out_shape=("N", 8, 8))
+    assert check(data) == ["reshape", "layernorm"]
+    for name in ("static", "fused"):
+        engine = ENGINES[name](load_onnx(data), 4)
+        engine.forward(np.zeros((4, 64), np.float32))
+        multiplies = [args for fn, args in engine._bound[4].calls if fn is np.multiply]
+        assert len(multiplies) == 3, (name, len(multiplies))          # two to standardize, one by gamma

@@ -43,6 +43,13 @@ def weight_layout(w) -> np.ndarray:
     return aligned(w)
 
 
+def max_rows(shape, max_batch: int) -> int:
+    """The rows of a tensor of per-sample ``shape`` at ``max_batch``: what its op's vectors are
+    tiled to. (The model input's rows, used before, tiled a vector over one row where the input
+    is raw audio: 168 calls for wav2vec 2.0's (79, 64) LayerNorm at batch 1.)"""
+    return max_batch * math.prod(shape[:-1])
+
+
 def tile(vector: np.ndarray, max_rows: int) -> np.ndarray:
     rows = max(1, min(max_rows, TILE_BYTES // (4 * vector.shape[-1])))
     return aligned(np.broadcast_to(vector, (rows, vector.shape[-1])))

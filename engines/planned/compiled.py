@@ -28,7 +28,7 @@ from ..ir.models import Model
 from ..kernels import Linears, candidates
 from ..ir.ops import OPS, linear_calls
 from ..memory import aligned_empty
-from ..ir.calls import rows2d
+from ..ir.calls import max_rows, rows2d
 from ..planner import Plan, Step, end_to_end, plan_memory
 
 
@@ -164,7 +164,6 @@ class CompiledEngine(BoundEngine):
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
-        max_rows = max_batch * math.prod(model.shapes[model.input][:-1])
         self.shapes = dict(model.shapes)          # every tensor, scratch included
         self.steps: list[Step] = [Step(reads=(), writes=(model.input,))]   # the copy of the input
         self._ops: list[BoundOp] = []
@@ -177,7 +176,7 @@ class CompiledEngine(BoundEngine):
                 continue
             reads = tuple(self.root(t) for t in op.inputs)
             params = [model.params[p] for p in op.params]
-            prepared = kind.operands(params, max_rows)
+            prepared = kind.operands(params, max_rows(model.shapes[op.output], self.max_batch))
             prepared_bytes += sum(a.nbytes for a in prepared)
             scratch = []
             for j, shape in enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs], op.attrs)):

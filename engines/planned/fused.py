@@ -31,7 +31,7 @@ from .compiled import Bound, BoundEngine, arena_storage
 from ..kernels import Gemm, Linears, candidates, cpu_model
 from ..ir.models import Model
 from ..ir.ops import GELU_C, OPS, gather_keys, head_columns, keys_per_head, keys_scratch, mean_column, rowwise_scratch, scores_scale, softmax_rows, split_heads, standardize_calls
-from ..ir.calls import maximum, ones_column, rows2d, tile, tiled_calls, weight_layout, zero_rows
+from ..ir.calls import max_rows, maximum, ones_column, rows2d, tile, tiled_calls, weight_layout, zero_rows
 from ..planner import Step
 
 
@@ -218,12 +218,12 @@ def _lower_softmax(lw: Lowering, i: int, op) -> bool:
 def _lower_calls(lw: Lowering, i: int, op) -> bool:
     """Any other op: its own ``engines.ir.ops`` calls, its operands prepared once."""
     kind, model = OPS[op.kind], lw.model
-    max_rows = lw.engine.max_batch * math.prod(model.shapes[model.input][:-1])
     scratch = tuple(lw.buffer(f"{op.output}.scratch{j}", s) for j, s in
                     enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs], op.attrs)))
     out = lw.output(op.output, model.shapes[op.output])
     lw.steps.append(FusedStep("calls", out, tuple(lw.where[t] for t in op.inputs), scratch,
-                              (kind.calls, *kind.operands([model.params[p] for p in op.params], max_rows)),
+                              (kind.calls, *kind.operands([model.params[p] for p in op.params],
+                                                          max_rows(model.shapes[op.output], lw.engine.max_batch))),
                               dict(op.attrs)))
     return True
 
