@@ -1,6 +1,7 @@
 """Kernel choice (engines.kernels): every candidate right and allocation-free, the choice measured
 once per machine and then read from the cache, the switch that turns it off, and the report."""
 import json
+import operator
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import time
 import tracemalloc
 
 import numpy as np
+
 import pytest
 
 from engines import ENGINES, MODELS, kernels
@@ -177,6 +179,25 @@ def test_onednn_on_one_thread_runs_on_one_thread():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**subprocess_env(), "OMP_NUM_THREADS": "2"}).stdout.split()
     assert out[0] == out[1] and float(out[2]) == 257.0, out
+
+
+@pytest.mark.parametrize("pool", ["numpy-threads", "openmp-threads", "mkl"])
+def test_a_call_that_raises_on_one_thread_gives_the_pools_threads_back(pool):
+    """An error inside a one-thread call (a bad input, a library's failure) must not leave the
+    pool at one thread for everything after it."""
+    try:
+        calls = kernels.on_one_thread(pool, [(operator.truediv, (1, 0))])
+    except RuntimeError as exc:
+        pytest.skip(f"{pool} not here: {exc}")
+    # MKL's is a per-thread setting, read by setting it (0: the global count) and read back
+    threads = ((lambda: kernels.table._LIBS["mkl"].MKL_Set_Num_Threads_Local(0)) if pool == "mkl"
+               else (lambda: kernels.pool_threads(pool)))
+    before = threads()
+    if before == 1:
+        pytest.skip(f"{pool} runs one thread here: nothing to give back")
+    with pytest.raises(ZeroDivisionError):
+        kernels.table.run_calls(calls)
+    assert threads() == before
 
 
 def test_tuning_is_on_unless_switched_off(monkeypatch):
