@@ -189,15 +189,22 @@ def test_a_call_that_raises_on_one_thread_gives_the_pools_threads_back(pool):
         calls = kernels.on_one_thread(pool, [(operator.truediv, (1, 0))])
     except RuntimeError as exc:
         pytest.skip(f"{pool} not here: {exc}")
-    # MKL's is a per-thread setting, read by setting it (0: the global count) and read back
-    threads = ((lambda: kernels.table._LIBS["mkl"].MKL_Set_Num_Threads_Local(0)) if pool == "mkl"
-               else (lambda: kernels.pool_threads(pool)))
-    before = threads()
+    if pool == "mkl":           # a per-thread setting, read only by setting it: set a known one
+        set_local = kernels.table._LIBS["mkl"].MKL_Set_Num_Threads_Local
+        outer, before = set_local(2), 2
+        threads = lambda: set_local(2)              # noqa: E731 (returns the setting it replaces)
+    else:
+        outer, threads = None, (lambda: kernels.pool_threads(pool))   # noqa: E731
+        before = threads()
     if before == 1:
         pytest.skip(f"{pool} runs one thread here: nothing to give back")
-    with pytest.raises(ZeroDivisionError):
-        kernels.table.run_calls(calls)
-    assert threads() == before
+    try:
+        with pytest.raises(ZeroDivisionError):
+            kernels.table.run_calls(calls)
+        assert threads() == before
+    finally:
+        if pool == "mkl":
+            set_local(outer)
 
 
 def test_tuning_is_on_unless_switched_off(monkeypatch):
