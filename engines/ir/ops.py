@@ -133,15 +133,19 @@ def matvec_calls(col: np.ndarray):
 def standardize_calls(y, x, tmp, stat, eps, matvec) -> Calls:
     """Calls for y = (x - mean) / sqrt(var + eps) over rows; ``matvec(a, out)`` gives the calls
     for out = a @ (1/width column), so an engine can put the row means on its own BLAS."""
+    # A ufunc on a one-element array allocates (NumPy 2.4: 0.8-1.1 KiB a call): one row's statistic
+    # (a LayerNorm after global pooling, at batch 1) is spread over its row before it is scaled.
+    at = tmp if stat.size == 1 else stat
     return [*matvec(x, stat),                   # mean, as a matvec: no reduction state
             (np.copyto, (tmp, stat)),           # broadcast without the ufunc buffer
             (np.subtract, (x, tmp, y)),         # centred (y may alias x)
             (np.multiply, (y, y, tmp)),
             *matvec(tmp, stat),                 # variance
-            (np.add, (stat, eps, stat)),
-            (np.sqrt, (stat, stat)),
-            (np.reciprocal, (stat, stat)),
-            (np.copyto, (tmp, stat)),
+            *([(np.copyto, (tmp, stat))] if at is tmp else []),
+            (np.add, (at, eps, at)),
+            (np.sqrt, (at, at)),
+            (np.reciprocal, (at, at)),
+            *([] if at is tmp else [(np.copyto, (tmp, stat))]),
             (np.multiply, (y, tmp, y))]
 
 
