@@ -136,16 +136,14 @@ def standardize_calls(y, x, tmp, stat, eps, matvec) -> Calls:
     # A ufunc on a one-element array allocates (NumPy 2.4: 0.8-1.1 KiB a call): one row's statistic
     # (a LayerNorm after global pooling, at batch 1) is spread over its row before it is scaled.
     at = tmp if stat.size == 1 else stat
+    spread = [(np.copyto, (tmp, stat))]         # broadcast without the ufunc buffer
+    scale = [(np.add, (at, eps, at)), (np.sqrt, (at, at)), (np.reciprocal, (at, at))]
     return [*matvec(x, stat),                   # mean, as a matvec: no reduction state
-            (np.copyto, (tmp, stat)),           # broadcast without the ufunc buffer
+            *spread,
             (np.subtract, (x, tmp, y)),         # centred (y may alias x)
             (np.multiply, (y, y, tmp)),
             *matvec(tmp, stat),                 # variance
-            *([(np.copyto, (tmp, stat))] if at is tmp else []),
-            (np.add, (at, eps, at)),
-            (np.sqrt, (at, at)),
-            (np.reciprocal, (at, at)),
-            *([] if at is tmp else [(np.copyto, (tmp, stat))]),
+            *(spread + scale if at is tmp else scale + spread),
             (np.multiply, (y, tmp, y))]
 
 

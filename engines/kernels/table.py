@@ -48,16 +48,14 @@ def _one_thread(set_threads, get_threads, calls: tuple) -> None:
     """Run ``calls`` with a pool (OpenBLAS's, OpenMP's) on one thread, then give back the count
     found (which a caller's threadpoolctl limit may have set)."""
     before = get_threads()
-    if before == 1:
-        for fn, args in calls:
-            fn(*args)
-        return
-    set_threads(1)
+    if before != 1:
+        set_threads(1)
     try:
         for fn, args in calls:
             fn(*args)
     finally:                              # a call that raises must not leave the pool at one thread
-        set_threads(before)
+        if before != 1:
+            set_threads(before)
 
 
 def _one_mkl_thread(set_local, calls: tuple) -> None:
