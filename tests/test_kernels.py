@@ -10,7 +10,6 @@ import time
 import tracemalloc
 
 import numpy as np
-
 import pytest
 
 from engines import ENGINES, MODELS, kernels

@@ -279,13 +279,17 @@ def test_shufflenet_v2s_channel_split_stays_in_onednns_layout(layout, monkeypatc
         np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-4, atol=1e-5)
 
 
+def _needs_an_openmp_pool():
+    from engines.kernels import pool_threads
+    if pool_threads("openmp-threads") < 2:
+        pytest.skip("OpenMP runs one thread here: nothing to choose")
+
+
 @pytest.mark.parametrize("one_thread_faster", [True, False], ids=["one-thread", "pool"])
 def test_a_short_forward_runs_on_one_thread_where_its_own_forward_was_faster(one_thread_faster, monkeypatch):
     """The forward at a batch is timed on OpenMP's pool and with OpenMP at one thread (its
     primitives made so); the faster runs, named in the report, and both give the pool's answer."""
-    from engines.kernels import pool_threads
-    if pool_threads("openmp-threads") < 2:
-        pytest.skip("OpenMP runs one thread here: nothing to choose")
+    _needs_an_openmp_pool()
     timed = []
     def measure(variants):
         timed.append(sorted(variants))
@@ -309,9 +313,7 @@ def test_a_short_forward_runs_on_one_thread_where_its_own_forward_was_faster(one
 def test_one_thread_wins_only_where_a_second_timing_agrees(monkeypatch):
     """A disturbance during the first timing (another pool still spinning, a neighbour's burst)
     made the pool look slow: the second timing, which it does not repeat, keeps the pool."""
-    from engines.kernels import pool_threads
-    if pool_threads("openmp-threads") < 2:
-        pytest.skip("OpenMP runs one thread here: nothing to choose")
+    _needs_an_openmp_pool()
     results = iter([{"pool": 2.0, "one thread": 1.0}, {"pool": 1.0, "one thread": 1.0}])
     monkeypatch.setattr(onednn, "measure_forwards", lambda variants: next(results))
     monkeypatch.setattr(onednn, "ONE_THREAD_FORWARD_S", float("inf"))
@@ -321,9 +323,7 @@ def test_one_thread_wins_only_where_a_second_timing_agrees(monkeypatch):
 
 
 def test_a_long_forward_is_not_timed_on_one_thread(monkeypatch):
-    from engines.kernels import pool_threads
-    if pool_threads("openmp-threads") < 2:
-        pytest.skip("OpenMP runs one thread here: nothing to choose")
+    _needs_an_openmp_pool()
     monkeypatch.setattr(onednn, "ONE_THREAD_FORWARD_S", 0.0)
     monkeypatch.setattr(onednn, "measure_forwards", lambda variants: pytest.fail("timed"))
     monkeypatch.setenv("MLEXEC_TUNE", "1")

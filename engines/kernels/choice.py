@@ -22,6 +22,13 @@ BUSY_SHARE = 0.25           # seconds per second this process's threads waited f
                             # process beside a two-thread matmul: 0.74 and 1.0, the matmul 3.6x slower)
 
 
+def fastest(times: dict[str, float], default: str) -> str:
+    """The fastest of ``times`` (name -> seconds), but ``default`` where it is within KEEP_DEFAULT
+    of that (ties included): a change of kernel or thread count has to pay for itself."""
+    best = min(times, key=times.get)
+    return default if default in times and times[default] <= (1 + KEEP_DEFAULT) * times[best] else best
+
+
 # A GEMM timed alone is not the GEMM in the forward: there its weights, its neighbours' data and
 # their pools share the cache and the cores (an AMD EPYC's 1 x 1024 x 1024 tied NumPy's two
 # threads with SciPy's one alone, and ran 1.4x slower on one thread in the forward). Rivals within
@@ -81,9 +88,7 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
         t0, load0 = time.perf_counter(), _load()
         times = timing.measure(gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")}
         seconds = time.perf_counter() - t0
-        best = min(times, key=times.get)
-        if default in times and times[default] <= (1 + KEEP_DEFAULT) * times[best]:    # ties included
-            best = default
+        best = fastest(times, default)
         choice = _keep(Choice(best, "measured", default, times, seconds, entry=entry), load0, seconds)
     _MEMO[memo_key] = choice
     return choice
@@ -192,9 +197,7 @@ class Linears:
         t0, load0 = time.perf_counter(), _load()
         times = timing.measure_forwards(forwards)
         choice = self.choices[key]
-        best = min(times, key=times.get)
-        if times[choice.kernel] <= (1 + KEEP_DEFAULT) * times[best]:
-            best = choice.kernel
+        best = fastest(times, choice.kernel)
         seconds = time.perf_counter() - t0
         judged = replace(choice, kernel=best, how="measured in the forward", forward_s=times,
                          seconds=choice.seconds + seconds)

@@ -34,7 +34,7 @@ import numpy as np
 from ..ir.conv import activation_of, conv_attrs, pool_window, split_pool
 from ..importer.passes import fuse_conv_activation, fuse_conv_add
 from ..kernels import candidates, on_one_thread, pool_threads, tuning_enabled
-from ..kernels.choice import KEEP_DEFAULT
+from ..kernels.choice import fastest
 from ..kernels.table import one_thread, run_calls
 from ..kernels.timing import PARK_S, measure_forwards
 from ..memory import aligned_empty
@@ -58,10 +58,6 @@ ONE_THREAD_FORWARD_S = 0.02
 # returns: 384 B + 32 B an argument (measured under memray, 17 to 21 arguments; DenseNet-121's
 # concats of 25 tensors, 1,248 B). Not an array: it is added to the memory pass's slack.
 CONCAT_BYTES, CONCAT_ARG_BYTES = 384, 32
-
-
-def _one_thread_faster(times: dict[str, float]) -> bool:
-    return times["one thread"] * (1 + KEEP_DEFAULT) < times["pool"]
 
 
 class OneDnnEngine(FusedEngine):
@@ -143,9 +139,9 @@ class OneDnnEngine(FusedEngine):
         variants = {"pool": list(bound.calls), "one thread": list(self._one_thread_bound(batch).calls)}
         time.sleep(PARK_S)                   # another engine's pool, warmed just before, parks first
         timings = [measure_forwards(variants)]
-        if _one_thread_faster(timings[0]):   # a disturbance during 0.15 s of timing must not hold the
-            timings.append(measure_forwards(variants))   # engine to one thread: a second timing agrees
-        one = all(map(_one_thread_faster, timings))
+        if fastest(timings[0], "pool") == "one thread":   # a disturbance during 0.15 s of timing must not
+            timings.append(measure_forwards(variants))     # hold the engine to one thread: a second agrees
+        one = all(fastest(times, "pool") == "one thread" for times in timings)
         return {"threads": 1 if one else pool, "pool": pool, "how": "measured in the forward",
                 "forward_us": [{name: t * 1e6 for name, t in times.items()} for times in timings]}
 
