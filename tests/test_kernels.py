@@ -436,6 +436,19 @@ def test_close_rivals_are_judged_in_whole_forwards_and_the_fastest_there_is_kept
     assert (again["kernel"], again["how"]) == ("scipy-1t", "cached")
 
 
+def test_the_fastest_rival_across_the_pool_line_is_judged_even_behind_closer_ones(tuned, monkeypatch):
+    """Three one-thread kernels closest alone, a pool's fourth: the pool's is judged in the forward
+    (where the two timings disagree), in place of the third one-thread one."""
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"scipy-1t": 100.0, "numpy-1t": 101.0,
+                                                           "onednn-matmul-1t": 102.0, "numpy": 110.0}))
+    judged = []
+    monkeypatch.setattr(kernels.timing, "measure_forwards",
+                        lambda v, *a, **k: judged.append(list(v)) or {n: 50e-6 if n == "numpy" else 80e-6 for n in v})
+    (report,) = ENGINES["static"](MODELS["mlp"](dim=32, seed=1), 4).report()["kernels"]
+    assert judged == [["scipy-1t", "numpy", "numpy-1t"]]
+    assert (report["kernel"], report["how"]) == ("numpy", "measured in the forward")
+
+
 def test_a_rival_far_behind_alone_is_not_timed_in_the_forward(tuned, monkeypatch):
     monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy": 100.0}))     # every other: 1 ms
     monkeypatch.setattr(kernels.timing, "measure_forwards", lambda *a, **k: pytest.fail("judged"))

@@ -170,8 +170,13 @@ class Linears:
     def rivals(self) -> dict[str, list[str]]:
         """For each GEMM shape bound since ``bound_keys`` was cleared and just measured alone (not
         from the cache, not yet in the forward): the kernels to time in the forward (its choice
-        first, then those within FORWARD_CLOSE of the fastest alone, FORWARD_RIVALS in all),
-        where there are two or more. Not from ONE_THREAD_MAX_WORK multiply-adds up: a product of a
+        first, then the fastest close one across the line between a pool and one thread, then
+        the others within FORWARD_CLOSE of the fastest alone, FORWARD_RIVALS in all), where there
+        are two or more. Across the line is where the two timings disagree: alone, a pool's
+        wake-up is paid every call and the weights stay in cache; in a forward the pool is awake
+        and the other layers evict them (an AMD EPYC's packed at 1 x 1024 x 1024: three one-thread
+        kernels judged, the pool's onednn-matmul fourth alone and left out; the forward ran at
+        0.70x naive's). Not from ONE_THREAD_MAX_WORK multiply-adds up: a product of a
         millisecond or more is little changed by what its neighbours leave in the cache or by a
         pool's wake-up (the two shapes where the forward chose otherwise were 2 x 512 x 512 and
         4 x 1024 x 1024), and judging the transformer d512 s128's four such shapes took 5.4 s of
@@ -184,7 +189,9 @@ class Linears:
                     or self.work.get(key, 0) >= ONE_THREAD_MAX_WORK:
                 continue
             close = [n for n in sorted(alone, key=alone.get) if alone[n] <= FORWARD_CLOSE * min(alone.values())]
-            rivals = list(dict.fromkeys([choice.kernel, *close]))[:FORWARD_RIVALS]
+            pooled = KERNELS[choice.kernel].one_thread is None
+            across = [n for n in close if (KERNELS[n].one_thread is None) != pooled][:1]
+            rivals = list(dict.fromkeys([choice.kernel, *across, *close]))[:FORWARD_RIVALS]
             if len(rivals) > 1:
                 found[key] = rivals
         return found
