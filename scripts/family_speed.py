@@ -18,17 +18,17 @@ import sys
 from pathlib import Path
 
 ENGINES = "naive,fused,packed,onednn,onnxruntime"
-NUMPY = ("naive", "static", "arena", "fused", "packed", "onednn")
+NUMPY = ("naive", "static", "arena", "fused", "packed", "onednn", "int8")
 BAR = 1 / 1.25
 
 
-def run(path: Path, out: Path, batches: str, rounds: int) -> None:
+def run(path: Path, out: Path, batches: str, rounds: int, engines: str = ENGINES) -> None:
     folder = out / path.stem
     if (folder / "report.json").exists():
         return
     print(f"report: {path.name}", file=sys.stderr, flush=True)
     done = subprocess.run([sys.executable, "-m", "mlexec", "report", "--model", str(path), "--batches", batches,
-                           "--engines", ENGINES, "--rounds", str(rounds), "--recheck-rounds", "0",
+                           "--engines", engines, "--rounds", str(rounds), "--recheck-rounds", "0",
                            "--out", str(folder)], capture_output=True, text=True)
     if done.returncode:
         folder.mkdir(parents=True, exist_ok=True)
@@ -62,8 +62,8 @@ def table(out: Path) -> str:
             text, ok = cell(by_batch[batch])
             met, total = met + ok, total + 1
             cells.append(f"b{batch}: {text}{'' if ok else ' **below**'}")
-        naive = max((r["median_s"] for r in report["rows"] if r["engine"] == "naive"), default=0)
-        lines.append(f"| {folder.name} | {' | '.join(cells)} | {naive * 1e3:.2f} ms |")
+        naive = max((r["median_s"] for r in report["rows"] if r["engine"] == "naive"), default=None)
+        lines.append(f"| {folder.name} | {' | '.join(cells)} | {'-' if naive is None else f'{naive * 1e3:.2f} ms'} |")
     head = (f"Best NumPy engine, ONNX Runtime's time over its own (> 1: faster), median (IQR) over "
             f"interleaved rounds; {cpu}. Within 1.25x (>= {BAR:.2f}x): {met} of {total} points.\n\n"
             "| file | batch 1 | batch 8 | naive at the largest batch |\n|---|---|---|---|")
@@ -76,9 +76,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=Path("reports/families"))
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--engines", default=ENGINES, help=f"for mlexec report (default {ENGINES}); "
+                        "quantized files: int8,onnxruntime")
     args = parser.parse_args(argv)
     for path in args.files:
-        run(path, args.out, args.batches, args.rounds)
+        run(path, args.out, args.batches, args.rounds, args.engines)
     print(table(args.out))
     return 0
 

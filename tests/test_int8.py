@@ -85,6 +85,23 @@ def test_relu_outputs_are_quantized_unsigned():
     assert [s.attrs["unsigned"] for s in linears] == [False, True, True]
 
 
+def test_a_small_s8_input_is_scaled_by_its_largest_magnitude_to_the_same_result(monkeypatch):
+    """Up to MAGNITUDE_MAX values the scale is max |x| from one reduction of |x|, above it
+    max(max x, -min x) from two: the same scales, so the same integers and outputs."""
+    model = MODELS["mlp"](dim=256, seed=4)
+    x = model.random_input(8, 11)
+    small = make_engine("int8", model, 8)
+    first = next(s for s in small.steps if s.kind == "int8_linear")
+    assert not first.attrs["unsigned"] and small.shapes[first.scratch[1]] == (256,)     # room for |x|
+    calls = [fn for fn, _ in small.bind(8).calls]
+    assert np.absolute in calls and np.minimum.reduce not in calls
+    monkeypatch.setattr("engines.planned.int8.MAGNITUDE_MAX", 0)
+    large = make_engine("int8", model, 8)
+    assert large.shapes[next(s for s in large.steps if s.kind == "int8_linear").scratch[1]] == (1,)
+    assert np.minimum.reduce in [fn for fn, _ in large.bind(8).calls]
+    np.testing.assert_array_equal(np.array(small.forward(x)), np.array(large.forward(x)))
+
+
 @pytest.mark.parametrize("name, kwargs", [("mlp", dict(dim=256)), ("transformer", dict(dim=32, seq=8, heads=4))])
 def test_every_linear_is_an_integer_primitive_and_no_reference_code(name, kwargs):
     model = MODELS[name](**kwargs)

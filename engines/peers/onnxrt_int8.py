@@ -159,43 +159,39 @@ class OnnxRuntimeInt8Engine(OnnxRuntimeEngine):
 
     def program(self, model: Model, onnx) -> bytes:
         """The float program quantized (or a quantized file as it is), its weights counted."""
-        proto = onnx.load_from_string(super().program(model, onnx))
-        self.scheme = self._scheme(proto)
-        if self.scheme != "as given":
-            proto = self._quantize(model, proto, onnx)
+        proto, self.scheme = quantized(model, onnx.load_from_string(super().program(model, onnx)), onnx)
         self.op_types = frozenset(n.op_type for n in proto.graph.node)     # of the file the session runs
         from onnx import numpy_helper
         self.weight_bytes = sum(numpy_helper.to_array(i).nbytes for i in proto.graph.initializer)
         return proto.SerializeToString()
 
-    @staticmethod
-    def _scheme(proto) -> str:
-        ops = {n.op_type for n in proto.graph.node}
-        if ops & QUANTIZED_OPS:
-            return "as given"
-        return "static QDQ" if "Conv" in ops else "dynamic"
 
-    def _quantize(self, model: Model, proto, onnx):
-        import onnx.version_converter  # noqa: F401  (onnx.version_converter below)
-        q = _quantization()
-        with tempfile.TemporaryDirectory(prefix="mlexec-int8-") as tmp:
-            src, out = os.path.join(tmp, "float.onnx"), os.path.join(tmp, "int8.onnx")
-            if self.scheme == "dynamic":
-                gemm_as_matmul(proto, onnx)
-                onnx.save(proto, src)
-                with _no_preprocess_advice():
-                    q.quantize_dynamic(src, out, weight_type=q.QuantType.QInt8, per_channel=PER_CHANNEL_DYNAMIC)
-            else:
-                # per-channel QDQ needs DequantizeLinear's axis (opset 13); older files are converted
-                if _opset(proto) < QDQ_OPSET:
-                    proto = onnx.version_converter.convert_version(proto, QDQ_OPSET)
-                _prepared(proto)
-                onnx.save(proto, src)
-                pre = os.path.join(tmp, "pre.onnx")
-                q.quant_pre_process(src, pre)
-                q.quantize_static(pre, out, _Calibration(model, model.input),
-                                  quant_format=q.QuantFormat.QDQ, per_channel=True,
-                                  activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
-                                  calibrate_method=q.CalibrationMethod.MinMax,
-                                  nodes_to_exclude=_softmax_tail(onnx.load(pre)))
-            return onnx.load(out)
+def quantized(model: Model, proto, onnx) -> tuple:
+    """(``proto`` quantized as this peer runs it, the scheme: "as given", "dynamic" or "static QDQ")."""
+    ops = {n.op_type for n in proto.graph.node}
+    if ops & QUANTIZED_OPS:
+        return proto, "as given"
+    scheme = "static QDQ" if "Conv" in ops else "dynamic"
+    import onnx.version_converter  # noqa: F401  (onnx.version_converter below)
+    q = _quantization()
+    with tempfile.TemporaryDirectory(prefix="mlexec-int8-") as tmp:
+        src, out = os.path.join(tmp, "float.onnx"), os.path.join(tmp, "int8.onnx")
+        if scheme == "dynamic":
+            gemm_as_matmul(proto, onnx)
+            onnx.save(proto, src)
+            with _no_preprocess_advice():
+                q.quantize_dynamic(src, out, weight_type=q.QuantType.QInt8, per_channel=PER_CHANNEL_DYNAMIC)
+        else:
+            # per-channel QDQ needs DequantizeLinear's axis (opset 13); older files are converted
+            if _opset(proto) < QDQ_OPSET:
+                proto = onnx.version_converter.convert_version(proto, QDQ_OPSET)
+            _prepared(proto)
+            onnx.save(proto, src)
+            pre = os.path.join(tmp, "pre.onnx")
+            q.quant_pre_process(src, pre)
+            q.quantize_static(pre, out, _Calibration(model, model.input),
+                              quant_format=q.QuantFormat.QDQ, per_channel=True,
+                              activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
+                              calibrate_method=q.CalibrationMethod.MinMax,
+                              nodes_to_exclude=_softmax_tail(onnx.load(pre)))
+        return onnx.load(out), scheme
