@@ -512,3 +512,12 @@ def test_one_thread_kernels_give_back_a_callers_thread_limit():
         for name in one_thread:
             kernels.table.run_calls(bound(name, x, w, b, b_tiled, res, aligned(np.zeros((4, 32)))))
         assert {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"} == {1}
+
+
+def test_scratch_operands_are_a_drawn_block_repeated_on_a_cache_line():
+    a = kernels.timing._normal(np.random.default_rng(0), (3, 5), block=4)
+    drawn = np.random.default_rng(0).standard_normal(4, dtype=np.float32)
+    assert a.dtype == np.float32 and a.shape == (3, 5) and a.ctypes.data % 64 == 0
+    np.testing.assert_array_equal(a.reshape(-1), np.resize(drawn, 15))
+    large = kernels.timing._normal(np.random.default_rng(1), (512, 300))
+    assert np.isfinite(large).all() and 0.9 < large.std() < 1.1
