@@ -354,3 +354,27 @@ def test_a_concat_of_many_tensors_stays_within_the_memory_limit(inputs):
     assert peak <= limit < 4096, (peak, limit)
     # 30 tensors: past the slack of the other planned engines, so the concat's own count is needed
     assert (peak > FusedEngine.peak_slack_bytes) == (inputs == 30), peak
+
+
+def test_attention_runs_on_brgemm_from_one_head_major_copy_of_qkv():
+    """The scores and the context are oneDNN's batched matmuls on its brgemm kernels (no NumPy
+    product, no allocating gemm), after one reorder of qkv; right at every batch."""
+    from engines import MODELS as ZOO
+    model = ZOO["transformer"](dim=64, seq=16, heads=4, seed=3)
+    engine = ENGINES["onednn"](model, 4)
+    for batch in (1, 3, 4):
+        x = model.random_input(batch, batch)
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
+    attention = [(p["kind"], p["implementation"]) for p in engine.report()["primitives"] if p["kind"].startswith("attn")]
+    assert {kind for kind, impl in attention if impl.startswith("brg")} == {"attn_scores", "attn_context"}
+    assert all(impl.startswith(("brg", "jit")) for _, impl in attention), attention    # never ref:any, gemm:jit
+
+
+def test_attention_falls_back_to_numpy_where_onednn_offers_no_brgemm(monkeypatch):
+    from engines import MODELS as ZOO
+    monkeypatch.setattr(onednn, "implementation", lambda dnnl, pd: "gemm:jit:f32")
+    model = ZOO["transformer"](dim=64, seq=16, heads=4, seed=3)
+    engine = ENGINES["onednn"](model, 2)
+    x = model.random_input(2, 0)
+    np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
+    assert "attn_context" not in {p["kind"] for p in engine.report()["primitives"]}     # NumPy's product ran it

@@ -126,6 +126,14 @@ class Dnnl:
         return layout
 
 
+def implementation(dnnl: Dnnl, pd) -> str:
+    """The implementation oneDNN chose for the primitive of ``pd`` (``brg:avx512_core``, ``jit:uni``,
+    ``ref:any``, ...)."""
+    impl = ctypes.c_char_p()
+    dnnl.check(dnnl.lib.dnnl_primitive_desc_query(pd, Q_IMPL, 0, ctypes.byref(impl)), "implementation query")
+    return impl.value.decode()
+
+
 def _executed(status: int, fn, args) -> int:
     """ctypes' check of every ``dnnl_primitive_execute``: a failed call raises, it is not skipped."""
     if status:

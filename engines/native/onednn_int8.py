@@ -9,13 +9,12 @@ attributes and passed at execution as ``ATTR_SCALES | argument``.
 """
 from __future__ import annotations
 
-import ctypes
 import weakref
 
 import numpy as np
 
 from ..memory import aligned_empty
-from .onednn import DST, F32, Q_IMPL, Q_WEIGHTS, SRC, Dims, Dnnl, Owned, P
+from .onednn import DST, F32, Q_WEIGHTS, SRC, Dims, Dnnl, Owned, P, implementation
 
 S32, S8, U8 = 4, 5, 6                           # dnnl_data_type_t
 DATA_TYPES = {np.dtype(np.float32): F32, np.dtype(np.int32): S32, np.dtype(np.int8): S8, np.dtype(np.uint8): U8}
@@ -58,13 +57,6 @@ class TypedOwned(Owned):
             d.check(d.lib.dnnl_primitive_attr_set_zero_points_mask(attr, arg, mask), "zero points mask")
         self.post_ops(attr, sum_, binaries, eltwise)
         return attr
-
-
-def implementation(dnnl: Dnnl, pd) -> str:
-    """The implementation oneDNN chose for the primitive of ``pd`` (``brg:avx512_core_amx``, ...)."""
-    impl = ctypes.c_char_p()
-    dnnl.check(dnnl.lib.dnnl_primitive_desc_query(pd, Q_IMPL, 0, ctypes.byref(impl)), "implementation query")
-    return impl.value.decode()
 
 
 def implementations(dnnl: Dnnl, make_pd) -> list[str]:
