@@ -425,7 +425,8 @@ def test_close_rivals_are_judged_in_whole_forwards_and_the_fastest_there_is_kept
             return bound
 
     eng = Probe(model, 4)
-    (variants,) = judged                            # the mlp's two linears share one GEMM shape
+    variants, again = judged                        # the mlp's two linears share one GEMM shape;
+    assert again == variants                        # a change of kernel is timed twice
     assert list(variants)[0] == "numpy" and set(variants) == {"numpy", "scipy-1t"}
     (report,) = eng.report()["kernels"]
     assert (report["kernel"], report["how"]) == ("scipy-1t", "measured in the forward")
@@ -445,8 +446,20 @@ def test_the_fastest_rival_across_the_pool_line_is_judged_even_behind_closer_one
     monkeypatch.setattr(kernels.timing, "measure_forwards",
                         lambda v, *a, **k: judged.append(list(v)) or {n: 50e-6 if n == "numpy" else 80e-6 for n in v})
     (report,) = ENGINES["static"](MODELS["mlp"](dim=32, seed=1), 4).report()["kernels"]
-    assert judged == [["scipy-1t", "numpy", "numpy-1t"]]
+    assert judged == [["scipy-1t", "numpy", "numpy-1t"]] * 2
     assert (report["kernel"], report["how"]) == ("numpy", "measured in the forward")
+
+
+@pytest.mark.parametrize("second, kept", [({"numpy": 80e-6, "scipy-1t": 50e-6}, "scipy-1t"),
+                                          ({"numpy": 50e-6, "scipy-1t": 80e-6}, "numpy")])
+def test_a_kernel_that_won_one_forward_timing_replaces_the_choice_only_if_a_second_agrees(second, kept, tuned,
+                                                                                          monkeypatch):
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy": 100.0, "scipy-1t": 105.0}))
+    timings = iter([{"numpy": 80e-6, "scipy-1t": 50e-6}, second])
+    monkeypatch.setattr(kernels.timing, "measure_forwards", lambda v, *a, **k: next(timings))
+    (report,) = ENGINES["static"](MODELS["mlp"](dim=32, seed=1), 4).report()["kernels"]
+    assert (report["kernel"], report["how"]) == (kept, "measured in the forward")
+    assert next(timings, None) is None                      # both timings were taken
 
 
 def test_a_rival_far_behind_alone_is_not_timed_in_the_forward(tuned, monkeypatch):

@@ -35,7 +35,7 @@ from ..ir.conv import activation_of, conv_attrs, pool_window, split_pool
 from ..ir.ops import head_columns
 from ..importer.passes import fuse_conv_activation, fuse_conv_add
 from ..kernels import candidates, on_one_thread, pool_threads, tuning_enabled
-from ..kernels.choice import fastest
+from ..kernels.choice import confirmed_fastest
 from ..kernels.table import one_thread, run_calls
 from ..kernels.timing import PARK_S, measure_forwards
 from ..memory import aligned_empty
@@ -140,11 +140,9 @@ class OneDnnEngine(FusedEngine):
             return {"threads": pool, "pool": pool, "how": f"a {once * 1e3:.0f} ms forward: on the pool"}
         variants = {"pool": list(bound.calls), "one thread": list(self._one_thread_bound(batch).calls)}
         time.sleep(PARK_S)                   # another engine's pool, warmed just before, parks first
-        timings = [measure_forwards(variants)]
-        if fastest(timings[0], "pool") == "one thread":   # a disturbance during 0.15 s of timing must not
-            timings.append(measure_forwards(variants))     # hold the engine to one thread: a second agrees
-        one = all(fastest(times, "pool") == "one thread" for times in timings)
-        return {"threads": 1 if one else pool, "pool": pool, "how": "measured in the forward",
+        # a disturbance during 0.15 s of timing must not hold the engine to one thread: a second agrees
+        best, timings = confirmed_fastest(lambda: measure_forwards(variants), "pool")
+        return {"threads": 1 if best == "one thread" else pool, "pool": pool, "how": "measured in the forward",
                 "forward_us": [{name: t * 1e6 for name, t in times.items()} for times in timings]}
 
     # --- lowering: which tensors are native, and the reorders between layouts --------------
