@@ -143,7 +143,7 @@ def _lower_linear(lw: Lowering, i: int, op) -> bool:
     scaled = op.output in lw.qk_scale and all(ops[r].kind in ("attn_scores", "attn_context")
                                               for r in lw.readers[op.output])   # 1/sqrt(d), into q columns
     folded = ln is not None or doubled or scaled
-    # in float64 only where something folds in: a 4096 x 4096 weight's copy took 0.14 s of a build
+    # in float64 only where something folds in: an mlp d4096's two copies took 0.42 s of a 2.6 s build
     w = given.astype(np.float64) if folded else given
     if ln is not None:
         gamma, beta = (v.astype(np.float64) for v in ln)

@@ -296,24 +296,26 @@ def quantize_calls(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, lo: n
     # at one row of 256 (a third of the pass); TINY as the initial maximum keeps an all-zero row's
     # scale above 0
     signed = q.dtype != np.uint8
-    if signed and lo.size >= x2.size and x2.size <= MAGNITUDE_MAX:
+    small = signed and lo.size >= x2.size and x2.size <= MAGNITUDE_MAX
+    if small:                                          # max |x| from one reduction of |x|
         magnitude = lo.reshape(-1)[:x2.size].reshape(x2.shape)
         calls = [(np.absolute, (x2, magnitude)), (np.maximum.reduce, (magnitude, axis, None, amax, True, TINY))]
-        signed = False                                 # the scale is max |x| already
-        lo = None
     else:
         calls = [(np.maximum.reduce, (x2, axis, None, amax, True, TINY))]
-        if signed:
-            lo = lo.reshape(-1)[:amax.size].reshape(amax.shape)
-            calls.append((np.minimum.reduce, (x2, axis, None, lo, True, -TINY)))
+    minima = signed and not small                      # max |x| = max(max x, -min x)
+    if minima:
+        lo = lo.reshape(-1)[:amax.size].reshape(amax.shape)
+        calls.append((np.minimum.reduce, (x2, axis, None, lo, True, -TINY)))
     # the scale, max / levels, in its own pass (as the reorder's source scale it made oneDNN 3.2 leave
-    # its jit reorder: 9 us instead of 1.7 at one row of 256); at one scale, in Python floats (the
-    # three NumPy calls on (1, 1) arrays took 1.9 us there)
+    # its jit reorder: 9 us instead of 1.7 at one row of 256; a common source scale of 127 over row
+    # destination scales of max |x|, tried to drop this pass: simple:any, 46 against 1.0 us at
+    # 8 x 256, AMD EPYC); at one scale, in Python floats (the three NumPy calls on (1, 1) arrays
+    # took 1.9 us there)
     inverse = np.float32(1.0 / levels_of(q))
     if amax.size == 1:
-        calls.append((_one_scale, (amax.reshape(1), lo.reshape(1) if signed else None, float(inverse))))
+        calls.append((_one_scale, (amax.reshape(1), lo.reshape(1) if minima else None, float(inverse))))
     else:
-        if signed:
+        if minima:
             calls += [(np.negative, (lo, lo)), (maximum, (amax, lo, amax))]
         calls.append((np.multiply, (amax, inverse, amax)))
     return calls + _scaled_cast(eng, step, x2, q, amax.reshape(-1), per_row)
