@@ -225,11 +225,15 @@ def hardmax_calls(out, x) -> Calls:
 
 # --- multi-head self-attention, as scores -> softmax -> context ---------------
 
+def qkv_heads(qkv, heads):
+    """A fused (batch, seq, 3·dim) tensor as one (3, batch, heads, seq, head_dim) view: q, k, v."""
+    batch, seq, width = qkv.shape
+    return qkv.reshape(batch, seq, 3, heads, width // (3 * heads)).transpose(2, 0, 3, 1, 4)
+
+
 def split_heads(qkv, heads):
     """q, k, v as (batch, heads, seq, head_dim) views of a fused (batch, seq, 3·dim) tensor."""
-    batch, seq, width = qkv.shape
-    split = qkv.reshape(batch, seq, 3, heads, width // (3 * heads))
-    return (split[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    return qkv_heads(qkv, heads)
 
 
 def scores_scale(head_dim: int, scale: float | None = None) -> float:

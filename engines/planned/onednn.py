@@ -32,7 +32,7 @@ import weakref
 import numpy as np
 
 from ..ir.conv import activation_of, conv_attrs, pool_window, split_pool
-from ..ir.ops import head_columns
+from ..ir.ops import head_columns, qkv_heads
 from ..importer.passes import fuse_conv_activation, fuse_conv_add
 from ..kernels import candidates, on_one_thread, pool_threads, tuning_enabled
 from ..kernels.choice import confirmed_fastest
@@ -690,9 +690,8 @@ def _batched_matmul(eng: OneDnnEngine, step, a: np.ndarray, b: np.ndarray, out: 
 
 def _bind_attn_scores(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     (qkv,), (flat,), heads = ins, scratch, step.attrs["heads"]
-    batch, seq, width = qkv.shape
-    hm = _head_major(flat, heads, seq, width)
-    split = qkv.reshape(batch, seq, 3, heads, width // (3 * heads)).transpose(2, 0, 3, 1, 4)
+    hm = _head_major(flat, heads, *qkv.shape[1:])
+    split = qkv_heads(qkv, heads)
     o = eng.owned
     src, dst = o.strided(split), o.strided(hm)
     gather = eng.execute(o.reorder_pd(src, dst, o.attr()), {SRC: (src, split), DST: (dst, hm)}, step)
