@@ -772,6 +772,51 @@ def fuse_conv_activation(model: Model, activations: tuple[str, ...] = ("relu", "
     return _absorb(model, merge)
 
 
+# Ops whose output lies on their input's quantization grid, whatever the grid: they move, keep or
+# drop values (a ReLU's 0 is on every grid: the zero point's level)
+GRID_KEEPING = ("maxpool", "reshape", "transpose", "relu")
+
+
+def grid_of(by_out: dict, tensor: str) -> dict | None:
+    """The static quantization step (``fake_quant``'s attributes: scale, zero point, levels) whose
+    grid ``tensor`` lies on: the step that wrote it (a ``fake_quant``, or a conv that took one in),
+    then only ``GRID_KEEPING`` ops; None if none. ``by_out``: the model's ops by output."""
+    op = by_out.get(tensor)
+    while op is not None and op.kind in GRID_KEEPING:
+        op = by_out.get(op.inputs[0])
+    attrs = None if op is None else op.attrs if op.kind == "fake_quant" else op.attrs.get("fake_quant")
+    return attrs if attrs and attrs.get("scale") is not None else None
+
+
+def drop_repeated_quantization(model: Model) -> Model:
+    """A static ``fake_quant`` of a value already on its grid (the same scale, zero point and
+    levels, then only ``GRID_KEEPING`` ops: a quantized file's QDQ pairs around a max pool or a
+    flatten) is the identity: its readers read its input. Exact."""
+    by_out = {op.output: op for op in model.ops}
+    same: dict[str, str] = {}
+    for op in model.ops:
+        if op.kind == "fake_quant" and op.attrs.get("scale") is not None and op.output != model.output \
+                and grid_of(by_out, op.inputs[0]) == op.attrs:
+            same[op.output] = same.get(op.inputs[0], op.inputs[0])
+    if not same:
+        return model
+    ops = [replace(op, inputs=tuple(same.get(t, t) for t in op.inputs)) for op in model.ops if op.output not in same]
+    return _rebuild(model, ops)
+
+
+def fuse_conv_fake_quant(model: Model) -> Model:
+    """``conv`` or ``conv_add`` (its activation taken in) then a static ``fake_quant`` read only
+    there (a quantized file's QDQ pair on the conv's output): the conv, its ``fake_quant``
+    attribute the step's scale, zero point and levels. For oneDNN's convs, which apply it as
+    post-ops after the sum and the activation (``planned.onednn.fake_quant_chain``)."""
+    def merge(conv, fq, params):
+        if conv.kind not in ("conv", "conv_add") or "fake_quant" in conv.attrs or fq.kind != "fake_quant" \
+                or fq.attrs.get("scale") is None:
+            return None
+        return Op(conv.kind, conv.inputs, fq.output, conv.params, {**conv.attrs, "fake_quant": dict(fq.attrs)})
+    return _absorb(model, merge)
+
+
 def fuse_conv_maxpool(model: Model) -> Model:
     """``conv`` on the im2col lowering then ``maxpool`` (read only there): one ``conv_maxpool``,
     which never holds the conv's whole output (a band of its rows per block of pooled rows).
@@ -789,6 +834,6 @@ def fuse_conv_maxpool(model: Model) -> Model:
 
 
 # In order: fusions first, then what they left unread.
-PASSES = (fold_constant_adds, fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm, fuse_attention,
+PASSES = (drop_repeated_quantization, fold_constant_adds, fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm, fuse_attention,
           fold_batchnorm, binary_before_transpose, fold_affine, fuse_silu, fuse_conv_add, fuse_conv_activation,
           fuse_conv_maxpool, remove_dead)

@@ -21,6 +21,12 @@ from ..memory import aligned
 TILE_BYTES = 256 * 1024
 
 
+def quantization_step(x, scale: float, zero_point: int, lo: int, hi: int):
+    """x on a static 8-bit grid, as a float: (clip(round_half_even(x / scale) + zero_point, lo, hi)
+    - zero_point) x scale (ONNX's QuantizeLinear then DequantizeLinear)."""
+    return (np.clip(np.rint(x / scale) + zero_point, lo, hi) - zero_point) * scale
+
+
 def rows2d(a: np.ndarray) -> np.ndarray:
     """View a (batch, ..., width) array as (rows, width)."""
     return a.reshape(-1, a.shape[-1])

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .calls import TILE_BYTES, Calls, OpKind, maximum
+from .calls import TILE_BYTES, Calls, OpKind, maximum, quantization_step
 from ..memory import aligned
 
 
@@ -182,7 +182,9 @@ ACTIVATION_EAGER = {
     "silu": lambda y: y / (1 + np.exp(-y)),
 }
 ACTIVATIONS = tuple(ACTIVATION_EAGER)
-ACTIVATION_ATTRS = ("activation", "clip_min", "clip_max", "act_alpha", "act_beta")
+# a conv's activation and, after it, a quantization step it took in (``{scale, zero_point, lo, hi}``,
+# oneDNN's convs only: ``importer.passes.fuse_conv_fake_quant``)
+ACTIVATION_ATTRS = ("activation", "clip_min", "clip_max", "act_alpha", "act_beta", "fake_quant")
 
 
 def activation_of(kind: str, attrs) -> dict | None:
@@ -196,13 +198,16 @@ def activation_of(kind: str, attrs) -> dict | None:
     return {"activation": kind} if kind in ACTIVATION_EAGER and kind != "none" else None
 
 
-def activation_eager(y, activation="none", **attrs):
+def activation_eager(y, activation="none", fake_quant=None, **attrs):
     if activation not in ACTIVATION_EAGER:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    return ACTIVATION_EAGER[activation](y, **attrs)
+    y = ACTIVATION_EAGER[activation](y, **attrs)
+    return y if fake_quant is None else quantization_step(y, **fake_quant)
 
 
-def activation_calls(y, activation="none", clip_min=-np.inf, clip_max=np.inf, **other) -> Calls:
+def activation_calls(y, activation="none", clip_min=-np.inf, clip_max=np.inf, fake_quant=None, **other) -> Calls:
+    if fake_quant is not None:
+        raise ValueError("a conv's calls take no quantization step (oneDNN's conv applies it)")
     if activation == "relu":
         return [(maximum, (y, 0.0, y))]
     if activation == "clip":

@@ -37,7 +37,7 @@ import math
 import numpy as np
 
 from ..memory import aligned
-from .calls import (Calls, OpKind, maximum, minimum, ones_column, rows2d, tile, tiled_calls,
+from .calls import (Calls, OpKind, maximum, minimum, ones_column, quantization_step, rows2d, tile, tiled_calls,
                     weight_layout, zero_rows)
 from .conv import CONV_OPS
 
@@ -729,7 +729,7 @@ def dynamic_quant_params(low, high, dtype) -> tuple:
 
 def fake_quant_eager(x, *, scale=None, zero_point=0, lo=0, hi=U8_LEVELS):
     if scale is not None:
-        return (np.clip(np.rint(x / scale) + zero_point, lo, hi) - zero_point) * scale
+        return quantization_step(x, scale, zero_point, lo, hi)
     out = np.empty_like(x)
     for i, row in enumerate(x.reshape(len(x), -1)):
         s, zp = dynamic_quant_params(row.min(), row.max(), x.dtype)

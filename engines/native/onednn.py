@@ -44,14 +44,15 @@ ANY, PLAIN = 1, {1: 2, 2: 3, 3: 4, 4: 5, 5: 6}      # format tags any; a, ab, ab
 # The activation layouts a conv may pick, as (format tag, channel block): NHWC (acdb), and
 # nChw16c / nChw8c / nChw4c (aBcd16b/8b/4b: [N][C/b][H][W][b], channels padded to the block)
 LAYOUTS = ((22, 1), (78, 16), (102, 8), (84, 4))
-RELU, HARDSIGMOID, LOGISTIC, GELU_TANH, SWISH, CLIP, GELU_ERF, HARDSWISH = 0x20, 0x28, 0x29, 0x2B, 0x2C, 0x2E, 0x31, 0x34
+RELU, LINEAR, HARDSIGMOID, LOGISTIC, GELU_TANH, SWISH, CLIP, GELU_ERF, ROUND, HARDSWISH = (
+    0x20, 0x26, 0x28, 0x29, 0x2B, 0x2C, 0x2E, 0x31, 0x32, 0x34)
 SOFTMAX_ACCURATE = 0x30000
 POOL_MAX, POOL_AVG_INCLUDE, POOL_AVG_EXCLUDE, LRN_ACROSS = 0x1FF, 0x2FF, 0x3FF, 0xAFF
 SRC, SRC_1, WEIGHTS, BIAS, DST, SCRATCHPAD, MULTIPLE_SRC = 1, 2, 33, 41, 17, 80, 1024
 MEAN, VARIANCE, SCALE, SHIFT = 49, 50, 51, 52
 GLOBAL_STATS, USE_SCALE, USE_SHIFT, NORM_RELU = 0x1, 0x2, 0x4, 0x8
 POST_OP_SRC1 = 32768 | 2                               # DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1
-BINARY_ADD, BINARY_MUL, BINARY_DIV, BINARY_SUB = 0x1FFF0, 0x1FFF1, 0x1FFF4, 0x1FFF5
+BINARY_ADD, BINARY_MUL, BINARY_MAX, BINARY_DIV, BINARY_SUB = 0x1FFF0, 0x1FFF1, 0x1FFF2, 0x1FFF4, 0x1FFF5
 Q_IMPL, Q_WEIGHTS, Q_DST, Q_SCRATCHPAD = 8, 131, 133, 136
 USER_SCRATCHPAD = 1
 Dims = ctypes.c_int64 * 12                             # DNNL_MAX_NDIMS
@@ -181,20 +182,21 @@ class Owned:
     def clone(self, md) -> P:
         return self._keep("md", self.dnnl.new("dnnl_memory_desc_clone", P(md)))
 
-    def attr(self, sum_: bool = False, eltwise: tuple | None = None, add=None) -> P:
+    def attr(self, sum_: bool = False, eltwises: tuple = (), add=None) -> P:
         """Attributes: a user-managed scratchpad; post-ops: the residual sum (into the output), or
-        the add of a tensor of descriptor ``add`` (``POST_OP_SRC1``), then the activation."""
+        the add of a tensor of descriptor ``add`` (``POST_OP_SRC1``), then the eltwise ones."""
         d = self.dnnl
         attr = self._keep("attr", d.new("dnnl_primitive_attr_create"))
         d.check(d.lib.dnnl_primitive_attr_set_scratchpad_mode(attr, USER_SCRATCHPAD), "scratchpad mode")
-        self.post_ops(attr, sum_, [(BINARY_ADD, add)] if add else [], eltwise)
+        self.post_ops(attr, sum_, [(BINARY_ADD, add)] if add else [], eltwises)
         return attr
 
-    def post_ops(self, attr, sum_: bool, binaries: list, eltwise: tuple | None) -> None:
+    def post_ops(self, attr, sum_: bool, binaries: list, eltwises: tuple) -> None:
         """Set ``attr``'s post-ops, in order: the sum into the output (a residual already there),
         the binary ones (``(algorithm, md)``, their operands at ``DNNL_ARG_ATTR_MULTIPLE_POST_OP(i)
-        | DNNL_ARG_SRC_1``), then the activation ``(algorithm, alpha, beta)``; none: nothing set."""
-        if not (sum_ or binaries or eltwise):
+        | DNNL_ARG_SRC_1``), then the eltwise ones ``(algorithm, alpha, beta)`` (an activation,
+        a quantization step's chain); none: nothing set."""
+        if not (sum_ or binaries or eltwises):
             return
         d = self.dnnl
         po = self._keep("po", d.new("dnnl_post_ops_create"))
@@ -202,8 +204,7 @@ class Owned:
             d.check(d.lib.dnnl_post_ops_append_sum(po, ctypes.c_float(1.0), 0, 0), "sum post-op")
         for alg, md in binaries:
             d.check(d.lib.dnnl_post_ops_append_binary(po, alg, md), "binary post-op")
-        if eltwise:
-            alg, alpha, beta = eltwise
+        for alg, alpha, beta in eltwises:
             d.check(d.lib.dnnl_post_ops_append_eltwise(po, alg, ctypes.c_float(alpha), ctypes.c_float(beta)),
                     "eltwise post-op")
         d.check(d.lib.dnnl_primitive_attr_set_post_ops(attr, po), "post-ops")

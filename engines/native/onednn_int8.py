@@ -43,11 +43,11 @@ class TypedOwned(Owned):
         return self._keep("md", self.dnnl.new("dnnl_memory_desc_create_with_strides", a.ndim, Dims(*a.shape),
                                               DATA_TYPES[a.dtype], Dims(*[s // a.itemsize for s in a.strides])))
 
-    def quantized_attr(self, scales: dict[int, int], binaries: list, eltwise: tuple | None,
+    def quantized_attr(self, scales: dict[int, int], binaries: list, eltwises: tuple = (),
                        sum_: bool = False, zero_points: dict[int, int] | None = None) -> P:
         """Attributes: a user scratchpad, run-time scales and zero points (argument -> mask), then
         post-ops: the sum into the output (a residual already there) or the binary ones in order
-        (``(algorithm, md)``, their operands at ``post_op_arg(i)``), then the activation
+        (``(algorithm, md)``, their operands at ``post_op_arg(i)``), then the eltwise ones
         ``(algorithm, alpha, beta)``. Zero points are s32, passed as ``ATTR_ZERO_POINTS | argument``."""
         attr = self.attr()
         d = self.dnnl
@@ -55,7 +55,7 @@ class TypedOwned(Owned):
             d.check(d.lib.dnnl_primitive_attr_set_scales_mask(attr, arg, mask), "scales mask")
         for arg, mask in (zero_points or {}).items():
             d.check(d.lib.dnnl_primitive_attr_set_zero_points_mask(attr, arg, mask), "zero points mask")
-        self.post_ops(attr, sum_, binaries, eltwise)
+        self.post_ops(attr, sum_, binaries, eltwises)
         return attr
 
 

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..base import EngineUnavailable
 from ..ir.calls import maximum, rows2d, tiled_calls, zero_rows
+from ..importer.passes import grid_of
 from ..ir.conv import conv_attrs
 from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..ir.ops import U8_LEVELS    # a ReLU's output as u8: [0, 255], twice the resolution
@@ -50,7 +51,7 @@ from ..kernels import on_one_thread, pool_threads, tuning_enabled
 from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
 from .fused import FusedStep, Lowering
-from .onednn import ELTWISE, OneDnnEngine
+from .onednn import OneDnnEngine, eltwises
 
 LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly representable
 TINY = np.float32(1e-30)        # an all-zero row's scale: its values quantize to 0 without a 0/0
@@ -132,6 +133,9 @@ class Int8Engine(OneDnnEngine):
     def lower_op(self, lw: Lowering, i: int, op) -> None:
         """onednn's steps for the op, then its linear or conv step in int8 (found among the steps it
         appended: a reorder of the model's output may follow it)."""
+        if _requantized(lw, op):
+            lw.where[op.output] = lw.where[op.inputs[0]]
+            return
         start = len(lw.steps)
         super().lower_op(lw, i, op)
         kinds = LINEAR_KINDS if op.kind == "linear" else ("dnnl_conv",) if op.kind in CONV_KINDS else ()
@@ -241,14 +245,23 @@ def _minima_shape(sample, minima, signed: bool) -> tuple:
 
 
 def _file_grid(lw: Lowering, tensor: str) -> tuple[float, int, int] | None:
-    """(scale, zero point, lowest level) where ``tensor`` is a quantized file's static 8-bit step
-    (``fake_quant``): the int8 step reading it quantizes with the file's scale and zero point, so
+    """(scale, zero point, lowest level) where ``tensor`` lies on a quantized file's static 8-bit
+    grid (``importer.passes.grid_of``): the int8 step reading it quantizes with the file's scale and zero point, so
     its integers are the file's and its products those ONNX Runtime's integer kernels compute."""
-    op = next((o for o in lw.model.ops if o.output == tensor), None)
-    if op is None or op.kind != "fake_quant" or "scale" not in op.attrs:
+    a = grid_of({o.output: o for o in lw.model.ops}, tensor)
+    if a is None:
         return None
-    a = op.attrs
     return (a["scale"], a["zero_point"], a["lo"]) if (a["lo"], a["hi"]) in ((0, 255), (-128, 127)) else None
+
+
+def _requantized(lw: Lowering, op) -> bool:
+    """Whether ``op`` is a file's quantization step that only int8 linears and convs read, as their
+    quantized input: each quantizes on the same grid (``_file_grid``), which gives the same integers
+    from the value before the step as after it; the step is then left out."""
+    readers = [lw.ops[r] for r in lw.readers.get(op.output, ())]
+    return (op.kind == "fake_quant" and _file_grid(lw, op.output) is not None and op.output != lw.model.output
+            and bool(readers) and all(r.kind in ("linear", *CONV_KINDS) and r.inputs.index(op.output) == 0
+                                      and r.inputs.count(op.output) == 1 for r in readers))
 
 
 def _grid_operands(grid: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -336,7 +349,7 @@ def _scaled_cast(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, scales:
     thread."""
     o = eng.typed
     src, dst = o.strided(x2), o.strided(q)
-    attr = o.quantized_attr({DST: PER_ROW if per_row else 0}, [], None, zero_points=None if zero_point is None else {DST: 0})
+    attr = o.quantized_attr({DST: PER_ROW if per_row else 0}, [], zero_points=None if zero_point is None else {DST: 0})
     args = {SRC: (src, x2), DST: (dst, q), ATTR_SCALES | DST: (o.typed(scales.shape, PLAIN[1], np.float32), scales)}
     if zero_point is not None:
         args[ATTR_ZERO_POINTS | DST] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
@@ -425,7 +438,7 @@ def _matmul(eng: Int8Engine, step, q, y2, amax, ins, zero_point: np.ndarray | No
     described = [(alg, o.strided(a), a) for alg, a in binaries]
     args.update({post_op_arg(i): (md, a) for i, (_, md, a) in enumerate(described)})
     attr = o.quantized_attr(scales, [(alg, md) for alg, md, _ in described],
-                            (RELU, 0.0, 0.0) if attrs["relu"] else None, zero_points=zero_points)
+                            ((RELU, 0.0, 0.0),) if attrs["relu"] else (), zero_points=zero_points)
     return Matmul(o, src, dst, bias_md, attr, args, k, n)
 
 
@@ -522,9 +535,8 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     dst = eng.md(step.out, 1)
     w_dims = linear.weights.shape
     b_md = o.typed((w_dims[0] * (w_dims[1] if group > 1 else 1),), PLAIN[1], np.float32)
-    act = attrs["conv"].get("activation", "none")
     attr = o.quantized_attr({SRC: 0, WEIGHTS: PER_GROUP_CHANNEL if group > 1 else PER_OUT_CHANNEL}, [],
-                            None if act == "none" else ELTWISE[act](attrs["conv"]), sum_=attrs["residual"],
+                            eltwises(attrs["conv"]), sum_=attrs["residual"],
                             zero_points=None if zero_point is None else {SRC: 0})
     pd = o.conv_pd(src, o.typed(w_dims, ANY, np.int8), b_md, dst, win.strides, tuple(d - 1 for d in win.dilations),
                    win.pads[:2], win.end_pads(*hw), attr)

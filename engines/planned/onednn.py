@@ -33,16 +33,16 @@ import numpy as np
 
 from ..ir.conv import activation_of, conv_attrs, pool_window, split_pool
 from ..ir.ops import head_columns, qkv_heads
-from ..importer.passes import fuse_conv_activation, fuse_conv_add
+from ..importer.passes import fuse_conv_activation, fuse_conv_add, fuse_conv_fake_quant
 from ..kernels import candidates, on_one_thread, pool_threads, tuning_enabled
 from ..kernels.choice import confirmed_fastest
 from ..kernels.table import one_thread, run_calls
 from ..kernels.timing import PARK_S, measure_forwards
 from ..memory import aligned_empty
-from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_DIV, BINARY_MUL, BINARY_SUB, CLIP, DST, GELU_ERF, GELU_TANH,
+from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_DIV, BINARY_MAX, BINARY_MUL, BINARY_SUB, CLIP, DST, GELU_ERF, GELU_TANH,
                              GLOBAL_STATS, HARDSIGMOID, HARDSWISH, LOGISTIC, MEAN,
-                             MULTIPLE_SRC, NORM_RELU, Owned, P, PLAIN, POOL_AVG_EXCLUDE, POOL_AVG_INCLUDE, POOL_MAX,
-                             RELU, SCALE, SHIFT, SRC, SRC_1, SWISH, USE_SCALE, USE_SHIFT, VARIANCE, WEIGHTS,
+                             LINEAR, MULTIPLE_SRC, NORM_RELU, Owned, P, PLAIN, POOL_AVG_EXCLUDE, POOL_AVG_INCLUDE, POOL_MAX,
+                             RELU, ROUND, SCALE, SHIFT, SRC, SRC_1, SWISH, USE_SCALE, USE_SHIFT, VARIANCE, WEIGHTS,
                              Weights,
                              implementation, library, matmul_fits)
 from .fused import BIND, FusedEngine, FusedStep, Lowering
@@ -76,7 +76,9 @@ class OneDnnEngine(FusedEngine):
         self.weights = Weights(self.dnnl)       # shared with workers
         # oneDNN's conv takes a residual sum and an activation after any conv (engines.ir.conv's
         # conv_add only after a 1x1 one): ShuffleNet's grouped 1x1 convs then their Sum and ReLU
+        # and then a quantized file's quantization step of its output, as eltwise post-ops
         model = fuse_conv_activation(fuse_conv_add(model, fusable=lambda channels, attrs: True), tuple(ELTWISE))
+        model = fuse_conv_fake_quant(model)
         self.forward_threads: dict[int, dict] = {}   # batch -> how its forward runs (shared with workers)
         super().__init__(model, max_batch)
 
@@ -258,9 +260,21 @@ ELTWISE = {
 PLAIN_DNNL = ("gelu", "gelu_erf", "softmax")
 
 
-def _activation(attrs) -> tuple | None:
+def fake_quant_chain(scale: float, zero_point: int, lo: int, hi: int) -> tuple:
+    """A static quantization step (``ir.ops``' ``fake_quant``) as oneDNN eltwise ops: x / scale
+    (times its inverse), rounded half to even, clipped to [lo, hi] less the zero point, times scale;
+    as ONNX Runtime quantizes, round(x / s) + zp saturated, then dequantizes."""
+    return ((LINEAR, 1.0 / scale, 0.0), (ROUND, 0.0, 0.0), (CLIP, float(lo - zero_point), float(hi - zero_point)),
+            (LINEAR, scale, 0.0))
+
+
+def eltwises(attrs) -> tuple:
+    """A step's eltwise post-ops from its conv-style attributes: the activation (``ELTWISE``),
+    then a quantization step it took in (``fuse_conv_fake_quant``)."""
     act = attrs.get("activation", "none")
-    return None if act == "none" else ELTWISE[act](attrs)
+    chain = () if act == "none" else (ELTWISE[act](attrs),)
+    fq = attrs.get("fake_quant")
+    return chain + (fake_quant_chain(**fq) if fq else ())
 
 
 def _lower_conv(lw: Lowering, i: int, op) -> bool:
@@ -304,8 +318,9 @@ def _lower_pool(lw: Lowering, i: int, op) -> bool:
         return False
     if op.kind == "lrn" and attrs["size"] % 2 == 0:
         return False
-    out = lw.where[op.output] = eng.new_native(lw, op.output, lw.model.shapes[op.output])
-    lw.steps.append(FusedStep("dnnl_pool", out, (src,), attrs={"kind": op.kind, **attrs}))
+    chain, last = _following_eltwises(lw, i) if op.kind != "lrn" else ((), op)
+    out = lw.where[last.output] = eng.new_native(lw, last.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_pool", out, (src,), attrs={"kind": op.kind, **attrs, "eltwises": chain}))
     return True
 
 
@@ -392,6 +407,42 @@ def _lower_eltwise(lw: Lowering, i: int, op) -> bool:
     return True
 
 
+def _lower_fake_quant(lw: Lowering, i: int, op) -> bool:
+    """A static quantization step (a quantized file's QDQ pair) of a tensor in oneDNN's layout that
+    no conv took in (after a residual sum, a pool, the input's reorder): one eltwise primitive,
+    ``fake_quant_chain``, where NumPy would take the tensor out of the layout and back."""
+    eng = lw.engine
+    src = lw.where[op.inputs[0]]
+    if not eng.is_native(src) or op.attrs.get("scale") is None:
+        return False
+    # oneDNN's eltwise primitive with post-ops is its reference code (``ref:any``), its binary one
+    # takes them in its jit kernel: max(x, x), then the chain
+    chain, last = _following_eltwises(lw, i, fake_quant_chain(**op.attrs))
+    out = lw.where[last.output] = eng.new_native(lw, last.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_binary", out, (src, src), attrs={"alg": BINARY_MAX, "eltwises": chain}))
+    return True
+
+
+def _following_eltwises(lw: Lowering, i: int, chain: tuple = ()) -> tuple[tuple, object]:
+    """The activations (``ELTWISE``) and static quantization steps that follow op i, each the only
+    reader of the one before and the next op, the model's output not among them: ``chain`` with their post-ops appended, and the last
+    op taken (op i where none); they are lowered into op i's primitive (``lw.skip``)."""
+    j = i
+    while j + 1 < len(lw.ops):
+        op, nxt = lw.ops[j], lw.ops[j + 1]
+        if lw.next_reader(op) is not nxt or nxt.output == lw.model.output:     # that one goes out in NCHW
+            break
+        if nxt.kind in ELTWISE:
+            chain += (ELTWISE[nxt.kind](activation_of(nxt.kind, nxt.attrs)),)
+        elif nxt.kind == "fake_quant" and nxt.attrs.get("scale") is not None:
+            chain += fake_quant_chain(**nxt.attrs)
+        else:
+            break
+        j += 1
+        lw.skip.add(j)
+    return chain, lw.ops[j]
+
+
 def _output(lw: Lowering, op, src: str, native: bool) -> str:
     if lw.in_place(op):
         return src
@@ -419,9 +470,12 @@ def _only_reader(lw: Lowering, i: int, kind: str):
 
 
 def _global_mean(lw: Lowering, i: int, op, src: str, hw) -> bool:
-    """A global average pool of a native tensor, as oneDNN's pool over the whole plane."""
-    out = lw.where[op.output] = lw.engine.new_native(lw, op.output, lw.model.shapes[op.output])
-    lw.steps.append(FusedStep("dnnl_pool", out, (src,), attrs={"kind": "averagepool", "kernel_shape": tuple(hw)}))
+    """A global average pool of a native tensor (``op``: its last op, at index i), as oneDNN's pool
+    over the whole plane."""
+    chain, last = _following_eltwises(lw, i)
+    out = lw.where[last.output] = lw.engine.new_native(lw, last.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_pool", out, (src,), attrs={"kind": "averagepool", "kernel_shape": tuple(hw),
+                                                               "eltwises": chain}))
     return True
 
 
@@ -444,7 +498,7 @@ def _lower_rows_mean(lw: Lowering, i: int, op) -> bool:
             and shapes[mean.output] == (chw[0], 1) and shapes[back.output] == (chw[0], 1, 1)):
         return False
     lw.skip.update((i + 1, i + 2))
-    return _global_mean(lw, i, back, src, chw[1:])
+    return _global_mean(lw, i + 2, back, src, chw[1:])
 
 
 # oneDNN's binary algorithms for the IR's ``add`` and ``binary`` of two activations
@@ -462,8 +516,9 @@ def _lower_binary(lw: Lowering, i: int, op) -> bool:
             or not all(len(shapes[t]) == 3 and shapes[t] == shapes[op.output] for t in op.inputs):
         return False
     reads = tuple(eng.layout(lw, t, native=True) for t in op.inputs)
-    out = lw.where[op.output] = eng.new_native(lw, op.output, shapes[op.output])
-    lw.steps.append(FusedStep("dnnl_binary", out, reads, attrs={"alg": alg}))
+    chain, last = _following_eltwises(lw, i)
+    out = lw.where[last.output] = eng.new_native(lw, last.output, shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_binary", out, reads, attrs={"alg": alg, "eltwises": chain}))
     return True
 
 
@@ -541,7 +596,7 @@ _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lo
                "expand": _lower_channel_scale, "slice": _lower_slice, "add": _lower_binary, "binary": _lower_binary,
                "softmax": _lower_softmax, "transpose": _lower_transpose,
                "attn_scores": _lower_attn_scores, "attn_context": _lower_attn_context,
-               **{kind: _lower_eltwise for kind in ELTWISE}}
+               "fake_quant": _lower_fake_quant, **{kind: _lower_eltwise for kind in ELTWISE}}
 
 
 # --- binding entries -----------------------------------------------------------------------
@@ -549,12 +604,13 @@ _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lo
 def _pool_call(eng: OneDnnEngine, step, attrs, src_md, src: np.ndarray, dst_md, dst: np.ndarray, hw) -> tuple:
     kind = attrs.pop("kind", "maxpool")
     include = bool(attrs.pop("count_include_pad", 0))
+    chain = attrs.pop("eltwises", ())
     win = pool_window(attrs)
     alg = POOL_MAX if kind == "maxpool" else (POOL_AVG_INCLUDE if include else POOL_AVG_EXCLUDE)
     o = eng.owned
     # oneDNN floors the output size: the right pads grown to reach a ceil_mode window
     pd = o.pool_pd(alg, src_md, dst_md, win.strides, win.kernel, tuple(d - 1 for d in win.dilations),
-                   win.pads[:2], win.end_pads(*hw), o.attr())
+                   win.pads[:2], win.end_pads(*hw), o.attr(eltwises=chain))
     return eng.execute(pd, {SRC: (src_md, src), DST: (dst_md, dst)}, step)
 
 
@@ -572,7 +628,7 @@ def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     w_plain = o.md(w_dims, PLAIN[len(w_dims)])
     b_md = o.md((out_ch,), PLAIN[1])
     pd = o.conv_pd(src_md, o.md(w_dims, ANY), b_md, dst_md, win.strides, tuple(d - 1 for d in win.dilations),
-                   win.pads[:2], win.end_pads(*hw), o.attr(attrs["residual"], _activation(attrs["conv"])))
+                   win.pads[:2], win.end_pads(*hw), o.attr(attrs["residual"], eltwises(attrs["conv"])))
     w_md, w_native = eng.weights.take(pd, w_plain, w)
     calls = []
     if attrs["residual"] and step.reads[1] != step.out:       # the residual, copied into the output first
@@ -647,8 +703,9 @@ def _bind_shuffle(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 
 def _bind_eltwise(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    alg, alpha, beta = _activation(step.attrs)
-    return _one_input(eng, step, y, ins, lambda o, src, dst: o.eltwise_pd(alg, src, dst, alpha, beta, o.attr()))
+    (alg, alpha, beta), *rest = eltwises(step.attrs)              # one primitive, the rest its post-ops
+    return _one_input(eng, step, y, ins,
+                      lambda o, src, dst: o.eltwise_pd(alg, src, dst, alpha, beta, o.attr(eltwises=tuple(rest))))
 
 
 def _bind_softmax(eng: OneDnnEngine, step, y, ins, scratch) -> list:
@@ -658,7 +715,7 @@ def _bind_softmax(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 def _bind_binary(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     batch, o = y.shape[0], eng.owned
     src0, src1, dst = (eng.md(b, batch) for b in (*step.reads, step.out))
-    pd = o.binary_pd(step.attrs["alg"], src0, src1, dst, o.attr())
+    pd = o.binary_pd(step.attrs["alg"], src0, src1, dst, o.attr(eltwises=step.attrs.get("eltwises", ())))
     return [eng.execute(pd, {SRC: (src0, ins[0]), SRC_1: (src1, ins[1]), DST: (dst, y)}, step)]
 
 
