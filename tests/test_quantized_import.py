@@ -24,19 +24,20 @@ CALIBRATION = 16       # seeded samples for quantize_static
 
 
 def _cnn():
-    """A small CNN: conv-relu, conv-relu, global average pool, flatten, gemm."""
+    """A small CNN: conv-relu, max pool, a residual block (conv, the sum, relu), conv-relu, global
+    average pool, flatten, gemm."""
     rng = np.random.default_rng(3)
     w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))  # noqa: E731
-    inits = [w(8, 3, 3, 3), w(8), w(16, 8, 3, 3), w(16), w(16, 10), w(10)]
-    for t, name in zip(inits, ("w1", "b1", "w2", "b2", "fc", "fb")):
+    inits = [w(16, 3, 3, 3), w(16), w(16, 16, 3, 3), w(16), w(32, 16, 3, 3), w(32), w(32, 10), w(10)]
+    for t, name in zip(inits, ("w1", "b1", "wr", "br", "w2", "b2", "fc", "fb")):
         t.name = name
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
-             helper.make_node("Relu", ["c2"], ["r2"]),
-             helper.make_node("GlobalAveragePool", ["r2"], ["p"]),
-             helper.make_node("Flatten", ["p"], ["f"]),
-             helper.make_node("Gemm", ["f", "fc", "fb"], ["y"])]
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), node("Relu", ["c1"], ["r1"]),
+             node("MaxPool", ["r1"], ["m"], kernel_shape=[2, 2], strides=[2, 2]),
+             node("Conv", ["m", "wr", "br"], ["cr"], pads=[1, 1, 1, 1]), node("Add", ["cr", "m"], ["s"]),
+             node("Relu", ["s"], ["rs"]),
+             node("Conv", ["rs", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]), node("Relu", ["c2"], ["r2"]),
+             node("GlobalAveragePool", ["r2"], ["p"]), node("Flatten", ["p"], ["f"]), node("Gemm", ["f", "fc", "fb"], ["y"])]
     graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -212,3 +213,41 @@ def test_int8_runs_a_qdq_file_on_its_own_scales_and_zero_points(name, files):
         x = model.random_input(batch, rng=batch)
         theirs = _file_semantics(files[name]).run(None, {model.input: x})[0]
         assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
+
+
+def test_a_quantize_step_on_its_own_grid_is_dropped(files):
+    """The file's QDQ pairs after the max pool and the flatten repeat their input's grid: dropped at
+    import; every other step stays (the model still matches the file: ``test_every_engine_matches_the_file``)."""
+    from engines.importer.passes import GRID_KEEPING
+    model = load_onnx(files["cnn-qdq"])
+    by_out = {op.output: op for op in model.ops}
+    quantized = [op for op in model.ops if op.kind == "fake_quant"]
+    assert not [op for op in quantized if by_out.get(op.inputs[0]) and by_out[op.inputs[0]].kind in GRID_KEEPING]
+    proto = onnx.load_from_string(files["cnn-qdq"])
+    assert len(quantized) == sum(n.op_type == "QuantizeLinear" and n.input[0] not in {i.name for i in proto.graph.initializer}
+                                 for n in proto.graph.node) - 2      # after the pool, after the flatten
+
+
+def test_onednn_runs_a_qdq_cnns_quantize_steps_in_its_primitives(files):
+    """Each quantize step after a conv, the residual sum and the pools runs as eltwise post-ops of
+    that oneDNN primitive, in its layout: nothing else runs from the first conv to the global pool
+    (the input's step stays NumPy's on ``onednn``; ``int8``'s first conv quantizes the input on
+    its grid itself), on oneDNN's jit kernels, never its reference code."""
+    model = load_onnx(files["cnn-qdq"])
+    for name in ("onednn", "int8"):
+        try:
+            engine = ENGINES[name](model, 4)
+        except EngineUnavailable as exc:
+            pytest.skip(f"needs oneDNN: {exc}")
+        kinds = [s.kind for s in engine.steps]
+        first = next(i for i, k in enumerate(kinds) if k.endswith("_conv"))
+        last = max(i for i, s in enumerate(engine.steps) if s.kind == "dnnl_pool")
+        assert set(kinds[first:last + 1]) <= {"dnnl_conv", "int8_conv", "dnnl_pool", "dnnl_binary"}, (name, kinds)
+        assert kinds[:first].count("calls") == (name == "onednn"), (name, kinds)   # int8: the input's step left out
+        convs = [s.attrs["conv"] for s in engine.steps if s.kind in ("dnnl_conv", "int8_conv")]
+        assert len(convs) == 3 and all("fake_quant" in c for c in convs), name
+        chains = [len(s.attrs["eltwises"]) for s in engine.steps if s.kind in ("dnnl_binary", "dnnl_pool")]
+        assert chains == [0, 4, 4], name     # the max pool's step dropped; the sum's and the mean's steps
+        engine.forward(model.random_input(4, rng=0))
+        impls = {p["implementation"] for p in engine.report()["primitives"]}
+        assert not [i for i in impls if i.startswith("ref")], impls

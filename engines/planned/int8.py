@@ -510,7 +510,8 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
 
 def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     """Each sample quantized with its own scale (as a linear's rows are), then one int8 conv
-    primitive made for one sample and run on each: weight and source scales in the primitive,
+    primitive made for one sample and run on each (on a file's grid: quantized with the file's
+    scale and zero point, one primitive for the batch): weight and source scales in the primitive,
     the bias, a residual (sum post-op, the residual copied into the output first where it is not
     the output's own buffer) and the activation applied as it writes f32 in the layout."""
     (linear,), attrs, o = step.operands, step.attrs, eng.typed
@@ -529,10 +530,11 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
         calls = quantize_calls(eng, step, x2, q2, scratch[1], amax, True)
     if attrs["residual"] and step.reads[1] != step.out:
         calls.append((np.copyto, (y, ins[1])))
-    one = (1, attrs["channels"], *hw)
+    # one call per sample, each on its own scale; on the file's grid, one call for the batch
+    n = batch if attrs["grid"] else 1
     native = eng.is_native(step.reads[0])
-    src = o.typed(one, eng.dnnl.layout if native else PLAIN[4], q2.dtype)
-    dst = eng.md(step.out, 1)
+    src = o.typed((n, attrs["channels"], *hw), eng.dnnl.layout if native else PLAIN[4], q2.dtype)
+    dst = eng.md(step.out, n)
     w_dims = linear.weights.shape
     b_md = o.typed((w_dims[0] * (w_dims[1] if group > 1 else 1),), PLAIN[1], np.float32)
     attr = o.quantized_attr({SRC: 0, WEIGHTS: PER_GROUP_CHANNEL if group > 1 else PER_OUT_CHANNEL}, [],
@@ -543,9 +545,9 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     weights = linear.weights.take(pd)
     scale_md, one_scale = o.typed((len(linear.scales),), PLAIN[1], np.float32), o.typed((1,), PLAIN[1], np.float32)
     zero = {} if zero_point is None else {ATTR_ZERO_POINTS | SRC: (o.typed((1,), PLAIN[1], np.int32), zero_point)}
-    for i in range(batch):                              # one sample each: its own source scale
-        calls.append(eng.execute(pd, {SRC: (src, q2[i:i + 1]),
-                                      WEIGHTS: weights, BIAS: (b_md, linear.bias), DST: (dst, y[i:i + 1]),
+    for i in range(0, batch, n):
+        calls.append(eng.execute(pd, {SRC: (src, q2[i:i + n]),
+                                      WEIGHTS: weights, BIAS: (b_md, linear.bias), DST: (dst, y[i:i + n]),
                                       ATTR_SCALES | SRC: (one_scale, amax[i]),
                                       ATTR_SCALES | WEIGHTS: (scale_md, linear.scales), **zero}, step))
     return calls
