@@ -24,12 +24,14 @@ CALIBRATION = 16       # seeded samples for quantize_static
 
 
 def _cnn():
-    """A small CNN: conv-relu, max pool, a residual block (conv, the sum, relu), conv-relu, global
-    average pool, flatten, gemm."""
+    """A small CNN: conv-relu, max pool, a residual block (conv, the sum, relu), two conv-relus,
+    global average pool, flatten, gemm. A 3 x 13 x 13 input: a sample of 507 values, which no
+    8-bit copy of it padded to whole floats may hide."""
     rng = np.random.default_rng(3)
     w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))  # noqa: E731
-    inits = [w(16, 3, 3, 3), w(16), w(16, 16, 3, 3), w(16), w(32, 16, 3, 3), w(32), w(32, 10), w(10)]
-    for t, name in zip(inits, ("w1", "b1", "wr", "br", "w2", "b2", "fc", "fb")):
+    inits = [w(16, 3, 3, 3), w(16), w(16, 16, 3, 3), w(16), w(32, 16, 3, 3), w(32), w(32, 32, 1, 1), w(32), w(32, 10),
+             w(10)]
+    for t, name in zip(inits, ("w1", "b1", "wr", "br", "w2", "b2", "w3", "b3", "fc", "fb")):
         t.name = name
     node = helper.make_node
     nodes = [node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), node("Relu", ["c1"], ["r1"]),
@@ -37,8 +39,9 @@ def _cnn():
              node("Conv", ["m", "wr", "br"], ["cr"], pads=[1, 1, 1, 1]), node("Add", ["cr", "m"], ["s"]),
              node("Relu", ["s"], ["rs"]),
              node("Conv", ["rs", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]), node("Relu", ["c2"], ["r2"]),
-             node("GlobalAveragePool", ["r2"], ["p"]), node("Flatten", ["p"], ["f"]), node("Gemm", ["f", "fc", "fb"], ["y"])]
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
+             node("Conv", ["r2", "w3", "b3"], ["c3"]), node("Relu", ["c3"], ["r3"]),
+             node("GlobalAveragePool", ["r3"], ["p"]), node("Flatten", ["p"], ["f"]), node("Gemm", ["f", "fc", "fb"], ["y"])]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 13, 13])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -209,6 +212,10 @@ def test_int8_runs_a_qdq_file_on_its_own_scales_and_zero_points(name, files):
         pytest.skip(f"int8 needs oneDNN: {exc}")
     grids = [s.attrs["grid"] for s in engine.steps if s.kind in ("int8_linear", "int8_conv")]
     assert grids and all(g is not None for g in grids)
+    if name == "cnn-qdq":      # the conv read only by the next conv writes that conv's integers
+        convs = [s for s in engine.steps if s.kind == "int8_conv"]
+        assert [bool(s.attrs.get("dst_grid")) for s in convs] == [False, False, True, False]
+        assert [s.attrs["integer_input"] for s in convs] == [False, False, False, True]
     for batch in (1, 8):
         x = model.random_input(batch, rng=batch)
         theirs = _file_semantics(files[name]).run(None, {model.input: x})[0]
@@ -245,7 +252,7 @@ def test_onednn_runs_a_qdq_cnns_quantize_steps_in_its_primitives(files):
         assert set(kinds[first:last + 1]) <= {"dnnl_conv", "int8_conv", "dnnl_pool", "dnnl_binary"}, (name, kinds)
         assert kinds[:first].count("calls") == (name == "onednn"), (name, kinds)   # int8: the input's step left out
         convs = [s.attrs["conv"] for s in engine.steps if s.kind in ("dnnl_conv", "int8_conv")]
-        assert len(convs) == 3 and all("fake_quant" in c for c in convs), name
+        assert len(convs) == 4 and all("fake_quant" in c for c in convs), name
         chains = [len(s.attrs["eltwises"]) for s in engine.steps if s.kind in ("dnnl_binary", "dnnl_pool")]
         assert chains == [0, 4, 4], name     # the max pool's step dropped; the sum's and the mean's steps
         engine.forward(model.random_input(4, rng=0))

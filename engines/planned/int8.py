@@ -172,12 +172,17 @@ class Int8Engine(OneDnnEngine):
         size = math.prod(src_shape)
         grid = _file_grid(lw, op.inputs[0])
         unsigned = grid[2] == 0 if grid else _non_negative(lw, step.reads[0])
-        scratch = (lw.buffer(op.output + ".q8", (-(-size // 4),)),
-                   lw.buffer(op.output + ".min", _minima_shape((size,), (1,), signed=not (grid or unsigned))),
-                   lw.buffer(op.output + ".amax", (1,)))
+        writer = _integer_writer(lw, step.reads[0], op.inputs[0], grid)
+        if writer is not None:                          # it writes this conv's 8-bit input itself
+            lw.steps[writer] = replace(lw.steps[writer], attrs={**lw.steps[writer].attrs, "dst_grid": grid})
+            scratch = ()
+        else:
+            scratch = (lw.buffer(op.output + ".q8", (-(-size // 4),)),
+                       lw.buffer(op.output + ".min", _minima_shape((size,), (1,), signed=not (grid or unsigned))),
+                       lw.buffer(op.output + ".amax", (1,)))
         return FusedStep("int8_conv", step.out, step.reads, scratch, (linear,),
                          {**step.attrs, "channels": lw.model.shapes[op.inputs[0]][0], "group": group, "grid": grid,
-                          "unsigned": unsigned})
+                          "unsigned": unsigned, "integer_input": writer is not None})
 
     def _quantized_step(self, lw: Lowering, step: FusedStep, grid: tuple | None) -> FusedStep:
         """The int8 form of a fused linear step: its folded float weights quantized per output
@@ -252,6 +257,23 @@ def _file_grid(lw: Lowering, tensor: str) -> tuple[float, int, int] | None:
     if a is None:
         return None
     return (a["scale"], a["zero_point"], a["lo"]) if (a["lo"], a["hi"]) in ((0, 255), (-128, 127)) else None
+
+
+def _integer_writer(lw: Lowering, buffer: str, tensor: str, grid: tuple | None) -> int | None:
+    """The index of the int8 conv step that writes ``buffer`` (``tensor``), where it can write the
+    tensor's integers on ``grid`` instead of its float values: its conv took in the file's step of
+    that grid, it reads on a grid itself (so runs the batch in one call), sums no residual into
+    its output, and only convs read the tensor, each as its quantized input, in this layout."""
+    at = next((j for j in range(len(lw.steps) - 1, -1, -1) if lw.steps[j].out == buffer), None)
+    if grid is None or at is None or tensor == lw.model.output:
+        return None
+    w = lw.steps[at]
+    readers = [lw.ops[r] for r in lw.readers.get(tensor, ())]
+    if w.kind != "int8_conv" or not w.attrs["grid"] or w.attrs["residual"] or lw.where[tensor] != buffer \
+            or _file_grid(lw, tensor) != grid or "fake_quant" not in w.attrs["conv"]:
+        return None
+    return at if all(r.kind in CONV_KINDS and r.inputs.index(tensor) == 0 and r.inputs.count(tensor) == 1
+                     for r in readers) else None
 
 
 def _requantized(lw: Lowering, op) -> bool:
@@ -508,48 +530,71 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     return quantize + _on_variant(variant, make)
 
 
+def _dense(buffer: np.ndarray, batch: int, size: int, dtype) -> np.ndarray:
+    """The first batch x size 8-bit values of a float buffer, (batch, size), dense: oneDNN's
+    layout of an 8-bit tensor of that batch."""
+    return buffer.reshape(-1).view(dtype)[:batch * size].reshape(batch, size)
+
+
 def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     """Each sample quantized with its own scale (as a linear's rows are), then one int8 conv
-    primitive made for one sample and run on each (on a file's grid: quantized with the file's
-    scale and zero point, one primitive for the batch): weight and source scales in the primitive,
+    primitive made for one sample and run on each: weight and source scales in the primitive,
     the bias, a residual (sum post-op, the residual copied into the output first where it is not
-    the output's own buffer) and the activation applied as it writes f32 in the layout."""
+    the output's own buffer) and the activation applied as it writes f32 in the layout.
+
+    On a file's grid: the batch quantized with the file's scale and zero point, one call for it,
+    or no quantize at all where the conv before wrote these integers (``integer_input``); and a
+    conv whose readers take its output's integers (``dst_grid``) writes them, with the file's
+    scale and zero point as oneDNN's destination ones, instead of floats."""
     (linear,), attrs, o = step.operands, step.attrs, eng.typed
     batch = y.shape[0]
     win, group, _ = conv_attrs(attrs["conv"])
     hw = ins[0].shape[-2:]
     x2 = ins[0].reshape(batch, -1)
-    q2 = scratch[0].view(np.uint8 if attrs["unsigned"] else np.int8)[:, :x2.shape[1]]
-    zero_point = None
+    dtype = np.uint8 if attrs["unsigned"] else np.int8
+    zero_point, calls = None, []
     if attrs["grid"]:                                  # the file's scale and zero point, every sample
         scale, zero_point = _grid_operands(attrs["grid"])
         amax = np.broadcast_to(scale, (batch, 1))
-        calls = _scaled_cast(eng, step, x2, q2, scale, False, zero_point)
+        q2 = _dense(ins[0] if attrs["integer_input"] else scratch[0], batch, x2.shape[1], dtype)
+        if not attrs["integer_input"]:
+            calls = _scaled_cast(eng, step, x2, q2, scale, False, zero_point)
     else:
+        q2 = scratch[0].view(dtype)[:, :x2.shape[1]]
         amax = scratch[2]
         calls = quantize_calls(eng, step, x2, q2, scratch[1], amax, True)
     if attrs["residual"] and step.reads[1] != step.out:
         calls.append((np.copyto, (y, ins[1])))
-    # one call per sample, each on its own scale; on the file's grid, one call for the batch
     n = batch if attrs["grid"] else 1
     native = eng.is_native(step.reads[0])
     src = o.typed((n, attrs["channels"], *hw), eng.dnnl.layout if native else PLAIN[4], q2.dtype)
-    dst = eng.md(step.out, n)
+    dst, out, more = eng.md(step.out, n), y, {}
+    scales, zero_points = {SRC: 0, WEIGHTS: PER_GROUP_CHANNEL if group > 1 else PER_OUT_CHANNEL}, {}
+    conv = attrs["conv"]
+    if zero_point is not None:
+        zero_points[SRC] = 0
+        more[ATTR_ZERO_POINTS | SRC] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
+    if attrs.get("dst_grid"):                          # its integers, not the floats of its file step
+        out_scale, out_zero = _grid_operands(attrs["dst_grid"])
+        out_type = np.uint8 if attrs["dst_grid"][2] == 0 else np.int8
+        dst = o.typed((n, eng.channels_of(step.out), *y.shape[2:]), eng.dnnl.layout, out_type)
+        out = _dense(y, batch, math.prod(y.shape[1:]), out_type)
+        scales[DST], zero_points[DST] = 0, 0
+        more.update({ATTR_SCALES | DST: (o.typed((1,), PLAIN[1], np.float32), out_scale),
+                     ATTR_ZERO_POINTS | DST: (o.typed((1,), PLAIN[1], np.int32), out_zero)})
+        conv = {k: v for k, v in conv.items() if k != "fake_quant"}
     w_dims = linear.weights.shape
     b_md = o.typed((w_dims[0] * (w_dims[1] if group > 1 else 1),), PLAIN[1], np.float32)
-    attr = o.quantized_attr({SRC: 0, WEIGHTS: PER_GROUP_CHANNEL if group > 1 else PER_OUT_CHANNEL}, [],
-                            eltwises(attrs["conv"]), sum_=attrs["residual"],
-                            zero_points=None if zero_point is None else {SRC: 0})
+    attr = o.quantized_attr(scales, [], eltwises(conv), sum_=attrs["residual"], zero_points=zero_points or None)
     pd = o.conv_pd(src, o.typed(w_dims, ANY, np.int8), b_md, dst, win.strides, tuple(d - 1 for d in win.dilations),
                    win.pads[:2], win.end_pads(*hw), attr)
     weights = linear.weights.take(pd)
     scale_md, one_scale = o.typed((len(linear.scales),), PLAIN[1], np.float32), o.typed((1,), PLAIN[1], np.float32)
-    zero = {} if zero_point is None else {ATTR_ZERO_POINTS | SRC: (o.typed((1,), PLAIN[1], np.int32), zero_point)}
-    for i in range(0, batch, n):
+    for i in range(0, batch, n):          # one call per sample, each on its own scale; on a grid, one call
         calls.append(eng.execute(pd, {SRC: (src, q2[i:i + n]),
-                                      WEIGHTS: weights, BIAS: (b_md, linear.bias), DST: (dst, y[i:i + n]),
+                                      WEIGHTS: weights, BIAS: (b_md, linear.bias), DST: (dst, out[i:i + n]),
                                       ATTR_SCALES | SRC: (one_scale, amax[i]),
-                                      ATTR_SCALES | WEIGHTS: (scale_md, linear.scales), **zero}, step))
+                                      ATTR_SCALES | WEIGHTS: (scale_md, linear.scales), **more}, step))
     return calls
 
 

@@ -174,6 +174,10 @@ class OneDnnEngine(FusedEngine):
         self._channels[buffer] = shape[0]
         return buffer
 
+    def channels_of(self, buffer: str) -> int:
+        """The channels of the tensor a native buffer holds (its buffer pads them to a block)."""
+        return self._channels[buffer]
+
     def is_native(self, buffer: str) -> bool:
         """Whether ``buffer`` holds its tensor in oneDNN's layout."""
         return buffer in self._channels
