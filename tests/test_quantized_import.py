@@ -215,10 +215,11 @@ def test_int8_runs_a_qdq_file_on_its_own_scales_and_zero_points(name, files):
         pytest.skip(f"int8 needs oneDNN: {exc}")
     grids = [s.attrs["grid"] for s in engine.steps if s.kind in ("int8_linear", "int8_conv")]
     assert grids and all(g is not None for g in grids)
-    if name == "cnn-qdq":      # the conv read only by the next conv writes that conv's integers
+    if name == "cnn-qdq":      # a conv, or the residual sum, read only by the next conv writes its integers
         convs = [s for s in engine.steps if s.kind == "int8_conv"]
         assert [bool(s.attrs.get("dst_grid")) for s in convs] == [False, False, True, False]
-        assert [s.attrs["integer_input"] for s in convs] == [False, False, False, True]
+        assert [s.attrs["integer_input"] for s in convs] == [False, False, True, True]
+        assert [bool(s.attrs.get("dst_grid")) for s in engine.steps if s.kind == "dnnl_binary"] == [True, False]
     for batch in (1, 8):
         x = model.random_input(batch, rng=batch)
         theirs = _file_semantics(files[name]).run(None, {model.input: x})[0]

@@ -44,14 +44,15 @@ from ..importer.passes import grid_of
 from ..ir.conv import conv_attrs
 from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..ir.ops import U8_LEVELS    # a ReLU's output as u8: [0, 255], twice the resolution
-from ..native.onednn import ANY, BIAS, BINARY_ADD, DST, PLAIN, RELU, SRC, WEIGHTS, library
+from ..native.onednn import ANY, BIAS, BINARY_ADD, DST, LINEAR, PLAIN, RELU, SRC, WEIGHTS, library
 from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementations, post_op_arg,
                                   quantize_columns, with_implementation)
 from ..kernels import on_one_thread, pool_threads, tuning_enabled
 from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
 from .fused import FusedStep, Lowering
-from .onednn import OneDnnEngine, eltwises
+from .onednn import (OneDnnEngine, bind_binary as bind_float_binary, bind_pool as bind_float_pool, eltwises,
+                     fake_quant_chain, pool_call)
 
 LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly representable
 TINY = np.float32(1e-30)        # an all-zero row's scale: its values quantize to 0 without a 0/0
@@ -138,6 +139,9 @@ class Int8Engine(OneDnnEngine):
             return
         start = len(lw.steps)
         super().lower_op(lw, i, op)
+        if op.kind == "maxpool" and lw.steps[start:] and lw.steps[-1].kind == "dnnl_pool":
+            self._integer_pool(lw, op)
+            return
         kinds = LINEAR_KINDS if op.kind == "linear" else ("dnnl_conv",) if op.kind in CONV_KINDS else ()
         at = next((j for j in range(len(lw.steps) - 1, start - 1, -1) if lw.steps[j].kind in kinds), None)
         if at is None:
@@ -155,6 +159,16 @@ class Int8Engine(OneDnnEngine):
             conv = replace(step, out=step.scratch[0], scratch=(), attrs={**step.attrs, "pool": None})
             pool = FusedStep("dnnl_pool", step.out, (conv.out,), attrs={"kind": "maxpool", **step.attrs["pool"]})
             lw.steps[at:at + 1] = [self._quantized_conv(lw, op, conv), pool]
+
+    def _integer_pool(self, lw: Lowering, op) -> None:
+        """A max pool of a tensor whose writer can write its grid's integers, that only convs read
+        after it (``_takes_integers``): it pools those integers (the max of the levels is the
+        level of the max), and its readers read them."""
+        step, grid = lw.steps[-1], _file_grid(lw, op.inputs[0])
+        writer = _integer_writer(lw, step.reads[0], op.inputs[0], grid)
+        if writer is not None:
+            _mark_integer(lw, writer, grid)
+            _mark_integer(lw, len(lw.steps) - 1, grid)
 
     def _quantized_conv(self, lw: Lowering, op, step: FusedStep) -> FusedStep:
         """The int8 form of onednn's conv step: weights quantized per output channel; scratch for
@@ -174,7 +188,7 @@ class Int8Engine(OneDnnEngine):
         unsigned = grid[2] == 0 if grid else _non_negative(lw, step.reads[0])
         writer = _integer_writer(lw, step.reads[0], op.inputs[0], grid)
         if writer is not None:                          # it writes this conv's 8-bit input itself
-            lw.steps[writer] = replace(lw.steps[writer], attrs={**lw.steps[writer].attrs, "dst_grid": grid})
+            _mark_integer(lw, writer, grid)
             scratch = ()
         else:
             scratch = (lw.buffer(op.output + ".q8", (-(-size // 4),)),
@@ -260,20 +274,43 @@ def _file_grid(lw: Lowering, tensor: str) -> tuple[float, int, int] | None:
 
 
 def _integer_writer(lw: Lowering, buffer: str, tensor: str, grid: tuple | None) -> int | None:
-    """The index of the int8 conv step that writes ``buffer`` (``tensor``), where it can write the
-    tensor's integers on ``grid`` instead of its float values: its conv took in the file's step of
-    that grid, it reads on a grid itself (so runs the batch in one call), sums no residual into
-    its output, and only convs read the tensor, each as its quantized input, in this layout."""
+    """The index of the step that writes ``buffer`` (``tensor``), where it can write the tensor's
+    integers on ``grid`` instead of its float values, and only convs read the tensor, each as its
+    quantized input, in this layout: an int8 conv that took in the file's step of that grid,
+    reads on a grid itself (so runs the batch in one call) and sums no residual into its output;
+    or a binary primitive whose post-ops end in that step (``_bind_binary``)."""
     at = next((j for j in range(len(lw.steps) - 1, -1, -1) if lw.steps[j].out == buffer), None)
-    if grid is None or at is None or tensor == lw.model.output:
+    if grid is None or at is None or tensor == lw.model.output or lw.where[tensor] != buffer:
         return None
     w = lw.steps[at]
-    readers = [lw.ops[r] for r in lw.readers.get(tensor, ())]
-    if w.kind != "int8_conv" or not w.attrs["grid"] or w.attrs["residual"] or lw.where[tensor] != buffer \
-            or _file_grid(lw, tensor) != grid or "fake_quant" not in w.attrs["conv"]:
+    if w.kind == "int8_conv":
+        writes = w.attrs["grid"] and not w.attrs["residual"] and "fake_quant" in w.attrs["conv"]
+    elif w.kind == "dnnl_pool":         # a max pool of integers (``_integer_pool``)
+        writes = w.attrs.get("dst_grid") == grid
+    else:       # a binary primitive (a sum, a product, a step alone) ending in this grid's step, not in place
+        writes = w.kind == "dnnl_binary" and w.out not in w.reads and w.attrs.get("eltwises", ())[-4:] == \
+            fake_quant_chain(*grid[:2], grid[2], grid[2] + 255)
+    if not writes or _file_grid(lw, tensor) != grid:
         return None
-    return at if all(r.kind in CONV_KINDS and r.inputs.index(tensor) == 0 and r.inputs.count(tensor) == 1
-                     for r in readers) else None
+    readers = lw.readers.get(tensor, ())
+    return at if readers and all(_takes_integers(lw, lw.ops[r], tensor) for r in readers) else None
+
+
+def _takes_integers(lw: Lowering, op, tensor: str) -> bool:
+    """Whether ``op`` can read ``tensor`` as its grid's integers: a conv, as its quantized input,
+    or a max pool of it that only such convs read after (``Int8Engine._integer_pool``)."""
+    if op.inputs.index(tensor) != 0 or op.inputs.count(tensor) != 1:
+        return False
+    if op.kind in CONV_KINDS:
+        return True
+    readers = lw.readers.get(op.output, ())
+    return op.kind == "maxpool" and op.output != lw.model.output and bool(readers) and \
+        all(lw.ops[r].kind in CONV_KINDS and _takes_integers(lw, lw.ops[r], op.output) for r in readers)
+
+
+def _mark_integer(lw: Lowering, at: int, grid: tuple) -> None:
+    """Step ``at`` writes its output's integers on ``grid`` (``dst_grid``)."""
+    lw.steps[at] = replace(lw.steps[at], attrs={**lw.steps[at].attrs, "dst_grid": grid})
 
 
 def _requantized(lw: Lowering, op) -> bool:
@@ -576,9 +613,7 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
         more[ATTR_ZERO_POINTS | SRC] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
     if attrs.get("dst_grid"):                          # its integers, not the floats of its file step
         out_scale, out_zero = _grid_operands(attrs["dst_grid"])
-        out_type = np.uint8 if attrs["dst_grid"][2] == 0 else np.int8
-        dst = o.typed((n, eng.channels_of(step.out), *y.shape[2:]), eng.dnnl.layout, out_type)
-        out = _dense(y, batch, math.prod(y.shape[1:]), out_type)
+        (dst, out), _, _ = _integer_output(eng, step, y)
         scales[DST], zero_points[DST] = 0, 0
         more.update({ATTR_SCALES | DST: (o.typed((1,), PLAIN[1], np.float32), out_scale),
                      ATTR_ZERO_POINTS | DST: (o.typed((1,), PLAIN[1], np.int32), out_zero)})
@@ -598,4 +633,35 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     return calls
 
 
-Int8Engine.binders = {**OneDnnEngine.binders, "int8_linear": _bind_int8_linear, "int8_conv": _bind_int8_conv}
+def _integer_output(eng: Int8Engine, step, y) -> tuple:
+    """The descriptor and dense 8-bit view of a native step output that holds its grid's
+    integers (``dst_grid``), and the grid's (scale, zero point, type)."""
+    scale, zero, lo = step.attrs["dst_grid"]
+    out_type = np.uint8 if lo == 0 else np.int8
+    dst = eng.typed.typed((y.shape[0], eng.channels_of(step.out), *y.shape[2:]), eng.dnnl.layout, out_type)
+    return (dst, _dense(y, y.shape[0], math.prod(y.shape[1:]), out_type)), scale, zero
+
+
+def _bind_binary(eng: Int8Engine, step, y, ins, scratch) -> list:
+    """onednn's binary step; where it writes its grid's integers (``dst_grid``), its post-ops end
+    in x / scale + zero point instead of the float step, and oneDNN's store to 8 bits rounds to
+    nearest even and saturates to the levels."""
+    if not step.attrs.get("dst_grid"):
+        return bind_float_binary(eng, step, y, ins, scratch)
+    dst, scale, zero = _integer_output(eng, step, y)
+    chain = step.attrs["eltwises"][:-4] + ((LINEAR, 1.0 / scale, float(zero)),)
+    return bind_float_binary(eng, step, y, ins, scratch, dst=dst, chain=chain)
+
+
+def _bind_pool(eng: Int8Engine, step, y, ins, scratch) -> list:
+    """onednn's pool step; a max pool of integers (``dst_grid``) reads and writes them, 8-bit."""
+    if not step.attrs.get("dst_grid"):
+        return bind_float_pool(eng, step, y, ins, scratch)
+    (dst, out), _, _ = _integer_output(eng, step, y)
+    (src, q), _, _ = _integer_output(eng, replace(step, out=step.reads[0]), ins[0])
+    attrs = {k: v for k, v in step.attrs.items() if k != "dst_grid"}
+    return [pool_call(eng, step, attrs, src, q, dst, out, ins[0].shape[-2:])]
+
+
+Int8Engine.binders = {**OneDnnEngine.binders, "int8_linear": _bind_int8_linear, "int8_conv": _bind_int8_conv,
+                      "dnnl_binary": _bind_binary, "dnnl_pool": _bind_pool}

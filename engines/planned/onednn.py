@@ -399,14 +399,22 @@ def _lower_batchnorm(lw: Lowering, i: int, op) -> bool:
 def _lower_eltwise(lw: Lowering, i: int, op) -> bool:
     """An activation (``ELTWISE``) of a tensor in oneDNN's layout that no conv took in (after a
     concat, a residual sum, a squeeze-excite scale), or a GELU of a plain one; in place where
-    nothing else reads its input."""
+    nothing else reads its input. Followed by more activations or quantize steps (a QDQ file's
+    sigmoid of SiLU), all of them as one binary primitive's post-ops: oneDNN's eltwise primitive
+    with post-ops is its reference code."""
     eng = lw.engine
     src = lw.where[op.inputs[0]]
     native = eng.is_native(src)
     if not native and op.kind not in PLAIN_DNNL:
         return False
-    out = lw.where[op.output] = _output(lw, op, src, native)
     attrs = activation_of(op.kind, op.attrs) or {"activation": op.kind}      # a GELU is no conv's activation
+    if native:              # with the activations and quantize steps after it: one jit binary, max(x, x)
+        chain, last = _following_eltwises(lw, i, eltwises(attrs))
+        if last is not op:
+            out = lw.where[last.output] = eng.new_native(lw, last.output, lw.model.shapes[op.output])
+            lw.steps.append(FusedStep("dnnl_binary", out, (src, src), attrs={"alg": BINARY_MAX, "eltwises": chain}))
+            return True
+    out = lw.where[op.output] = _output(lw, op, src, native)
     lw.steps.append(FusedStep("dnnl_eltwise", out, (src,), attrs=attrs))
     return True
 
@@ -426,8 +434,9 @@ def _lower_fake_quant(lw: Lowering, i: int, op) -> bool:
     # where NumPy's five took 25 us for 64 x 16 x 16 (a ConvNeXt block's channels-last steps)
     chain, last = _following_eltwises(lw, i, fake_quant_chain(**op.attrs))
     shape = lw.model.shapes[op.output]
-    out = lw.where[last.output] = _output(lw, op, src, native) if last is op else \
-        eng.new_native(lw, last.output, shape) if native else lw.buffer(last.output, shape)
+    # out of place in oneDNN's layout: int8 may have it write 8-bit integers (planned.int8)
+    out = lw.where[last.output] = eng.new_native(lw, last.output, shape) if native else \
+        _output(lw, op, src, False) if last is op else lw.buffer(last.output, shape)
     lw.steps.append(FusedStep("dnnl_binary", out, (src, src), attrs={"alg": BINARY_MAX, "eltwises": chain}))
     return True
 
@@ -610,7 +619,7 @@ _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lo
 
 # --- binding entries -----------------------------------------------------------------------
 
-def _pool_call(eng: OneDnnEngine, step, attrs, src_md, src: np.ndarray, dst_md, dst: np.ndarray, hw) -> tuple:
+def pool_call(eng: OneDnnEngine, step, attrs, src_md, src: np.ndarray, dst_md, dst: np.ndarray, hw) -> tuple:
     kind = attrs.pop("kind", "maxpool")
     include = bool(attrs.pop("count_include_pad", 0))
     chain = attrs.pop("eltwises", ())
@@ -645,7 +654,7 @@ def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     calls.append(eng.execute(pd, {SRC: (src_md, ins[0]), WEIGHTS: (w_md, w_native), BIAS: (b_md, b),
                                    DST: (dst_md, dst)}, step))
     if pooled:
-        calls.append(_pool_call(eng, step, dict(attrs["pool"]), dst_md, dst, eng.md(step.out, batch), y,
+        calls.append(pool_call(eng, step, dict(attrs["pool"]), dst_md, dst, eng.md(step.out, batch), y,
                                 win.out_size(*hw)))
     return calls
 
@@ -659,14 +668,14 @@ def _one_input(eng: OneDnnEngine, step, y, ins, make_pd, src=None, dst=None, mor
     return [eng.execute(make_pd(o, src, dst), {SRC: (src, ins[0]), DST: (dst, y), **(more or {})}, step)]
 
 
-def _bind_pool(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+def bind_pool(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     attrs = dict(step.attrs)
     if attrs["kind"] == "lrn":
         return _one_input(eng, step, y, ins, lambda o, src, dst: o.lrn_pd(
             src, dst, int(attrs["size"]), float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75)),
             float(attrs.get("bias", 1.0)), o.attr()))
     batch = y.shape[0]
-    return [_pool_call(eng, step, attrs, eng.md(step.reads[0], batch), ins[0], eng.md(step.out, batch), y,
+    return [pool_call(eng, step, attrs, eng.md(step.reads[0], batch), ins[0], eng.md(step.out, batch), y,
                        ins[0].shape[-2:])]
 
 
@@ -721,11 +730,15 @@ def _bind_softmax(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     return _one_input(eng, step, y, ins, lambda o, src, dst: o.softmax_pd(src, dst, y.ndim - 1, o.attr()))
 
 
-def _bind_binary(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+def bind_binary(eng: OneDnnEngine, step, y, ins, scratch, dst=None, chain=None) -> list:
+    """The binary primitive's call; ``dst`` (md, array) and ``chain`` (its post-ops) where they
+    are not the step's own (an 8-bit output: ``planned.int8``)."""
     batch, o = y.shape[0], eng.owned
-    src0, src1, dst = (eng.md(b, batch) for b in (*step.reads, step.out))
-    pd = o.binary_pd(step.attrs["alg"], src0, src1, dst, o.attr(eltwises=step.attrs.get("eltwises", ())))
-    return [eng.execute(pd, {SRC: (src0, ins[0]), SRC_1: (src1, ins[1]), DST: (dst, y)}, step)]
+    src0, src1 = (eng.md(b, batch) for b in step.reads)
+    dst = dst or (eng.md(step.out, batch), y)
+    chain = step.attrs.get("eltwises", ()) if chain is None else chain
+    pd = o.binary_pd(step.attrs["alg"], src0, src1, dst[0], o.attr(eltwises=chain))
+    return [eng.execute(pd, {SRC: (src0, ins[0]), SRC_1: (src1, ins[1]), DST: dst}, step)]
 
 
 def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
@@ -770,9 +783,9 @@ def _bind_attn_context(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     return _batched_matmul(eng, step, probs, _head_major(flat, heads, seq, 3 * width)[2], head_columns(y, heads))
 
 
-OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": _bind_pool, "dnnl_reorder": _bind_reorder,
+OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": bind_pool, "dnnl_reorder": _bind_reorder,
                         "dnnl_concat": _bind_concat, "dnnl_slice": _bind_slice, "dnnl_shuffle": _bind_shuffle,
                         "dnnl_eltwise": _bind_eltwise,
-                        "dnnl_binary": _bind_binary, "dnnl_softmax": _bind_softmax,
+                        "dnnl_binary": bind_binary, "dnnl_softmax": _bind_softmax,
                         "dnnl_batchnorm": _bind_batchnorm,
                         "dnnl_attn_scores": _bind_attn_scores, "dnnl_attn_context": _bind_attn_context}
