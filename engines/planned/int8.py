@@ -265,8 +265,9 @@ def _minima_shape(sample, minima, signed: bool) -> tuple:
 
 def _file_grid(lw: Lowering, tensor: str) -> tuple[float, int, int] | None:
     """(scale, zero point, lowest level) where ``tensor`` lies on a quantized file's static 8-bit
-    grid (``importer.passes.grid_of``): the int8 step reading it quantizes with the file's scale and zero point, so
-    its integers are the file's and its products those ONNX Runtime's integer kernels compute."""
+    grid (``importer.passes.grid_of``): the int8 step reading it quantizes with the file's scale
+    and zero point, so its integers are the file's and its products those ONNX Runtime's integer
+    kernels compute."""
     a = grid_of({o.output: o for o in lw.model.ops}, tensor)
     if a is None:
         return None
@@ -301,8 +302,8 @@ def _takes_integers(lw: Lowering, op, tensor: str) -> bool:
     or a max pool of it that only such convs read after (``Int8Engine._integer_pool``)."""
     if op.inputs.index(tensor) != 0 or op.inputs.count(tensor) != 1:
         return False
-    if op.kind in CONV_KINDS:
-        return True
+    if op.kind in CONV_KINDS:           # in oneDNN's layout (fewer channels than a block: an NCHW twin)
+        return lw.model.shapes[tensor][0] >= lw.engine.dnnl.block
     readers = lw.readers.get(op.output, ())
     return op.kind == "maxpool" and op.output != lw.model.output and bool(readers) and \
         all(lw.ops[r].kind in CONV_KINDS and _takes_integers(lw, lw.ops[r], op.output) for r in readers)

@@ -443,8 +443,9 @@ def _lower_fake_quant(lw: Lowering, i: int, op) -> bool:
 
 def _following_eltwises(lw: Lowering, i: int, chain: tuple = ()) -> tuple[tuple, object]:
     """The activations (``ELTWISE``) and static quantization steps that follow op i, each the only
-    reader of the one before and the next op, the model's output not among them: ``chain`` with their post-ops appended, and the last
-    op taken (op i where none); they are lowered into op i's primitive (``lw.skip``)."""
+    reader of the one before and the next op, the model's output not among them: ``chain`` with
+    their post-ops appended, and the last op taken (op i where none); they are lowered into op i's
+    primitive (``lw.skip``)."""
     j = i
     while j + 1 < len(lw.ops):
         op, nxt = lw.ops[j], lw.ops[j + 1]
