@@ -19,7 +19,8 @@ from engines.peers.onnxrt import export  # noqa: E402
 from tests.conformance import float_engines  # noqa: E402
 from tests.test_zero_alloc import tracemalloc_peak  # noqa: E402
 
-INTEGER_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
+INTEGER_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
+               "QLinearConv", "QLinearMatMul", "QGemm"}
 CALIBRATION = 16       # seeded samples for quantize_static
 
 
@@ -73,12 +74,14 @@ def files(tmp_path_factory) -> dict[str, bytes]:
         quantize_dynamic(src, d / f"{name}-dynamic.onnx", weight_type=QuantType.QInt8)
         quantize_static(src, d / f"{name}-qdq.onnx", _Calibration(proto), quant_format=QuantFormat.QDQ,
                         per_channel=True)
-        for kind in ("dynamic", "qdq"):
+        quantize_static(src, d / f"{name}-qop.onnx", _Calibration(proto), quant_format=QuantFormat.QOperator,
+                        per_channel=True)
+        for kind in ("dynamic", "qdq", "qop"):
             out[f"{name}-{kind}"] = (d / f"{name}-{kind}.onnx").read_bytes()
     return out
 
 
-FILES = [f"{m}-{k}" for m in ("mlp", "transformer", "cnn") for k in ("dynamic", "qdq")]
+FILES = [f"{m}-{k}" for m in ("mlp", "transformer", "cnn") for k in ("dynamic", "qdq", "qop")]
 
 
 def _file_semantics(data: bytes):
@@ -202,7 +205,7 @@ def test_planned_engines_allocate_nothing_on_quantized_files(name, files):
         assert tracemalloc_peak(engine, model.random_input(4, rng=0)) <= 4096, engine_name
 
 
-@pytest.mark.parametrize("name", ["mlp-qdq", "cnn-qdq"])
+@pytest.mark.parametrize("name", ["mlp-qdq", "cnn-qdq", "mlp-qop", "cnn-qop"])
 def test_int8_runs_a_qdq_file_on_its_own_scales_and_zero_points(name, files):
     """Each int8 linear and conv of a QDQ file quantizes its input with the file's scale and zero
     point (oneDNN's source zero point), on the file's weight integers: its products are the file's
@@ -215,7 +218,7 @@ def test_int8_runs_a_qdq_file_on_its_own_scales_and_zero_points(name, files):
         pytest.skip(f"int8 needs oneDNN: {exc}")
     grids = [s.attrs["grid"] for s in engine.steps if s.kind in ("int8_linear", "int8_conv")]
     assert grids and all(g is not None for g in grids)
-    if name == "cnn-qdq":      # a conv, or the residual sum, read only by the next conv writes its integers
+    if name.startswith("cnn"):      # a conv, or the residual sum, read only by the next conv writes its integers
         convs = [s for s in engine.steps if s.kind == "int8_conv"]
         assert [bool(s.attrs.get("dst_grid")) for s in convs] == [False, False, True, False]
         assert [s.attrs["integer_input"] for s in convs] == [False, False, True, True]
@@ -282,7 +285,7 @@ def test_the_batch_probe_takes_a_rounding_tie_for_no_mixing_but_still_finds_mixi
     proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(OnnxImportError, match=r"mixes samples.*first at node 'over_batch' \(Softmax\)"):
         load_onnx(proto.SerializeToString())
-    rewritten = rewrite(proto)
+    rewritten, _ = rewrite(proto)
     assert load._step_slack(rewritten) == pytest.approx(QUANTIZED_STEPS * 0.05)
     out = rewritten.graph.output[0].name
     acts = {out: load.Act(out, (1, 4), 0)}
@@ -290,3 +293,22 @@ def test_the_batch_probe_takes_a_rounding_tie_for_no_mixing_but_still_finds_mixi
     for moved, refused in ((0.05, False), (0.5, True)):        # a tie's step; a value of another sample
         two = {out: np.concatenate([one[out] + np.float32([[0, moved, 0, 0]]), one[out]])}
         assert bool(load._separable(rewritten, acts, one, two)) == refused, moved
+
+
+def test_the_operator_form_is_read_as_its_dequantized_values(files):
+    """A QOperator file (QLinearConv, QGemm, ONNX Runtime's QLinearAdd and QLinearGlobalAveragePool,
+    8-bit tensors through a max pool and a flatten) imports as the QDQ file of the same model does:
+    the same op kinds, each 8-bit tensor its dequantized value on its grid."""
+    proto = onnx.load_from_string(files["cnn-qop"])
+    assert {"QLinearConv", "QGemm", "QLinearAdd", "QLinearGlobalAveragePool"} <= {n.op_type for n in proto.graph.node}
+    assert [op.kind for op in load_onnx(files["cnn-qop"]).ops] == [op.kind for op in load_onnx(files["cnn-qdq"]).ops]
+
+
+def test_an_8_bit_tensor_read_as_integers_is_refused_by_name(files):
+    """A float op that reads an 8-bit tensor's integers themselves (here a Cast) would read other
+    values than the dequantized ones: the graph stays in its form and is refused, naming the node."""
+    proto = onnx.load_from_string(files["cnn-qop"])
+    conv = next(n for n in proto.graph.node if n.op_type == "QLinearConv")
+    proto.graph.node.append(helper.make_node("Cast", [conv.output[0]], ["as_float"], to=TensorProto.FLOAT, name="cast"))
+    with pytest.raises(OnnxImportError, match=r"node 'cast' \(Cast\) reads the 8-bit integers of .*QLinearConv"):
+        load_onnx(proto.SerializeToString())

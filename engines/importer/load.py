@@ -681,14 +681,14 @@ def load_onnx(source, *, randomize_weights: int | None = None, name: str | None 
     oversized = _oversized_values(inferred, max_value_bytes)
     if oversized:
         raise OnnxImportError(oversized)
-    proto = dequantize(proto)           # a quantized file's integer steps as float ops of the same value
+    proto, why = dequantize(proto)      # a quantized file's integer steps as float ops of the same value
     dynamic = dynamic_values(proto, sig.input)
     bodies = expand_functions(proto, dynamic, LOWER, reads_data_of)     # ops defined by a function body
     with bodies.traced(OnnxImportError):
         proto, dynamic = bodies.proto, dynamic_values(bodies.proto, sig.input)
         bad = unsupported_nodes(proto, dynamic)
         if bad:
-            raise OnnxImportError(bad)
+            raise OnnxImportError(why + bad)
         build = lambda b: _build(b, sig, name or _stem(source, proto), data, passes)  # noqa: E731
         if sig.fixed is not None:
             return bodies.trace(_build_fixed(proto, sig, dynamic, build))

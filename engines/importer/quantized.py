@@ -13,6 +13,17 @@ so that every engine runs it and the int8 engine sees plain linears and convolut
   the input, then ``MatMul``/``Conv`` by the dequantized weights ((w - zero point) x scale).
   The integer sum times the two scales is the float product of the two dequantized operands.
 
+- Operator form (``quantize_static`` with ``QuantFormat.QOperator``, and the int8 files of model
+  zoos): 8-bit tensors between ``QLinearConv``, ``QLinearMatMul`` and ONNX Runtime's ``QGemm``,
+  ``QLinearAdd``, ``QLinearMul``, ``QLinearGlobalAveragePool``, ``QLinearAveragePool``,
+  ``QLinearSigmoid``, ``QLinearSoftmax``, ``QLinearConcat`` (``QOPS``), moved by ops that keep a
+  value on its grid (``GRID_MOVES``). Each 8-bit tensor becomes its dequantized value, a float
+  tensor of the same name: ``QuantizeLinear`` a ``FakeQuantize``, each QLinear op its float op on
+  dequantized weights (an int32 bias times the input and weight scales) then a ``FakeQuantize``
+  with its output's scale and zero point, ``DequantizeLinear`` of such a tensor an ``Identity``.
+  Only where every reader of every 8-bit tensor is one of these, and no graph input or output
+  is 8-bit: a float op reading the integers themselves would read other values.
+
 What is not in one of these forms is left as it is, and refused by the importer like any
 node it cannot lower. ``FakeQuantize`` lives in this module's domain; ``EVALUATOR_OPS`` runs it
 in ONNX's reference evaluator during import.
@@ -39,6 +50,27 @@ FORMS = {
                              "weights, each then Cast to float and multiplied by the two scales",
 }
 FORMS.update(MatMulInteger=FORMS["DynamicQuantizeLinear"], ConvInteger=FORMS["DynamicQuantizeLinear"])
+# The operator form: op -> (float op, the 8-bit inputs as (tensor, scale, zero point) input indices,
+# the output's (scale, zero point) indices or None (a float output), the int32 bias's index or None)
+QOPS = {
+    "QLinearConv": ("Conv", ((0, 1, 2), (3, 4, 5)), (6, 7), 8),
+    "QLinearMatMul": ("MatMul", ((0, 1, 2), (3, 4, 5)), (6, 7), None),
+    "QGemm": ("Gemm", ((0, 1, 2), (3, 4, 5)), (7, 8), 6),
+    "QLinearAdd": ("Add", ((0, 1, 2), (3, 4, 5)), (6, 7), None),
+    "QLinearMul": ("Mul", ((0, 1, 2), (3, 4, 5)), (6, 7), None),
+    "QLinearGlobalAveragePool": ("GlobalAveragePool", ((0, 1, 2),), (3, 4), None),
+    "QLinearAveragePool": ("AveragePool", ((0, 1, 2),), (3, 4), None),
+    "QLinearSigmoid": ("Sigmoid", ((0, 1, 2),), (3, 4), None),
+    "QLinearSoftmax": ("Softmax", ((0, 1, 2),), (3, 4), None),
+}
+# Ops that keep their first input's values on its grid (they move, keep or drop values)
+GRID_MOVES = ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Gather", "Slice",
+              "Split")
+# attributes of the operator form's ops that their float op has not
+QOP_ONLY_ATTRS = ("channels_last", "opset")
+FORMS.update(dict.fromkeys((*QOPS, "QLinearConcat"),
+                           "the operator form: 8-bit tensors read only by QLinear ops, DequantizeLinear and "
+                           f"ops that move values ({', '.join(GRID_MOVES)}), none a graph input or output"))
 
 
 def evaluator_op():
@@ -76,6 +108,7 @@ class _Graph:
         self.array = lambda name: numpy_helper.to_array(self.consts[name])
         self.replaced: dict[int, list] = {}          # id(node) -> the nodes in its place
         self.added = {}                               # new initializers by name
+        self.retyped: set[str] = set()                # 8-bit tensors now float: their value_info goes
 
     def const(self, node, i: int):
         """Input i of a node as an array when it is a constant, None when absent, else KeyError."""
@@ -98,7 +131,8 @@ class _Graph:
         used = {i for n in nodes for i in n.input}
         inits = [t for t in self.proto.graph.initializer if t.name in used] + list(self.added.values())
         g = self.proto.graph
-        graph = helper.make_graph(nodes, g.name, g.input, g.output, inits, value_info=g.value_info)
+        value_info = [v for v in g.value_info if v.name not in self.retyped]
+        graph = helper.make_graph(nodes, g.name, g.input, g.output, inits, value_info=value_info)
         opsets = [o for o in self.proto.opset_import if o.domain != DOMAIN] + [helper.make_opsetid(DOMAIN, 1)]
         model = helper.make_model(graph, opset_imports=opsets, ir_version=self.proto.ir_version,
                                   functions=self.proto.functions)
@@ -226,9 +260,144 @@ def _fold(G: _Graph, node) -> None:
     G.replace(node)
 
 
-def rewrite(proto):
-    """The graph with its QDQ pairs and dynamic integer products as float ops (module docstring);
-    the proto itself when it has none."""
+class _NotOperatorForm(Exception):
+    """The graph's 8-bit tensors are not all in the operator form (``QOPS``): left as they are,
+    and why (the message) goes with the importer's refusal."""
+
+
+class _OperatorForm:
+    """The rewrite of an operator-form graph (module docstring): each 8-bit tensor's grid, and the
+    nodes in place of each op, kept until the whole graph is known to be in the form."""
+
+    def __init__(self, G: _Graph):
+        self.G, self.grids, self.new, self.added = G, {}, {}, {}
+        self.integer: set[str] = set()              # the 8-bit tensors, float from here on
+
+    def grid(self, scale_name: str, zero_name: str) -> dict:
+        G = self.G
+        scale, zero = G.array(scale_name), G.array(zero_name)
+        elem = G.consts[zero_name].data_type
+        if scale.size != 1 or zero.size != 1 or elem not in LEVELS:
+            raise _NotOperatorForm
+        lo, hi = LEVELS[elem]
+        return dict(scale=float(scale.reshape(())), zero_point=int(zero.reshape(())), lo=lo, hi=hi)
+
+    def operand(self, node, i: int, s: int, z: int) -> str:
+        """Input i of a QLinear op (scale at s, zero point at z) as a float tensor's name: an 8-bit
+        tensor on that grid, or a constant dequantized (per channel: a weight's first axis for a
+        conv, its last for a product)."""
+        name = node.input[i]
+        if name in self.G.consts:
+            q = self.G.array(name).astype(np.float64)
+            scale, zero = (self.G.array(node.input[k]).astype(np.float64) for k in (s, z))
+            axis = 0 if node.op_type == "QLinearConv" else q.ndim - 1
+            shape = [1] * q.ndim
+            if scale.size > 1 and q.ndim:
+                shape[axis] = -1
+            at = lambda a: a.reshape(shape if a.size > 1 else ())  # noqa: E731
+            return self.constant(name + ".dequantized", (q - at(zero)) * at(scale))
+        if name not in self.integer or self.grids[name] != self.grid(node.input[s], node.input[z]):
+            raise _NotOperatorForm(f"node {node.name or node.output[0]!r} ({node.op_type}) reads {name!r} with "
+                                   "another scale or zero point than it was written with, or not as 8-bit")
+        return name
+
+    def constant(self, name: str, value) -> str:
+        from onnx import numpy_helper
+        self.added[name] = numpy_helper.from_array(np.asarray(value, np.float32), name)
+        return name
+
+    def quantized(self, node, out_grid: dict | None, float_op):
+        """``float_op`` writing the node's output, or its float value then the output's step."""
+        out = node.output[0]
+        if out_grid is None:
+            return [float_op]
+        float_op.output[0] = out + ".float"
+        self.integer.add(out)
+        self.grids[out] = out_grid
+        return [float_op, _fake_quantize(out + ".float", out, **out_grid)]
+
+    def qop(self, node) -> list:
+        from onnx import helper
+        op_type, triples, out, bias = QOPS[node.op_type]
+        inputs = [self.operand(node, *t) for t in triples if t[0] < len(node.input) and node.input[t[0]]]
+        if bias is not None and bias < len(node.input) and node.input[bias]:
+            b = self.G.array(node.input[bias]).astype(np.float64)
+            scales = [self.G.array(node.input[t[1]]).astype(np.float64).reshape(-1) for t in triples]
+            inputs.append(self.constant(node.input[bias] + ".dequantized", b * scales[0] * scales[1]))
+        given = out and out[0] < len(node.input) and node.input[out[0]]
+        out_grid = self.grid(node.input[out[0]], node.input[out[1]]) if given else None
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name not in QOP_ONLY_ATTRS}
+        if any(a.name == "channels_last" and a.i for a in node.attribute):
+            raise _NotOperatorForm
+        return self.quantized(node, out_grid, helper.make_node(op_type, inputs, [node.output[0]], name=node.name, **attrs))
+
+    def concat(self, node) -> list:
+        from onnx import helper
+        ins = node.input
+        inputs = [self.operand(node, i, i + 1, i + 2) for i in range(2, len(ins), 3)]
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        return self.quantized(node, self.grid(ins[0], ins[1]), helper.make_node("Concat", inputs, [node.output[0]],
+                                                                                 name=node.name, **attrs))
+
+    def visit(self, node) -> None:
+        """Plan the node's rewrite; raise ``_NotOperatorForm`` where it reads 8-bit values otherwise."""
+        from onnx import helper
+        reads = [i for i in node.input if i in self.integer]
+        if node.op_type in QOPS:
+            self.new[id(node)] = self.qop(node)
+        elif node.op_type == "QLinearConcat":
+            self.new[id(node)] = self.concat(node)
+        elif node.op_type == "QuantizeLinear" and node.input[0] not in self.G.consts and not reads:
+            attrs = _static_attrs(self.G, node)
+            if attrs is None:
+                raise _NotOperatorForm
+            self.integer.add(node.output[0])
+            self.grids[node.output[0]] = attrs
+            self.new[id(node)] = [_fake_quantize(node.input[0], node.output[0], **attrs)]
+        elif not reads:
+            return
+        elif node.op_type == "DequantizeLinear" and len(node.input) == 3 and \
+                self.grids[node.input[0]] == self.grid(node.input[1], node.input[2]):
+            self.new[id(node)] = [helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name)]
+        elif node.op_type in GRID_MOVES and reads == [node.input[0]]:
+            for o in node.output:
+                self.integer.add(o)
+                self.grids[o] = self.grids[node.input[0]]
+        else:
+            raise _NotOperatorForm(f"node {node.name or node.output[0]!r} ({node.op_type}) reads the 8-bit "
+                                   f"integers of {reads[0]!r} themselves")
+
+    def apply(self) -> None:
+        G = self.G
+        outputs = {o.name for o in G.proto.graph.output} | {i.name for i in G.proto.graph.input}
+        if outputs & self.integer:
+            raise _NotOperatorForm(f"the graph's input or output {sorted(outputs & self.integer)[0]!r} is 8-bit")
+        for node in G.nodes:
+            if id(node) in self.new:
+                G.replace(node, *self.new[id(node)])
+        G.added.update(self.added)
+        G.retyped |= self.integer
+
+
+def _operator_form(G: _Graph) -> list[str]:
+    """The operator form's rewrite, where the whole graph is in it (``_OperatorForm``); else why not."""
+    if not any(n.op_type in QOPS or n.op_type == "QLinearConcat" for n in G.nodes):
+        return []
+    form = _OperatorForm(G)
+    try:
+        for node in G.nodes:
+            if id(node) not in G.replaced:
+                form.visit(node)
+        form.apply()
+    except _NotOperatorForm as exc:
+        return [f"the operator form is not read: {exc}" if str(exc) else "the operator form is not read"]
+    return []
+
+
+def rewrite(proto) -> tuple[object, list[str]]:
+    """The graph with its QDQ pairs, dynamic integer products and operator form as float ops
+    (module docstring), the proto itself when it has none; and why a form found was not read
+    (for the importer's refusal of its ops)."""
     G = _Graph(proto)
     for node in G.nodes:
         if node.op_type == "QuantizeLinear":
@@ -237,4 +406,5 @@ def rewrite(proto):
             _dynamic(G, node)
         elif node.op_type == "DequantizeLinear" and id(node) not in G.replaced:
             _fold(G, node)
-    return G.result()
+    why = _operator_form(G)
+    return G.result(), why
