@@ -26,11 +26,11 @@ CALIBRATION = 16       # seeded samples for quantize_static
 
 def _cnn():
     """A small CNN: conv-relu, max pool, a residual block (conv, the sum, relu), two conv-relus,
-    global average pool, flatten, gemm. A 3 x 13 x 13 input: a sample of 507 values, which no
+    global average pool, flatten, gemm (its weight (out, in), as PyTorch exports a Linear). A 3 x 13 x 13 input: a sample of 507 values, which no
     8-bit copy of it padded to whole floats may hide."""
     rng = np.random.default_rng(3)
     w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))  # noqa: E731
-    inits = [w(16, 3, 3, 3), w(16), w(16, 16, 3, 3), w(16), w(32, 16, 3, 3), w(32), w(32, 32, 1, 1), w(32), w(32, 10),
+    inits = [w(16, 3, 3, 3), w(16), w(16, 16, 3, 3), w(16), w(32, 16, 3, 3), w(32), w(32, 32, 1, 1), w(32), w(10, 32),
              w(10)]
     for t, name in zip(inits, ("w1", "b1", "wr", "br", "w2", "b2", "w3", "b3", "fc", "fb")):
         t.name = name
@@ -41,7 +41,7 @@ def _cnn():
              node("Relu", ["s"], ["rs"]),
              node("Conv", ["rs", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]), node("Relu", ["c2"], ["r2"]),
              node("Conv", ["r2", "w3", "b3"], ["c3"]), node("Relu", ["c3"], ["r3"]),
-             node("GlobalAveragePool", ["r3"], ["p"]), node("Flatten", ["p"], ["f"]), node("Gemm", ["f", "fc", "fb"], ["y"])]
+             node("GlobalAveragePool", ["r3"], ["p"]), node("Flatten", ["p"], ["f"]), node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
     graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 13, 13])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

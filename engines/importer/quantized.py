@@ -285,12 +285,13 @@ class _OperatorForm:
     def operand(self, node, i: int, s: int, z: int) -> str:
         """Input i of a QLinear op (scale at s, zero point at z) as a float tensor's name: an 8-bit
         tensor on that grid, or a constant dequantized (per channel: a weight's first axis for a
-        conv, its last for a product)."""
+        conv and a transposed QGemm weight, its last for a product)."""
         name = node.input[i]
         if name in self.G.consts:
             q = self.G.array(name).astype(np.float64)
             scale, zero = (self.G.array(node.input[k]).astype(np.float64) for k in (s, z))
-            axis = 0 if node.op_type == "QLinearConv" else q.ndim - 1
+            trans_b = any(a.name == "transB" and a.i for a in node.attribute)      # QGemm's (n, k) weights
+            axis = 0 if node.op_type == "QLinearConv" or trans_b else q.ndim - 1
             shape = [1] * q.ndim
             if scale.size > 1 and q.ndim:
                 shape[axis] = -1
@@ -387,7 +388,11 @@ def _operator_form(G: _Graph) -> list[str]:
     try:
         for node in G.nodes:
             if id(node) not in G.replaced:
-                form.visit(node)
+                try:
+                    form.visit(node)
+                except (KeyError, ValueError) as exc:    # an input not constant, scales of another shape
+                    raise _NotOperatorForm(f"node {node.name or node.output[0]!r} ({node.op_type}): "
+                                           f"{type(exc).__name__}: {exc}") from exc
         form.apply()
     except _NotOperatorForm as exc:
         return [f"the operator form is not read: {exc}" if str(exc) else "the operator form is not read"]
