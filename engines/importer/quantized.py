@@ -151,10 +151,25 @@ def _static_attrs(G: _Graph, q) -> dict | None:
     except KeyError:
         return None
     elem = G.consts[q.input[2]].data_type if zero is not None else 2          # default: uint8
+    return _grid(scale, zero, elem)
+
+
+def _grid(scale: np.ndarray | None, zero: np.ndarray | None, elem: int) -> dict | None:
+    """One scale and zero point (of element type ``elem``) as ``FakeQuantize``'s attributes: scale,
+    zero point and levels; None unless each is one value of an 8- or 16-bit type."""
     if scale is None or scale.size != 1 or (zero is not None and zero.size != 1) or elem not in LEVELS:
         return None
     lo, hi = LEVELS[elem]
     return dict(scale=float(scale.reshape(())), zero_point=int(0 if zero is None else zero.reshape(())), lo=lo, hi=hi)
+
+
+def _dequantize(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, axis: int) -> np.ndarray:
+    """(q - zero point) x scale as float32, per tensor or per channel along ``axis``."""
+    shape = [1] * q.ndim
+    if scale.size > 1 and q.ndim:
+        shape[axis % q.ndim] = -1
+    at = lambda a: a.astype(np.float64).reshape(shape if a.size > 1 else ())  # noqa: E731
+    return ((q.astype(np.float64) - (0 if zero is None else at(zero))) * at(scale)).astype(np.float32)
 
 
 def _qdq(G: _Graph, q) -> None:
@@ -175,13 +190,8 @@ def _qdq(G: _Graph, q) -> None:
 
 def _dequantized_weights(G: _Graph, product, w_scale: np.ndarray) -> np.ndarray:
     """(w - zero point) x scale, per tensor or per output channel (MatMul's last axis, Conv's first)."""
-    w = G.const(product, 1).astype(np.float64)
-    zero = G.const(product, 3)
-    shape = (-1, *([1] * (w.ndim - 1))) if product.op_type == "ConvInteger" else (-1,)
-    if zero is not None:
-        w = w - zero.astype(np.float64).reshape(shape if zero.size > 1 else ())
-    scale = w_scale.astype(np.float64)
-    return (w * scale.reshape(shape if scale.size > 1 else ())).astype(np.float32)
+    w = G.const(product, 1)
+    return _dequantize(w, w_scale, G.const(product, 3), 0 if product.op_type == "ConvInteger" else -1)
 
 
 def _chain(G: _Graph, product, scale_name: str):
@@ -249,14 +259,9 @@ def _fold(G: _Graph, node) -> None:
     block = next((a.i for a in node.attribute if a.name == "block_size"), 0)
     if q is None or scale is None or block:
         return
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % max(q.ndim, 1)
-    shape = [1] * q.ndim
-    if scale.size > 1:
-        shape[axis] = -1
-    at = lambda a: a.astype(np.float64).reshape(shape if a.size > 1 else ())  # noqa: E731
-    value = (q.astype(np.float64) - (0 if zero is None else at(zero))) * at(scale)
+    value = _dequantize(q, scale, zero, next((a.i for a in node.attribute if a.name == "axis"), 1))
     from onnx import numpy_helper
-    G.added[node.output[0]] = numpy_helper.from_array(value.astype(np.float32), node.output[0])
+    G.added[node.output[0]] = numpy_helper.from_array(value, node.output[0])
     G.replace(node)
 
 
@@ -274,13 +279,11 @@ class _OperatorForm:
         self.integer: set[str] = set()              # the 8-bit tensors, float from here on
 
     def grid(self, scale_name: str, zero_name: str) -> dict:
-        G = self.G
-        scale, zero = G.array(scale_name), G.array(zero_name)
-        elem = G.consts[zero_name].data_type
-        if scale.size != 1 or zero.size != 1 or elem not in LEVELS:
-            raise _NotOperatorForm
-        lo, hi = LEVELS[elem]
-        return dict(scale=float(scale.reshape(())), zero_point=int(zero.reshape(())), lo=lo, hi=hi)
+        """An 8-bit tensor's grid from a node's scale and zero point inputs."""
+        grid = _grid(self.G.array(scale_name), self.G.array(zero_name), self.G.consts[zero_name].data_type)
+        if grid is None:
+            raise _NotOperatorForm(f"{scale_name!r} and {zero_name!r} are not one scale and zero point")
+        return grid
 
     def operand(self, node, i: int, s: int, z: int) -> str:
         """Input i of a QLinear op (scale at s, zero point at z) as a float tensor's name: an 8-bit
@@ -288,15 +291,10 @@ class _OperatorForm:
         conv and a transposed QGemm weight, its last for a product)."""
         name = node.input[i]
         if name in self.G.consts:
-            q = self.G.array(name).astype(np.float64)
-            scale, zero = (self.G.array(node.input[k]).astype(np.float64) for k in (s, z))
             trans_b = any(a.name == "transB" and a.i for a in node.attribute)      # QGemm's (n, k) weights
-            axis = 0 if node.op_type == "QLinearConv" or trans_b else q.ndim - 1
-            shape = [1] * q.ndim
-            if scale.size > 1 and q.ndim:
-                shape[axis] = -1
-            at = lambda a: a.reshape(shape if a.size > 1 else ())  # noqa: E731
-            return self.constant(name + ".dequantized", (q - at(zero)) * at(scale))
+            axis = 0 if node.op_type == "QLinearConv" or trans_b else -1
+            scale, zero = (self.G.array(node.input[k]) for k in (s, z))
+            return self.constant(name + ".dequantized", _dequantize(self.G.array(name), scale, zero, axis))
         if name not in self.integer or self.grids[name] != self.grid(node.input[s], node.input[z]):
             raise _NotOperatorForm(f"node {node.name or node.output[0]!r} ({node.op_type}) reads {name!r} with "
                                    "another scale or zero point than it was written with, or not as 8-bit")
@@ -327,9 +325,9 @@ class _OperatorForm:
             inputs.append(self.constant(node.input[bias] + ".dequantized", b * scales[0] * scales[1]))
         given = out and out[0] < len(node.input) and node.input[out[0]]
         out_grid = self.grid(node.input[out[0]], node.input[out[1]]) if given else None
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name not in QOP_ONLY_ATTRS}
         if any(a.name == "channels_last" and a.i for a in node.attribute):
-            raise _NotOperatorForm
+            raise _NotOperatorForm(f"node {node.name or node.output[0]!r} ({node.op_type}) is channels-last")
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name not in QOP_ONLY_ATTRS}
         return self.quantized(node, out_grid, helper.make_node(op_type, inputs, [node.output[0]], name=node.name, **attrs))
 
     def concat(self, node) -> list:
@@ -351,7 +349,8 @@ class _OperatorForm:
         elif node.op_type == "QuantizeLinear" and node.input[0] not in self.G.consts and not reads:
             attrs = _static_attrs(self.G, node)
             if attrs is None:
-                raise _NotOperatorForm
+                raise _NotOperatorForm(f"node {node.name or node.output[0]!r} (QuantizeLinear) has no one scale "
+                                       "and zero point")
             self.integer.add(node.output[0])
             self.grids[node.output[0]] = attrs
             self.new[id(node)] = [_fake_quantize(node.input[0], node.output[0], **attrs)]
@@ -395,7 +394,7 @@ def _operator_form(G: _Graph) -> list[str]:
                                            f"{type(exc).__name__}: {exc}") from exc
         form.apply()
     except _NotOperatorForm as exc:
-        return [f"the operator form is not read: {exc}" if str(exc) else "the operator form is not read"]
+        return [f"the operator form is not read: {exc}"]
     return []
 
 
