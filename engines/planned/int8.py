@@ -300,7 +300,7 @@ def _integer_writer(lw: Lowering, buffer: str, tensor: str, grid: tuple | None) 
 def _takes_integers(lw: Lowering, op, tensor: str) -> bool:
     """Whether ``op`` can read ``tensor`` as its grid's integers: a conv, as its quantized input,
     or a max pool of it that only such convs read after (``Int8Engine._integer_pool``)."""
-    if op.inputs.index(tensor) != 0 or op.inputs.count(tensor) != 1:
+    if not _first_input(op, tensor):
         return False
     if op.kind in CONV_KINDS:           # in oneDNN's layout (fewer channels than a block: an NCHW twin)
         return lw.model.shapes[tensor][0] >= lw.engine.dnnl.block
@@ -320,8 +320,12 @@ def _requantized(lw: Lowering, op) -> bool:
     from the value before the step as after it; the step is then left out."""
     readers = [lw.ops[r] for r in lw.readers.get(op.output, ())]
     return (op.kind == "fake_quant" and _file_grid(lw, op.output) is not None and op.output != lw.model.output
-            and bool(readers) and all(r.kind in ("linear", *CONV_KINDS) and r.inputs.index(op.output) == 0
-                                      and r.inputs.count(op.output) == 1 for r in readers))
+            and bool(readers) and all(r.kind in ("linear", *CONV_KINDS) and _first_input(r, op.output) for r in readers))
+
+
+def _first_input(op, tensor: str) -> bool:
+    """Whether ``op`` reads ``tensor`` as its first input, and only there (a quantized step's input)."""
+    return op.inputs.index(tensor) == 0 and op.inputs.count(tensor) == 1
 
 
 def _grid_operands(grid: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -614,7 +618,7 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
         more[ATTR_ZERO_POINTS | SRC] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
     if attrs.get("dst_grid"):                          # its integers, not the floats of its file step
         out_scale, out_zero = _grid_operands(attrs["dst_grid"])
-        (dst, out), _, _ = _integer_output(eng, step, y)
+        dst, out = _integer_output(eng, step.out, attrs["dst_grid"], y)
         scales[DST], zero_points[DST] = 0, 0
         more.update({ATTR_SCALES | DST: (o.typed((1,), PLAIN[1], np.float32), out_scale),
                      ATTR_ZERO_POINTS | DST: (o.typed((1,), PLAIN[1], np.int32), out_zero)})
@@ -634,13 +638,12 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     return calls
 
 
-def _integer_output(eng: Int8Engine, step, y) -> tuple:
-    """The descriptor and dense 8-bit view of a native step output that holds its grid's
-    integers (``dst_grid``), and the grid's (scale, zero point, type)."""
-    scale, zero, lo = step.attrs["dst_grid"]
-    out_type = np.uint8 if lo == 0 else np.int8
-    dst = eng.typed.typed((y.shape[0], eng.channels_of(step.out), *y.shape[2:]), eng.dnnl.layout, out_type)
-    return (dst, _dense(y, y.shape[0], math.prod(y.shape[1:]), out_type)), scale, zero
+def _integer_output(eng: Int8Engine, buffer: str, grid: tuple, y) -> tuple:
+    """The descriptor and dense 8-bit view of native ``buffer`` (view ``y``) holding the integers
+    of ``grid`` (scale, zero point, lowest level)."""
+    out_type = np.uint8 if grid[2] == 0 else np.int8
+    dst = eng.typed.typed((y.shape[0], eng.channels_of(buffer), *y.shape[2:]), eng.dnnl.layout, out_type)
+    return dst, _dense(y, y.shape[0], math.prod(y.shape[1:]), out_type)
 
 
 def _bind_binary(eng: Int8Engine, step, y, ins, scratch) -> list:
@@ -649,8 +652,9 @@ def _bind_binary(eng: Int8Engine, step, y, ins, scratch) -> list:
     nearest even and saturates to the levels."""
     if not step.attrs.get("dst_grid"):
         return bind_float_binary(eng, step, y, ins, scratch)
-    dst, scale, zero = _integer_output(eng, step, y)
-    chain = step.attrs["eltwises"][:-4] + ((LINEAR, 1.0 / scale, float(zero)),)
+    grid = step.attrs["dst_grid"]
+    dst = _integer_output(eng, step.out, grid, y)
+    chain = step.attrs["eltwises"][:-4] + ((LINEAR, 1.0 / grid[0], float(grid[1])),)
     return bind_float_binary(eng, step, y, ins, scratch, dst=dst, chain=chain)
 
 
@@ -658,8 +662,8 @@ def _bind_pool(eng: Int8Engine, step, y, ins, scratch) -> list:
     """onednn's pool step; a max pool of integers (``dst_grid``) reads and writes them, 8-bit."""
     if not step.attrs.get("dst_grid"):
         return bind_float_pool(eng, step, y, ins, scratch)
-    (dst, out), _, _ = _integer_output(eng, step, y)
-    (src, q), _, _ = _integer_output(eng, replace(step, out=step.reads[0]), ins[0])
+    grid = step.attrs["dst_grid"]                       # the input's grid too: a max pool keeps it
+    (dst, out), (src, q) = _integer_output(eng, step.out, grid, y), _integer_output(eng, step.reads[0], grid, ins[0])
     attrs = {k: v for k, v in step.attrs.items() if k != "dst_grid"}
     return [pool_call(eng, step, attrs, src, q, dst, out, ins[0].shape[-2:])]
 

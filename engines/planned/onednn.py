@@ -411,8 +411,7 @@ def _lower_eltwise(lw: Lowering, i: int, op) -> bool:
     if native:              # with the activations and quantize steps after it: one jit binary, max(x, x)
         chain, last = _following_eltwises(lw, i, eltwises(attrs))
         if last is not op:
-            out = lw.where[last.output] = eng.new_native(lw, last.output, lw.model.shapes[op.output])
-            lw.steps.append(FusedStep("dnnl_binary", out, (src, src), attrs={"alg": BINARY_MAX, "eltwises": chain}))
+            _chain_step(lw, src, eng.new_native(lw, last.output, lw.model.shapes[op.output]), last, chain)
             return True
     out = lw.where[op.output] = _output(lw, op, src, native)
     lw.steps.append(FusedStep("dnnl_eltwise", out, (src,), attrs=attrs))
@@ -429,16 +428,23 @@ def _lower_fake_quant(lw: Lowering, i: int, op) -> bool:
     native = eng.is_native(src)
     if op.attrs.get("scale") is None or len(lw.model.shapes[op.output]) > 4:
         return False
-    # oneDNN's eltwise primitive with post-ops is its reference code (``ref:any``), its binary one
-    # takes them in its jit kernel: max(x, x), then the chain. On a plain buffer too: one pass
-    # where NumPy's five took 25 us for 64 x 16 x 16 (a ConvNeXt block's channels-last steps)
+    # On a plain buffer too: one pass where NumPy's five took 25 us for 64 x 16 x 16 (a ConvNeXt
+    # block's channels-last steps)
     chain, last = _following_eltwises(lw, i, fake_quant_chain(**op.attrs))
     shape = lw.model.shapes[op.output]
     # out of place in oneDNN's layout: int8 may have it write 8-bit integers (planned.int8)
-    out = lw.where[last.output] = eng.new_native(lw, last.output, shape) if native else \
+    out = eng.new_native(lw, last.output, shape) if native else \
         _output(lw, op, src, False) if last is op else lw.buffer(last.output, shape)
-    lw.steps.append(FusedStep("dnnl_binary", out, (src, src), attrs={"alg": BINARY_MAX, "eltwises": chain}))
+    _chain_step(lw, src, out, last, chain)
     return True
+
+
+def _chain_step(lw: Lowering, src: str, out: str, last, chain: tuple) -> None:
+    """Eltwise post-ops ``chain`` of ``src`` into ``out`` (``last``'s output) as one step: a binary
+    max(x, x) taking them, as oneDNN's eltwise primitive with post-ops is its reference code
+    (``ref:any``, 50 us a call) and its binary one takes them in its jit kernel."""
+    lw.where[last.output] = out
+    lw.steps.append(FusedStep("dnnl_binary", out, (src, src), attrs={"alg": BINARY_MAX, "eltwises": chain}))
 
 
 def _following_eltwises(lw: Lowering, i: int, chain: tuple = ()) -> tuple[tuple, object]:
