@@ -224,15 +224,15 @@ def test_silu_and_a_difference_of_activations_stay_in_onednns_layout():
 
 
 @pytest.mark.parametrize("kwargs", [dict(dim=32, seq=8, heads=4), dict(dim=64, seq=16, heads=2)])
-def test_a_transformers_gelu_and_softmax_are_onednn_primitives(kwargs):
-    """GELU (tanh form) and attention's softmax as oneDNN's eltwise and softmax on plain buffers,
-    in place: one pass each where NumPy took eight and six; right at batch 1 and 8."""
+def test_a_transformers_gelu_and_attention_are_onednn_primitives(kwargs):
+    """GELU (tanh form) a oneDNN eltwise on a plain buffer, in place (one pass where NumPy took
+    eight); the attention's scores, softmax and context one oneDNN step; right at batch 1 and 8."""
     from engines import MODELS
     model = MODELS["transformer"](**kwargs)
     engine = ENGINES["onednn"](model, 8)
     steps = {s.kind: s for s in engine.steps}
-    assert "gelu" not in steps and "softmax" not in steps
-    assert steps["dnnl_softmax"].out == steps["dnnl_softmax"].reads[0]
+    assert not {"gelu", "softmax", "calls", "dnnl_attn_scores"} & set(steps), sorted(steps)
+    assert {"dnnl_attn_heads", "dnnl_attention"} <= set(steps)
     assert steps["dnnl_eltwise"].attrs == {"activation": "gelu"}
     for batch in (1, 8):
         x = model.random_input(batch, rng=batch)
@@ -356,25 +356,79 @@ def test_a_concat_of_many_tensors_stays_within_the_memory_limit(inputs):
     assert (peak > FusedEngine.peak_slack_bytes) == (inputs == 30), peak
 
 
-def test_attention_runs_on_brgemm_from_one_head_major_copy_of_qkv():
-    """The scores and the context are oneDNN's batched matmuls on its brgemm kernels (no NumPy
-    product, no allocating gemm), after one reorder of qkv; right at every batch."""
+def _masked(model, mask: np.ndarray):
+    """``model`` with ``mask`` (flat: a row of the keys, one (seq, seq) for every head, or one per
+    head) added to its attention scores, as the importer reads an export's causal or padding mask."""
+    from dataclasses import replace
+    from engines.ir.models import Op
+    ops, shapes = [], dict(model.shapes)
+    for op in model.ops:
+        if op.kind == "softmax":
+            ops.append(Op("binary", op.inputs, "masked", ("mask",), {"fn": "add", "width": mask.size}))
+            shapes["masked"] = shapes[op.inputs[0]]
+            op = replace(op, inputs=("masked",))
+        ops.append(op)
+    return replace(model, ops=tuple(ops), shapes=shapes, params={**model.params, "mask": mask.astype(np.float32)})
+
+
+@pytest.mark.parametrize("mask", [None, "keys", "shared", "per-head"])
+@pytest.mark.parametrize("budget", [None, 4 * 4 * 4 * 18 * 4])     # None: one block; else blocks of 4 rows (4, 4, 4, 4, 2)
+def test_attention_runs_on_brgemm_in_blocks_of_query_rows(monkeypatch, mask, budget):
+    """Scores (+ mask), softmax and context are one step over blocks of query rows on oneDNN's
+    brgemm kernels (no NumPy product, no allocating gemm), after one gather of qkv; no buffer holds
+    a whole (heads, seq, seq) score matrix where the blocks are smaller; right at every batch,
+    with a causal-style mask of each shape an export adds (one row of keys, one (seq, seq) for
+    all heads, one per head), broadcast over the batch."""
     from engines import MODELS as ZOO
-    model = ZOO["transformer"](dim=64, seq=16, heads=4, seed=3)
+    heads, seq = 4, 18
+    if budget:
+        monkeypatch.setattr(onednn, "ATTENTION_BLOCK_BYTES", budget)
+        monkeypatch.setattr(onednn, "ATTENTION_MIN_ROWS", 4)
+    model = ZOO["transformer"](dim=64, seq=seq, heads=heads, seed=3)
+    if mask is not None:
+        size = {"keys": seq, "shared": seq * seq, "per-head": heads * seq * seq}[mask]
+        model = _masked(model, np.random.default_rng(1).uniform(-30, 0, size))
     engine = ENGINES["onednn"](model, 4)
+    (step,) = [s for s in engine.steps if s.kind == "dnnl_attention"]
+    assert step.attrs["rows"] == (4 if budget else seq)
+    assert (heads, seq, seq) not in engine.shapes.values()              # no scores, no probabilities
+    assert engine.shapes[step.scratch[-1]] == (heads * step.attrs["rows"] * seq,)
     for batch in (1, 3, 4):
         x = model.random_input(batch, batch)
         np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
-    attention = [(p["kind"], p["implementation"]) for p in engine.report()["primitives"] if p["kind"].startswith("attn")]
-    assert {kind for kind, impl in attention if impl.startswith("brg")} == {"attn_scores", "attn_context"}
+    attention = [(p["kind"], p["implementation"]) for p in engine.report()["primitives"] if p["kind"].startswith("att")]
+    assert {kind for kind, impl in attention if impl.startswith("brg")} == {"attention"}
     assert all(impl.startswith(("brg", "jit")) for _, impl in attention), attention    # never ref:any, gemm:jit
+
+
+def test_block_rows_fit_the_budget_in_even_blocks():
+    budget = onednn.ATTENTION_BLOCK_BYTES
+    assert onednn.block_rows(1, 8, 128) == 128                               # 512 KiB: whole
+    rows = onednn.block_rows(4, 8, 1024)                                    # 128 MiB whole
+    assert rows % onednn.ATTENTION_MIN_ROWS == 0 and 4 * 8 * rows * 1024 * 4 <= budget
+    assert onednn.block_rows(64, 16, 4096) == onednn.ATTENTION_MIN_ROWS     # over the budget even so: the fewest rows
+
+
+def test_attention_scores_alone_where_the_softmax_is_not_the_contexts_alone(monkeypatch):
+    """Without the whole chain (here: the chain matcher finds none) the scores and context are
+    still oneDNN's brgemm matmuls reading one gathered copy of qkv."""
+    from engines import MODELS as ZOO
+    monkeypatch.setattr(onednn, "_attention_chain", lambda lw, op: None)
+    model = ZOO["transformer"](dim=64, seq=16, heads=4, seed=3)
+    engine = ENGINES["onednn"](model, 3)
+    for batch in (1, 3):
+        x = model.random_input(batch, batch)
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
+    attention = [(p["kind"], p["implementation"]) for p in engine.report()["primitives"] if p["kind"].startswith("att")]
+    assert {kind for kind, impl in attention if impl.startswith("brg")} == {"attn_scores", "attn_context"}
 
 
 def test_attention_falls_back_to_numpy_where_onednn_offers_no_brgemm(monkeypatch):
     from engines import MODELS as ZOO
     monkeypatch.setattr(onednn, "implementation", lambda dnnl, pd: "gemm:jit:f32")
-    model = ZOO["transformer"](dim=64, seq=16, heads=4, seed=3)
+    model = _masked(ZOO["transformer"](dim=64, seq=16, heads=4, seed=3), np.linspace(-9, 0, 16 * 16))
     engine = ENGINES["onednn"](model, 2)
     x = model.random_input(2, 0)
     np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
-    assert "attn_context" not in {p["kind"] for p in engine.report()["primitives"]}     # NumPy's product ran it
+    ran = [p for p in engine.report()["primitives"] if p["kind"] == "attention" and p["batch"] == 2]
+    assert len(ran) == 1            # the softmax: NumPy's products and mask add ran the rest

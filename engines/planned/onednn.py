@@ -42,6 +42,7 @@ from ..memory import aligned_empty
 from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_DIV, BINARY_MAX, BINARY_MUL, BINARY_SUB, CLIP, DST, GELU_ERF, GELU_TANH,
                              GLOBAL_STATS, HARDSIGMOID, HARDSWISH, LOGISTIC, MEAN,
                              LINEAR, MULTIPLE_SRC, NORM_RELU, Owned, P, PLAIN, POOL_AVG_EXCLUDE, POOL_AVG_INCLUDE, POOL_MAX,
+                             POST_OP_SRC1,
                              RELU, ROUND, SCALE, SHIFT, SRC, SRC_1, SWISH, USE_SCALE, USE_SHIFT, VARIANCE, WEIGHTS,
                              Weights,
                              implementation, library, matmul_fits)
@@ -59,6 +60,12 @@ ONE_THREAD_FORWARD_S = 0.02
 # returns: 384 B + 32 B an argument (measured under memray, 17 to 21 arguments; DenseNet-121's
 # concats of 25 tensors, 1,248 B). Not an array: it is added to the memory pass's slack.
 CONCAT_BYTES, CONCAT_ARG_BYTES = 384, 32
+
+# Attention runs in blocks of query rows whose scores, for the whole batch, take at most this
+# many bytes (``_lower_attention``): about one core's L2 on both CPU kinds (1 MiB AMD EPYC,
+# 1.25-2 MiB Intel Xeon); a block is at least ATTENTION_MIN_ROWS rows, a multiple of them.
+ATTENTION_BLOCK_BYTES = 8 << 20
+ATTENTION_MIN_ROWS = 16
 
 
 class OneDnnEngine(FusedEngine):
@@ -588,20 +595,92 @@ def _lower_transpose(lw: Lowering, i: int, op) -> bool:
     return True
 
 
+def _alone_reader(lw: Lowering, tensor: str) -> int | None:
+    """The index of the one op that reads ``tensor``, unless another reads it or it is the output."""
+    readers = lw.readers.get(tensor, ())
+    return readers[0] if len(readers) == 1 and tensor != lw.model.output else None
+
+
+def _attention_mask(lw: Lowering, op, heads: int, seq: int) -> np.ndarray | None:
+    """A constant added to the scores (a causal or padding mask, T5's position bias) as a
+    (1, heads or 1, seq or 1, seq) array the scores broadcast against; None for another op."""
+    width = op.attrs.get("width")
+    if op.kind != "binary" or op.attrs.get("fn") != "add" or len(op.params) != 1 or len(op.inputs) != 1 \
+            or width is None or op.attrs.get("scalar") is not None:
+        return None
+    mask = np.ascontiguousarray(lw.model.params[op.params[0]], np.float32)
+    if width == seq:
+        return mask.reshape(1, 1, 1, seq)
+    if width in (seq * seq, heads * seq * seq):
+        return mask.reshape(1, -1, seq, seq)
+    return None
+
+
+def _attention_chain(lw: Lowering, scores) -> tuple[np.ndarray | None, list[int], object] | None:
+    """scores -> (+ constant mask) -> softmax -> attn_context, each read by the next alone: the
+    mask (or None), the indices of the ops after the scores, and the context op."""
+    heads, (seq, _) = scores.attrs["heads"], lw.model.shapes[scores.inputs[0]]
+    after, mask, k = [], None, _alone_reader(lw, scores.output)
+    if k is not None and lw.ops[k].kind == "binary":
+        mask = _attention_mask(lw, lw.ops[k], heads, seq)
+        if mask is None:
+            return None
+        after.append(k)
+        k = _alone_reader(lw, lw.ops[k].output)
+    if k is None or lw.ops[k].kind != "softmax":
+        return None
+    after.append(k)
+    probs, k = lw.ops[k].output, _alone_reader(lw, lw.ops[k].output)
+    if k is None or lw.ops[k].kind != "attn_context" or lw.ops[k].inputs != (probs, scores.inputs[0]):
+        return None
+    return mask, after + [k], lw.ops[k]
+
+
+def block_rows(batch: int, heads: int, seq: int) -> int:
+    """Query rows per attention block: all of them where the batch's scores fit in
+    ATTENTION_BLOCK_BYTES, else as many as fit, a multiple of ATTENTION_MIN_ROWS (at least that)."""
+    fit = ATTENTION_BLOCK_BYTES // (4 * batch * heads * seq)
+    return seq if fit >= seq else max(ATTENTION_MIN_ROWS, fit - fit % ATTENTION_MIN_ROWS)
+
+
+def _lower_attention(lw: Lowering, scores, chain, heads_buffer: str, rows: int) -> None:
+    """The rest of an attention as one step over blocks of query rows (``_bind_attention``): per
+    block, q @ kᵀ (+ the mask), softmax and probs @ v while the block is in cache, so that the
+    (heads, seq, seq) scores and probabilities are never written whole where they outgrow
+    ATTENTION_BLOCK_BYTES (16 MiB each at seq 1024, 4 heads)."""
+    mask, after, context = chain
+    heads, (seq, width) = scores.attrs["heads"], lw.model.shapes[scores.inputs[0]]
+    scratch = () if rows == seq else (lw.buffer(scores.output + ".rows", (rows * width // 3,)),)  # a block's context
+    scratch += (lw.buffer(scores.output + ".block", (heads * rows * seq,)),)
+    out = lw.output(context.output, lw.model.shapes[context.output])
+    lw.skip.update(after)
+    lw.steps.append(FusedStep("dnnl_attention", out, (heads_buffer,), scratch, () if mask is None else (mask,),
+                              attrs={"heads": heads, "rows": rows}))
+
+
 def _lower_attn_scores(lw: Lowering, i: int, op) -> bool:
-    """q @ kᵀ per head as oneDNN's batched matmul: one reorder of the (seq, 3·dim) qkv tensor into
-    a head-major scratch (3, batch, heads, seq, head_dim), then q times k read transposed from it.
-    The scale is in q's weights already (fused's ``lw.scaled``); the context step reads v from
-    the same copy, so it lives until then. On qkv's strided views oneDNN offers only its
-    allocating gemm; on head-major blocks its brgemm kernels (scratchpad user-managed), on the
-    OpenMP pool where NumPy's products ran on one thread beside it: at b8 d256 s128 (AMD EPYC)
-    the gather, scores and context took 1.9 ms that way, 0.4 ms this way."""
+    """Attention on oneDNN's batched matmul: one step gathers q, k and v head-major from the
+    (seq, 3·dim) qkv tensor (``_bind_attn_heads``); then q @ kᵀ with k read transposed from it.
+    The scale is in q's weights already (fused's ``lw.scaled``). On qkv's strided views oneDNN
+    offers only its allocating gemm; on head-major blocks its brgemm kernels (scratchpad
+    user-managed), on the OpenMP pool where NumPy's products ran on one thread beside it: at b8
+    d256 s128 (AMD EPYC) the gather, scores and context took 1.9 ms that way, 0.4 ms this way.
+    Where the scores go only through a constant mask and the softmax into the context, the rest
+    is one step (``_lower_attention``), else the scores alone, the context step reading v from
+    the gathered copy."""
     if op.inputs[0] not in lw.scaled:
         return False
     qkv = lw.where[op.inputs[0]]
-    heads = lw.engine._heads[qkv] = lw.buffer(op.output + ".heads", (math.prod(lw.model.shapes[op.inputs[0]]),))
+    (seq, width), heads = lw.model.shapes[op.inputs[0]], op.attrs["heads"]
+    chain = _attention_chain(lw, op)
+    rows = seq if chain is None else block_rows(lw.engine.max_batch, heads, seq)
+    gathered = lw.engine._heads[qkv] = lw.buffer(op.output + ".heads", (seq * width,))
+    lw.steps.append(FusedStep("dnnl_attn_heads", gathered, (qkv,), attrs={"heads": heads, "rows": rows}))
+    if chain is not None:
+        _lower_attention(lw, op, chain, gathered, rows)
+        return True
     out = lw.output(op.output, lw.model.shapes[op.output])
-    lw.steps.append(FusedStep("dnnl_attn_scores", out, (qkv,), (heads,), attrs=dict(op.attrs)))
+    lw.steps.append(FusedStep("dnnl_attn_scores", out, (gathered,), attrs=dict(op.attrs)))
     return True
 
 
@@ -758,36 +837,101 @@ def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
                                                                             o.attr()), more=stats)
 
 
-def _head_major(flat: np.ndarray, heads: int, seq: int, width: int) -> np.ndarray:
-    """A head-major scratch (batch, seq · 3·dim) seen as (3, batch, heads, seq, head_dim)."""
-    return flat.reshape(3, flat.shape[0], heads, seq, width // (3 * heads))
+def _heads_gathered(flat: np.ndarray, heads: int, rows: int, batch: int, seq: int, dim: int):
+    """The gathered buffer of ``_bind_attn_heads``: q's blocks of rows, each (batch, heads, n,
+    head_dim) whole, as [(first row, n, block)], then k and v (batch, heads, seq, head_dim).
+    One block: (3, batch, heads, seq, head_dim), q, k, v head-major."""
+    flat, hd = flat.reshape(-1), dim // heads
+    q = [(r, min(rows, seq - r)) for r in range(0, seq, rows)]
+    q = [(r, n, flat[batch * r * dim:batch * (r + n) * dim].reshape(batch, heads, n, hd)) for r, n in q]
+    k, v = flat[batch * seq * dim:].reshape(2, batch, heads, seq, hd)
+    return q, k, v
 
 
-def _batched_matmul(eng: OneDnnEngine, step, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list:
-    """out = a @ b over the leading axes: oneDNN's matmul where it runs them on its brgemm
-    kernels (any strides it takes), else the engine's NumPy product on one thread."""
+def _batched_matmul(eng: OneDnnEngine, step, a: np.ndarray, b: np.ndarray, out: np.ndarray, add=None) -> list:
+    """out = a @ b (+ add, broadcast) over the leading axes on oneDNN's brgemm kernels (any
+    strides they take), the add a post-op where they take it (not a broadcast along the first
+    axis: oneDNN runs that in ref:any, 3 ms for 8 µs of work), else a NumPy add after; where
+    they take neither, the engine's NumPy product on one thread."""
     o = eng.owned
     src, w, dst = o.strided(a), o.strided(b), o.strided(out)
-    pd = o.matmul_pd(src, w, None, dst, o.attr())
-    if not implementation(eng.dnnl, pd).startswith("brg"):
-        return eng.batched_matmul_calls(a, b, out)
-    return [eng.execute(pd, {SRC: (src, a), WEIGHTS: (w, b), DST: (dst, out)}, step)]
+    for post_op in ((True, False) if add is not None else (False,)):
+        add_md = o.strided(add) if post_op else None
+        pd = o.matmul_pd(src, w, None, dst, o.attr(add=add_md))
+        if implementation(eng.dnnl, pd).startswith("brg"):
+            args = {SRC: (src, a), WEIGHTS: (w, b), DST: (dst, out)}
+            if post_op:
+                args[POST_OP_SRC1] = (add_md, add)
+            calls = [eng.execute(pd, args, step)]
+            break
+    else:
+        calls = eng.batched_matmul_calls(a, b, out)
+    return calls + ([(np.add, (out, add, out))] if add is not None and not post_op else [])
+
+
+def _reorder(eng: OneDnnEngine, step, src: np.ndarray, dst: np.ndarray) -> tuple:
+    """The call of a reorder between two strided views of one shape."""
+    o = eng.owned
+    src_md, dst_md = o.strided(src), o.strided(dst)
+    return eng.execute(o.reorder_pd(src_md, dst_md, o.attr()), {SRC: (src_md, src), DST: (dst_md, dst)}, step)
+
+
+def _bind_attn_heads(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    """qkv's q, k and v into the gathered layout of ``_heads_gathered``: one reorder, or k and v
+    in one and each block of q's rows in one."""
+    (qkv,), heads, rows = ins, step.attrs["heads"], step.attrs["rows"]
+    batch, seq, width = qkv.shape
+    split = qkv_heads(qkv, heads)
+    q, k, v = _heads_gathered(y, heads, rows, batch, seq, width // 3)
+    if len(q) == 1:
+        return [_reorder(eng, step, split, y.reshape(split.shape))]
+    kv = y.reshape(-1)[batch * seq * width // 3:].reshape(split[1:].shape)
+    return [_reorder(eng, step, split[1:], kv), *(_reorder(eng, step, split[0][:, :, r:r + n], part)
+                                                  for r, n, part in q)]
 
 
 def _bind_attn_scores(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    (qkv,), (flat,), heads = ins, scratch, step.attrs["heads"]
-    hm = _head_major(flat, heads, *qkv.shape[1:])
-    split = qkv_heads(qkv, heads)
-    o = eng.owned
-    src, dst = o.strided(split), o.strided(hm)
-    gather = eng.execute(o.reorder_pd(src, dst, o.attr()), {SRC: (src, split), DST: (dst, hm)}, step)
-    return [gather, *_batched_matmul(eng, step, hm[0], hm[1].swapaxes(-1, -2), y)]
+    batch, heads, seq, _ = y.shape
+    [(_, _, q)], k, _ = _heads_gathered(ins[0], heads, seq, batch, seq, ins[0].shape[1] // (3 * seq))
+    return _batched_matmul(eng, step, q, k.swapaxes(-1, -2), y)
 
 
 def _bind_attn_context(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    (probs, flat), heads = ins, step.attrs["heads"]
-    batch, seq, width = y.shape
-    return _batched_matmul(eng, step, probs, _head_major(flat, heads, seq, 3 * width)[2], head_columns(y, heads))
+    (probs, gathered), heads = ins, step.attrs["heads"]
+    batch, seq, dim = y.shape
+    _, _, v = _heads_gathered(gathered, heads, seq, batch, seq, dim)
+    return _batched_matmul(eng, step, probs, v, head_columns(y, heads))
+
+
+def _bind_attention(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    """Per block of q's rows, for the whole batch: scores = q @ kᵀ (+ mask) into the block
+    scratch, oneDNN's softmax in place, then block @ v into the rows' head columns of y; with
+    several blocks through a scratch moved into y (oneDNN's brgemm matmul takes a row block only
+    where each matrix of its batch lies whole: a row block of y's head columns, or of a (heads,
+    seq, head_dim) array, sends it to its allocating gemm:jit; hence also the gathered blocks).
+    A mask shared by the heads is added as a post-op over (1, batch·heads), the one broadcast
+    oneDNN's brgemm takes besides one along the keys."""
+    heads, rows, o = step.attrs["heads"], step.attrs["rows"], eng.owned
+    batch, seq, dim = y.shape
+    blocks, k, v = _heads_gathered(ins[0], heads, rows, batch, seq, dim)
+    mask, context = step.operands[0] if step.operands else None, head_columns(y, heads)
+    calls = []
+    for r, n, q in blocks:
+        scores = scratch[-1].reshape(-1)[:batch * heads * n * seq].reshape(batch, heads, n, seq)
+        add = None if mask is None else mask[:, :, r:r + n] if mask.shape[2] == seq else mask
+        operands = (q, k.swapaxes(-1, -2), scores)
+        if add is not None and add.shape[1] == 1 and batch > 1:       # as (1, batch·heads, n, seq)
+            operands = (q.reshape(1, -1, n, q.shape[-1]), k.reshape(1, -1, *k.shape[2:]).swapaxes(-1, -2),
+                        scores.reshape(1, -1, n, seq))
+        md = o.strided(scores)
+        calls += [*_batched_matmul(eng, step, *operands, add),
+                  eng.execute(o.softmax_pd(md, md, 3, o.attr()), {SRC: (md, scores), DST: (md, scores)}, step)]
+        if len(blocks) == 1:
+            calls += _batched_matmul(eng, step, scores, v, context)
+        else:
+            part = scratch[0].reshape(-1)[:q.size].reshape(q.shape)
+            calls += [*_batched_matmul(eng, step, scores, v, part), _reorder(eng, step, part, context[:, :, r:r + n])]
+    return calls
 
 
 OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": bind_pool, "dnnl_reorder": _bind_reorder,
@@ -795,4 +939,5 @@ OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": bind_pool,
                         "dnnl_eltwise": _bind_eltwise,
                         "dnnl_binary": bind_binary, "dnnl_softmax": _bind_softmax,
                         "dnnl_batchnorm": _bind_batchnorm,
-                        "dnnl_attn_scores": _bind_attn_scores, "dnnl_attn_context": _bind_attn_context}
+                        "dnnl_attn_heads": _bind_attn_heads, "dnnl_attn_scores": _bind_attn_scores, "dnnl_attn_context": _bind_attn_context,
+                        "dnnl_attention": _bind_attention}
