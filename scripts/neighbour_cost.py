@@ -27,9 +27,12 @@ sys.path.insert(0, str(ROOT))
 ENGINE_BLOCK_S = 0.02      # the engine's block
 NEIGHBOUR_CALLS = 20       # the neighbour's calls timed right after it
 QUIET_S = 0.4              # the neighbour alone this long before its reference calls
-WAIT_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")   # how OpenMP waits: only what a setting names
+WAIT_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "MLEXEC_PIN_WORKERS")   # how OpenMP waits, where its workers run: only what a setting names
 SETTINGS = {                                   # name -> environment for the subprocess
     "project's (engines.native.openmp)": {},
+    "workers unpinned (MLEXEC_PIN_WORKERS=0)": {"MLEXEC_PIN_WORKERS": "0"},
+    "pinned GOMP_SPINCOUNT=1000": {"GOMP_SPINCOUNT": "1000"},
+    "pinned GOMP_SPINCOUNT=3000": {"GOMP_SPINCOUNT": "3000"},
     "GNU's (GOMP_SPINCOUNT=300000)": {"GOMP_SPINCOUNT": "300000"},
     "OMP_WAIT_POLICY=passive": {"OMP_WAIT_POLICY": "passive"},
     "GOMP_SPINCOUNT=100": {"GOMP_SPINCOUNT": "100"},

@@ -41,3 +41,46 @@ def test_gnu_openmp_reads_the_setting(env):
         pytest.skip("needs oneDNN's library (the onednn extra), which loads GNU OpenMP")
     out = _run("import engines; from engines.native import onednn; onednn.load()", OMP_DISPLAY_ENV="VERBOSE", **env)
     assert f"GOMP_SPINCOUNT = '{env.get('GOMP_SPINCOUNT', openmp.SPINCOUNT)}'" in out.stderr
+
+
+# --- the pool's workers bound, the caller not --------------------------------------------------
+
+def test_worker_cpus_binds_each_worker_and_never_the_caller():
+    assert openmp.worker_cpus({}, {0, 1}, 2) == {1: 1}
+    assert openmp.worker_cpus({}, {4, 2, 6}, 3) == {1: 4, 2: 6}           # the allowed CPUs after the first
+    assert openmp.worker_cpus({}, {0, 1}, 4) == {1: 1, 2: 0, 3: 1}        # more threads than CPUs: round the CPUs
+    assert openmp.worker_cpus({openmp.PIN_ENV: "0"}, {0, 1}, 2) == {}      # switched off
+    assert openmp.worker_cpus({"OMP_PROC_BIND": "close"}, {0, 1}, 2) == {}  # the environment binds threads itself
+    assert openmp.worker_cpus({}, {0, 1}, 1) == {} and openmp.worker_cpus({}, {3}, 2) == {}
+
+
+_AFFINITIES = """
+import ctypes, json, os, engines
+from engines.native import onednn, openmp
+before = sorted(os.sched_getaffinity(0))
+lib = onednn.library().lib
+seen = {}
+def record(_):
+    seen[lib.omp_get_thread_num()] = sorted(os.sched_getaffinity(0))
+lib.GOMP_parallel(ctypes.CFUNCTYPE(None, ctypes.c_void_p)(record), None, lib.omp_get_max_threads(), 0)
+print(json.dumps({"before": before, "after": sorted(os.sched_getaffinity(0)), "threads": seen, "said": openmp.PINNED}))
+"""
+
+
+@pytest.mark.parametrize("env", [{}, {"MLEXEC_PIN_WORKERS": "0"}], ids=["pinned", "switched-off"])
+def test_loading_onednn_binds_the_pools_workers_and_leaves_the_caller_free(env):
+    """After an idle pause, an unbound worker woken onto the caller's core cost the next forward
+    5-10 ms (docs/kernels.md): each worker is bound to one CPU when GNU OpenMP loads, the calling
+    thread keeps every CPU it had; switched off, nothing is bound."""
+    import json
+    import os
+    if kernels.unavailable().get("onednn"):
+        pytest.skip("needs oneDNN's library (the onednn extra), which loads GNU OpenMP")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU here: no worker to bind")
+    out = json.loads(_run(_AFFINITIES, OMP_NUM_THREADS="2", **env).stdout.splitlines()[-1])
+    assert out["after"] == out["before"] and out["threads"]["0"] == out["before"]
+    if env:
+        assert out["threads"]["1"] == out["before"] and out["said"].startswith("workers not pinned")
+    else:
+        assert out["threads"]["1"] == [out["before"][1]] and out["said"].startswith("workers pinned to CPU")

@@ -13,13 +13,14 @@ from importlib import metadata
 from pathlib import Path
 
 from ..native.onednn import PACKAGE as ONEDNN_PACKAGE
+from ..native.openmp import BIND_ENV, PIN_ENV
 from ..native.threads import blas_threads
 
 # Settings that change which kernels a library runs on the same CPU, or how its pool waits between
-# calls (passive OpenMP workers made two-thread kernels 10x slower at small products): part of the
-# cache's key
+# calls (passive OpenMP workers made two-thread kernels 10x slower at small products) or where its
+# threads run: part of the cache's key
 KERNEL_ENV = ("OPENBLAS_CORETYPE", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
-              "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
+              "GOMP_SPINCOUNT", "OMP_WAIT_POLICY", PIN_ENV, *BIND_ENV)
 CACHE_ENV = "MLEXEC_CACHE_DIR"
 CACHE_VERSION = 4           # bump when a kernel's calls change: older choices are then ignored
                             # (3: choices measured while the cores were busy are no longer cached;

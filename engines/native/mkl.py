@@ -15,6 +15,7 @@ import functools
 import numpy as np
 
 from ..errors import EngineUnavailable
+from . import openmp
 from .package import package_file
 from .threads import blas_threads
 
@@ -58,6 +59,7 @@ def load() -> ctypes.CDLL:
         fn = lib[name]                      # a fresh, untyped function object
         fn.restype = None
         setattr(lib, name.removeprefix("cblas_"), fn)
+    openmp.pin_workers()                          # MKL's GNU threading layer has loaded GNU OpenMP
     return lib
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import EngineUnavailable
 from ..memory import aligned_empty
+from . import openmp
 from .package import package_file
 
 PACKAGE = "onednn-cpu-gomp"       # oneDNN's CPU build on GNU OpenMP (the SYCL "onednn" wheel has no CPU engine)
@@ -363,6 +364,8 @@ def library() -> Dnnl:
         raise EngineUnavailable(f"the onednn engine needs oneDNN's CPU library ({exc}); "
                                 "pip install -e .[onednn]") from exc
     try:
-        return Dnnl(lib)
+        dnnl = Dnnl(lib)
+        openmp.pin_workers(lib)
+        return dnnl
     except (DnnlError, AttributeError) as exc:
         raise EngineUnavailable(f"the onednn engine could not start oneDNN: {exc}") from exc

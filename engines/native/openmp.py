@@ -9,17 +9,28 @@ code after the engine pays little, and the engine stays within its process-to-pr
 ``choose()`` sets it unless ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` is already set (the switch:
 set either to keep another behaviour); ``CHOICE`` says what was done.
 
+Once MKL or oneDNN has loaded it, ``pin_workers`` binds each worker thread of the pool to one CPU,
+leaving the calling thread free (as ONNX Runtime binds its pool's threads and not the caller's).
+Unbound, after an idle pause of 100 ms or more a woken worker was placed on the caller's core,
+where the caller spinning at the region's barrier held that core for a scheduler slice: the next
+forward of a small transformer took 5-10 ms instead of 0.3 (docs/kernels.md, "After an idle pause").
+
 Measured: docs/kernels.md#openmp-spin
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 ENV = "GOMP_SPINCOUNT"
 POLICY_ENV = "OMP_WAIT_POLICY"
 SPINCOUNT = "10000"         # the margin above 1,000 is for longer gaps between a forward's regions
 CHOICE = "not chosen yet"
+PIN_ENV = "MLEXEC_PIN_WORKERS"      # 0: leave OpenMP's workers unbound
+BIND_ENV = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")   # the environment binds threads itself
+PINNED = "workers not pinned (GNU OpenMP not loaded)"
+_pin_lock = threading.Lock()
 
 
 def choose() -> str:
@@ -58,3 +69,47 @@ def threads(lib: ctypes.CDLL) -> tuple:
             set_one(n)
     return set_threads, runtimes[0][1]
 
+
+
+def worker_cpus(environ, allowed, threads: int) -> dict[int, int]:
+    """OpenMP thread number -> the CPU it is bound to: each worker (1 .. threads - 1) to one of the
+    ``allowed`` CPUs after the first, the calling thread (0) to none. Nothing where ``PIN_ENV`` is
+    0, where the environment binds OpenMP's threads itself, or with one thread or one CPU."""
+    if environ.get(PIN_ENV, "1").strip() == "0" or any(k in environ for k in BIND_ENV) \
+            or threads < 2 or len(allowed) < 2:
+        return {}
+    cpus = sorted(allowed)
+    return {k: cpus[k % len(cpus)] for k in range(1, threads)}
+
+
+def pin_workers(lib: ctypes.CDLL | None = None) -> str:
+    """Bind the GNU OpenMP pool's workers as ``worker_cpus`` says, once per process: one parallel
+    region of the pool's size whose threads each set their own affinity (``lib``: a library
+    linking GNU OpenMP; None: the process's ``libgomp.so.1``, if loaded). The pool is the calling
+    thread's: a forward run from another thread has a team of its own, unbound. Returns and sets
+    ``PINNED``."""
+    global PINNED
+    with _pin_lock:
+        if not PINNED.startswith("workers not pinned (GNU"):
+            return PINNED
+        try:
+            lib = lib or ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
+        except OSError:
+            return PINNED
+        threads = lib.omp_get_max_threads()
+        plan = worker_cpus(os.environ, os.sched_getaffinity(0), threads)
+        if not plan:
+            PINNED = f"workers not pinned ({threads} thread(s); {PIN_ENV}, {', '.join(BIND_ENV)} as set)"
+            return PINNED
+        done: dict[int, int] = {}
+
+        def bind(_data) -> None:
+            k = lib.omp_get_thread_num()
+            if k in plan:
+                os.sched_setaffinity(0, {plan[k]})      # 0: this thread
+                done[k] = plan[k]
+
+        region = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(bind)
+        lib.GOMP_parallel(region, None, threads, 0)
+        PINNED = f"workers pinned to CPU {', '.join(str(done[k]) for k in sorted(done))}, the calling thread free"
+        return PINNED

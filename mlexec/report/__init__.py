@@ -127,7 +127,7 @@ def _openblas_kernels() -> str:
 def _environment() -> dict:
     """The machine and library facts a report states first."""
     return {"cpu": cpu_model(), "kernel_tuning": "on (the default)" if tuning_enabled() else f"off ({TUNE_ENV}=0)",
-            "openblas": _openblas_kernels(), "openmp": openmp.CHOICE}
+            "openblas": _openblas_kernels(), "openmp": f"{openmp.CHOICE}; {openmp.PINNED}"}
 
 
 def run_report(models: Iterable[str] = DEFAULT_MODELS, engines: Iterable[str] = REPORT_ENGINES, *,
