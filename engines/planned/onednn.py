@@ -62,8 +62,10 @@ ONE_THREAD_FORWARD_S = 0.02
 CONCAT_BYTES, CONCAT_ARG_BYTES = 384, 32
 
 # Attention runs in blocks of query rows whose scores, for the whole batch, take at most this
-# many bytes (``_lower_attention``): about one core's L2 on both CPU kinds (1 MiB AMD EPYC,
-# 1.25-2 MiB Intel Xeon); a block is at least ATTENTION_MIN_ROWS rows, a multiple of them.
+# many bytes (``_lower_attention``); a block is at least ATTENTION_MIN_ROWS rows, a multiple of
+# them. Blocks of one core's L2 (1 MiB) ran 0.90-0.98x the whole scores at seq 512-1024 (more,
+# smaller products); 8 MiB ran level with them, in a quarter of the AMD EPYC's L3
+# (docs/results/2026-11-26-amd-epyc-attention-blocks.md).
 ATTENTION_BLOCK_BYTES = 8 << 20
 ATTENTION_MIN_ROWS = 16
 
