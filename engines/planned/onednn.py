@@ -38,7 +38,9 @@ from ..kernels import candidates, on_one_thread, pool_threads, tuning_enabled
 from ..kernels.choice import confirmed_fastest
 from ..kernels.table import one_thread, run_calls
 from ..kernels.timing import PARK_S, measure_forwards
+from ..errors import EngineUnavailable
 from ..memory import aligned_empty
+from ..native import mkl
 from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_DIV, BINARY_MAX, BINARY_MUL, BINARY_SUB, CLIP, DST, GELU_ERF, GELU_TANH,
                              GLOBAL_STATS, HARDSIGMOID, HARDSWISH, LOGISTIC, MEAN,
                              LINEAR, MULTIPLE_SRC, NORM_RELU, Owned, P, PLAIN, POOL_AVG_EXCLUDE, POOL_AVG_INCLUDE, POOL_MAX,
@@ -89,6 +91,10 @@ class OneDnnEngine(FusedEngine):
         model = fuse_conv_activation(fuse_conv_add(model, fusable=lambda channels, attrs: True), tuple(ELTWISE))
         model = fuse_conv_fake_quant(model)
         self.forward_threads: dict[int, dict] = {}   # batch -> how its forward runs (shared with workers)
+        try:        # erf where it stays an op of its own (between a quantized file's steps) on MKL, if installed
+            self.vector_math = mkl.load()
+        except EngineUnavailable:
+            pass
         super().__init__(model, max_batch)
 
     @property

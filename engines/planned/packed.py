@@ -28,7 +28,6 @@ import ctypes
 import numpy as np
 
 from .. import kernels
-from ..ir import ops
 from ..native import mkl
 from .fused import FusedEngine
 
@@ -42,7 +41,7 @@ class PackedEngine(FusedEngine):
     kernel_candidates = kernels.candidates("mkl", "onednn-primitives")   # OpenMP's pool, and any kernel on one thread
 
     def __init__(self, model, max_batch: int):
-        self._mkl = mkl.load()
+        self._mkl = self.vector_math = mkl.load()
         super().__init__(model, max_batch)
         self.weight_bytes += self.linears.state_bytes   # the packs of the linears that chose them
 
@@ -85,14 +84,6 @@ class PackedEngine(FusedEngine):
         # MKL's strided batch refuses: one gemm per head.
         return [mkl.sgemm_call(self._mkl, a[i, h], b[i, h], out[i, h]) for i in range(a.shape[0]) for h in range(heads)]
 
-    def op_calls(self, op_calls, y, ins, prepared, scratch, attrs) -> list:
-        # erf and GELU on MKL's vector math (its default high-accuracy mode, ~1 ulp): 0.22 ms for
-        # 8 x 64 x 1024 floats where the op's 22 NumPy passes took 1.29 ms (docs/importing.md)
-        vector_math = _VECTOR_MATH.get(op_calls)
-        if vector_math is None or not all(a.flags.c_contiguous for a in (y, *ins)):
-            return super().op_calls(op_calls, y, ins, prepared, scratch, attrs)
-        return vector_math(self._mkl, y, *ins)
-
     def matmul_calls(self, a, b, out) -> list:
         # An op's own products (a convolution's GEMMs, a pool's or LRN's matrix products) on MKL
         # too, one sgemm per matrix of the stacks: one thread pool (see the module docstring).
@@ -104,6 +95,3 @@ class PackedEngine(FusedEngine):
         calls = [mkl.sgemm_call(self._mkl, stacks[0][i], stacks[1][i], out[i]) for i in np.ndindex(lead)]
         return super().matmul_calls(a, b, out) if None in calls else calls
 
-
-# the op kinds that run on MKL's vector math instead of their own calls
-_VECTOR_MATH = {ops.erf_calls: mkl.erf_calls, ops.gelu_erf_calls: mkl.gelu_erf_calls}
