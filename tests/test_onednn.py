@@ -432,3 +432,27 @@ def test_attention_falls_back_to_numpy_where_onednn_offers_no_brgemm(monkeypatch
     np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
     ran = [p for p in engine.report()["primitives"] if p["kind"] == "attention" and p["batch"] == 2]
     assert len(ran) == 1            # the softmax: NumPy's products and mask add ran the rest
+
+
+def test_scalar_ops_between_quantize_steps_join_their_chain():
+    """A quantized file's GELU keeps quantize steps between its ops (x / sqrt 2, erf, x + 1, x · x,
+    x · 0.5): the scalar ops become linear post-ops of the quantize step before them, or start a
+    chain of their own; right within the quantized bar; c / x stays NumPy's."""
+    from engines.ir.models import Model, Op
+    from engines.native.onednn import LINEAR
+    fq = dict(scale=0.05, zero_point=128, lo=0, hi=255)
+    ops = (Op("fake_quant", ("x",), "q0", attrs=fq),
+           Op("binary", ("q0",), "d", attrs={"fn": "div", "scalar": 1.4142135}),
+           Op("erf", ("d",), "e"),
+           Op("binary", ("e",), "a", attrs={"fn": "add", "scalar": 1.0}),
+           Op("fake_quant", ("a",), "q1", attrs=fq),
+           Op("binary", ("q1",), "m", attrs={"fn": "mul", "scalar": 0.5}),
+           Op("binary", ("m",), "r", attrs={"fn": "div", "scalar": 2.0, "swap": True}))     # 2 / x
+    model = Model("gelu-between-steps", ops, {t: (6, 40) for t in ("x", "q0", "d", "e", "a", "q1", "m", "r")}, {})
+    engine = ENGINES["onednn"](model, 3)
+    chains = [s.attrs["eltwises"] for s in engine.steps if s.kind == "dnnl_binary"]
+    assert len(chains) == 2 and chains[0][-1][:2] == (LINEAR, pytest.approx(1 / 1.4142135)), chains   # q0, then / sqrt 2
+    assert chains[1][0] == (LINEAR, 1.0, 1.0) and chains[1][-1] == (LINEAR, 0.5, 0.0), chains      # + 1, q1, · 0.5
+    assert [s.kind for s in engine.steps].count("calls") == 2                  # erf, and 2 / x
+    x = model.random_input(3, rng=0) * 4
+    np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)

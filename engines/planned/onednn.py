@@ -454,6 +454,36 @@ def _lower_fake_quant(lw: Lowering, i: int, op) -> bool:
     return True
 
 
+def _scalar_linear(op) -> tuple | None:
+    """x + c, x - c, c - x, x · c or x / c (a ``binary`` op with a scalar) as oneDNN's linear
+    eltwise (alpha x + beta); None for another op or c / x. x / c becomes x · (1/c), which may
+    differ from it by an ulp (GELU's x / sqrt 2 between a quantized file's steps)."""
+    c = op.attrs.get("scalar") if op.kind == "binary" and len(op.inputs) == 1 and not op.params else None
+    if c is None:
+        return None
+    c, swap = float(c), bool(op.attrs.get("swap"))
+    alpha_beta = {"add": (1.0, c), "mul": (c, 0.0), "sub": (-1.0, c) if swap else (1.0, -c),
+                  "div": None if swap or c == 0 else (1.0 / c, 0.0)}.get(op.attrs.get("fn"))
+    return None if alpha_beta is None else (LINEAR, *alpha_beta)
+
+
+def _lower_scalar(lw: Lowering, i: int, op) -> bool:
+    """A scalar op followed by activations, quantize steps or more scalar ops (a quantized file's
+    GELU: x / sqrt 2, then x + 1, x · 0.5, each before a quantize step): one chain step of their
+    post-ops (``_chain_step``); alone it stays NumPy's one pass."""
+    src = lw.where[op.inputs[0]]
+    linear = _scalar_linear(op)
+    if linear is None or len(lw.model.shapes[op.output]) > 4:
+        return False
+    chain, last = _following_eltwises(lw, i, (linear,))
+    if last is op:
+        return False
+    native, shape = lw.engine.is_native(src), lw.model.shapes[op.output]
+    _chain_step(lw, src, lw.engine.new_native(lw, last.output, shape) if native else lw.buffer(last.output, shape),
+                last, chain)
+    return True
+
+
 def _chain_step(lw: Lowering, src: str, out: str, last, chain: tuple) -> None:
     """Eltwise post-ops ``chain`` of ``src`` into ``out`` (``last``'s output) as one step: a binary
     max(x, x) taking them, as oneDNN's eltwise primitive with post-ops is its reference code
@@ -463,7 +493,8 @@ def _chain_step(lw: Lowering, src: str, out: str, last, chain: tuple) -> None:
 
 
 def _following_eltwises(lw: Lowering, i: int, chain: tuple = ()) -> tuple[tuple, object]:
-    """The activations (``ELTWISE``) and static quantization steps that follow op i, each the only
+    """The activations (``ELTWISE``), static quantization steps and scalar ops (``_scalar_linear``)
+    that follow op i, each the only
     reader of the one before and the next op, the model's output not among them: ``chain`` with
     their post-ops appended, and the last op taken (op i where none); they are lowered into op i's
     primitive (``lw.skip``)."""
@@ -476,6 +507,8 @@ def _following_eltwises(lw: Lowering, i: int, chain: tuple = ()) -> tuple[tuple,
             chain += (ELTWISE[nxt.kind](activation_of(nxt.kind, nxt.attrs)),)
         elif nxt.kind == "fake_quant" and nxt.attrs.get("scale") is not None:
             chain += fake_quant_chain(**nxt.attrs)
+        elif _scalar_linear(nxt) is not None:
+            chain += (_scalar_linear(nxt),)
         else:
             break
         j += 1
@@ -550,6 +583,8 @@ def _lower_binary(lw: Lowering, i: int, op) -> bool:
     (a residual no conv took in, SiLU's x · sigmoid(x)): oneDNN's binary primitive, both in its
     layout. A broadcast gate is ``_lower_channel_scale``'s."""
     eng, shapes = lw.engine, lw.model.shapes
+    if _scalar_linear(op) is not None:
+        return _lower_scalar(lw, i, op)
     alg = BINARY_ALGS.get("add" if op.kind == "add" else op.attrs.get("fn"))
     plain = not op.params and op.attrs.get("scalar") is None and op.attrs.get("width") is None
     if alg is None or not plain or len(op.inputs) != 2 or not any(eng.is_native(lw.where[t]) for t in op.inputs) \
