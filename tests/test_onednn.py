@@ -456,3 +456,25 @@ def test_scalar_ops_between_quantize_steps_join_their_chain():
     assert [s.kind for s in engine.steps].count("calls") == 2                  # erf, and 2 / x
     x = model.random_input(3, rng=0) * 4
     np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
+
+
+def test_a_layernorm_no_linear_takes_in_is_onednns_layer_normalization():
+    """A layernorm whose output no linear reads alone (after it: a quantize step, a transpose, the
+    model's end) is oneDNN's layer normalization (jit, gamma and beta its scale and shift), right
+    at every batch, allocating nothing per warm forward; one a linear reads stays folded into it."""
+    from engines.ir.models import Model, Op
+    from tests.test_zero_alloc import tracemalloc_peak
+    rng = np.random.default_rng(0)
+    params = {"g": rng.uniform(0.5, 2, 40).astype(np.float32), "b": rng.standard_normal(40).astype(np.float32),
+              "w": rng.standard_normal((40, 40)).astype(np.float32), "c": np.zeros(40, np.float32)}
+    ops = (Op("layernorm", ("x",), "n", ("g", "b"), {"eps": 1e-5}), Op("relu", ("n",), "r"),
+           Op("layernorm", ("r",), "m", ("g", "b"), {"eps": 1e-5}), Op("linear", ("m",), "y", ("w", "c")))
+    model = Model("layernorms", ops, {t: (6, 40) for t in ("x", "n", "r", "m", "y")}, params)
+    engine = ENGINES["onednn"](model, 3)
+    kinds = [s.kind for s in engine.steps]
+    assert kinds.count("dnnl_layernorm") == 1 and "standardize" in kinds, kinds
+    assert all(p["implementation"].startswith("jit") for p in engine.report()["primitives"] if p["kind"] == "layernorm")
+    for batch in (1, 3):
+        x = model.random_input(batch, rng=batch) * 3 + 1
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
+    assert tracemalloc_peak(engine, model.random_input(3, rng=0)) <= 4096

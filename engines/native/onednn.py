@@ -258,6 +258,12 @@ class Owned:
                                               self.dnnl.engine, INFERENCE, src, dst, ctypes.c_float(epsilon),
                                               ctypes.c_uint(flags), attr))
 
+    def layernorm_pd(self, src, dst, epsilon: float, flags: int, attr) -> P:
+        """Over the last axis; its statistics computed in the call (none passed)."""
+        return self._keep("pd", self.dnnl.new("dnnl_layer_normalization_forward_primitive_desc_create",
+                                              self.dnnl.engine, INFERENCE, src, dst, None, ctypes.c_float(epsilon),
+                                              ctypes.c_uint(flags), attr))
+
     def reorder_pd(self, src, dst, attr) -> P:
         e = self.dnnl.engine
         return self._keep("pd", self.dnnl.new("dnnl_reorder_primitive_desc_create", src, e, dst, e, attr))

@@ -411,6 +411,20 @@ def _lower_batchnorm(lw: Lowering, i: int, op) -> bool:
     return True
 
 
+def _lower_layernorm(lw: Lowering, i: int, op) -> bool:
+    """A layernorm over a plain tensor's last axis that no linear reads alone (there fused folds
+    gamma and beta into the linear): oneDNN's layer normalization, gamma and beta its scale and
+    shift, one call where NumPy's took 12 (ConvNeXt's channels-last blocks between a quantized
+    file's steps)."""
+    src, nxt = lw.where[op.inputs[0]], lw.next_reader(op)
+    if (nxt is not None and nxt.kind == "linear") or lw.engine.is_native(src) or len(lw.model.shapes[op.output]) > 4:
+        return False
+    gamma_beta = tuple(np.ascontiguousarray(lw.model.params[p], dtype=np.float32) for p in op.params)
+    out = lw.where[op.output] = _output(lw, op, src, False)
+    lw.steps.append(FusedStep("dnnl_layernorm", out, (src,), operands=gamma_beta, attrs={"eps": float(op.attrs["eps"])}))
+    return True
+
+
 def _lower_eltwise(lw: Lowering, i: int, op) -> bool:
     """An activation (``ELTWISE``) of a tensor in oneDNN's layout that no conv took in (after a
     concat, a residual sum, a squeeze-excite scale), or a GELU of a plain one; in place where
@@ -738,7 +752,7 @@ def _lower_attn_context(lw: Lowering, i: int, op) -> bool:
 
 
 _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
-               "maxpool": _lower_pool, "averagepool": _lower_pool, "lrn": _lower_pool, "concat": _lower_concat,
+               "maxpool": _lower_pool, "averagepool": _lower_pool, "layernorm": _lower_layernorm, "lrn": _lower_pool, "concat": _lower_concat,
                "reshape": _lower_reshape, "batchnorm": _lower_batchnorm, "globalaveragepool": _lower_global_pool,
                "expand": _lower_channel_scale, "slice": _lower_slice, "add": _lower_binary, "binary": _lower_binary,
                "softmax": _lower_softmax, "transpose": _lower_transpose,
@@ -880,6 +894,14 @@ def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
                                                                             o.attr()), more=stats)
 
 
+def _bind_layernorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    gamma, beta = step.operands
+    per_column = eng.owned.md(gamma.shape, PLAIN[1])
+    return _one_input(eng, step, y, ins, lambda o, src, dst: o.layernorm_pd(src, dst, step.attrs["eps"],
+                                                                            USE_SCALE | USE_SHIFT, o.attr()),
+                      more={SCALE: (per_column, gamma), SHIFT: (per_column, beta)})
+
+
 def _heads_gathered(flat: np.ndarray, heads: int, rows: int, batch: int, seq: int, dim: int):
     """The gathered buffer of ``_bind_attn_heads``: q's blocks of rows, each (batch, heads, n,
     head_dim) whole, as [(first row, n, block)], then k and v (batch, heads, seq, head_dim).
@@ -981,6 +1003,6 @@ OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": bind_pool,
                         "dnnl_concat": _bind_concat, "dnnl_slice": _bind_slice, "dnnl_shuffle": _bind_shuffle,
                         "dnnl_eltwise": _bind_eltwise,
                         "dnnl_binary": bind_binary, "dnnl_softmax": _bind_softmax,
-                        "dnnl_batchnorm": _bind_batchnorm,
+                        "dnnl_batchnorm": _bind_batchnorm, "dnnl_layernorm": _bind_layernorm,
                         "dnnl_attn_heads": _bind_attn_heads, "dnnl_attn_scores": _bind_attn_scores, "dnnl_attn_context": _bind_attn_context,
                         "dnnl_attention": _bind_attention}
