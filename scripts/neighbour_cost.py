@@ -31,8 +31,6 @@ WAIT_ENV = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "MLEXEC_PIN_WORKERS")   # how O
 SETTINGS = {                                   # name -> environment for the subprocess
     "project's (engines.native.openmp)": {},
     "workers unpinned (MLEXEC_PIN_WORKERS=0)": {"MLEXEC_PIN_WORKERS": "0"},
-    "pinned GOMP_SPINCOUNT=1000": {"GOMP_SPINCOUNT": "1000"},
-    "pinned GOMP_SPINCOUNT=3000": {"GOMP_SPINCOUNT": "3000"},
     "GNU's (GOMP_SPINCOUNT=300000)": {"GOMP_SPINCOUNT": "300000"},
     "OMP_WAIT_POLICY=passive": {"OMP_WAIT_POLICY": "passive"},
     "GOMP_SPINCOUNT=100": {"GOMP_SPINCOUNT": "100"},

@@ -30,7 +30,7 @@ CHOICE = "not chosen yet"
 PIN_ENV = "MLEXEC_PIN_WORKERS"      # 0: leave OpenMP's workers unbound
 BIND_ENV = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")   # the environment binds threads itself
 PINNED = "workers not pinned (GNU OpenMP not loaded)"
-_pin_lock = threading.Lock()
+_pin_lock, _pin_done = threading.Lock(), False
 
 
 def choose() -> str:
@@ -70,7 +70,6 @@ def threads(lib: ctypes.CDLL) -> tuple:
     return set_threads, runtimes[0][1]
 
 
-
 def worker_cpus(environ, allowed, threads: int) -> dict[int, int]:
     """OpenMP thread number -> the CPU it is bound to: each worker (1 .. threads - 1) to one of the
     ``allowed`` CPUs after the first, the calling thread (0) to none. Nothing where ``PIN_ENV`` is
@@ -88,14 +87,15 @@ def pin_workers(lib: ctypes.CDLL | None = None) -> str:
     linking GNU OpenMP; None: the process's ``libgomp.so.1``, if loaded). The pool is the calling
     thread's: a forward run from another thread has a team of its own, unbound. Returns and sets
     ``PINNED``."""
-    global PINNED
+    global PINNED, _pin_done
     with _pin_lock:
-        if not PINNED.startswith("workers not pinned (GNU"):
+        if _pin_done:
             return PINNED
         try:
             lib = lib or ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
         except OSError:
             return PINNED
+        _pin_done = True
         threads = lib.omp_get_max_threads()
         plan = worker_cpus(os.environ, os.sched_getaffinity(0), threads)
         if not plan:

@@ -30,8 +30,8 @@ from ..base import EngineUnavailable
 from .compiled import Bound, BoundEngine, arena_storage
 from ..kernels import Gemm, Linears, candidates, cpu_model
 from ..ir.models import Model
-from ..ir.ops import GELU_C, OPS, gather_keys, head_columns, keys_per_head, keys_scratch, mean_column, rowwise_scratch, scores_scale, softmax_rows, split_heads, standardize_calls
-from ..ir.ops import erf_calls, gelu_erf_calls
+from ..ir.ops import (GELU_C, OPS, erf_calls, gather_keys, gelu_erf_calls, head_columns, keys_per_head, keys_scratch,
+                      mean_column, rowwise_scratch, scores_scale, softmax_rows, split_heads, standardize_calls)
 from ..native import mkl
 from ..ir.calls import max_rows, maximum, ones_column, rows2d, tile, tiled_calls, weight_layout, zero_rows
 from ..planner import Step
