@@ -429,7 +429,7 @@ class FusedEngine(BoundEngine):
         floats where the op's 22 NumPy passes took 1.29 ms, docs/importing.md); an engine with a
         faster kernel for the kind returns that kernel's calls."""
         fast = _VECTOR_MATH.get(op_calls)
-        if self.vector_math is None or fast is None or not all(a.flags.c_contiguous for a in (y, *ins)):
+        if fast is None or self.vector_math is None or not all(a.flags.c_contiguous for a in (y, *ins)):
             return op_calls(y, *ins, *prepared, *scratch, **attrs)
         return fast(self.vector_math, y, *ins)
 

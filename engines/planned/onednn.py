@@ -25,6 +25,7 @@ which is measured at build time (``engines.kernels``).
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 import weakref
@@ -91,11 +92,16 @@ class OneDnnEngine(FusedEngine):
         model = fuse_conv_activation(fuse_conv_add(model, fusable=lambda channels, attrs: True), tuple(ELTWISE))
         model = fuse_conv_fake_quant(model)
         self.forward_threads: dict[int, dict] = {}   # batch -> how its forward runs (shared with workers)
-        try:        # erf where it stays an op of its own (between a quantized file's steps) on MKL, if installed
-            self.vector_math = mkl.load()
-        except EngineUnavailable:
-            pass
         super().__init__(model, max_batch)
+
+    @functools.cached_property
+    def vector_math(self):
+        """MKL, if installed, for an erf that stays an op of its own (between a quantized file's
+        steps; ``FusedEngine.op_calls``): loaded when such a step is bound, not for every engine."""
+        try:
+            return mkl.load()
+        except EngineUnavailable:
+            return None
 
     @property
     def peak_slack_bytes(self) -> int:
@@ -440,7 +446,7 @@ def _lower_eltwise(lw: Lowering, i: int, op) -> bool:
     if native:              # with the activations and quantize steps after it: one jit binary, max(x, x)
         chain, last = _following_eltwises(lw, i, eltwises(attrs))
         if last is not op:
-            _chain_step(lw, src, eng.new_native(lw, last.output, lw.model.shapes[op.output]), last, chain)
+            _chain_step(lw, op, src, last, chain)
             return True
     out = lw.where[op.output] = _output(lw, op, src, native)
     lw.steps.append(FusedStep("dnnl_eltwise", out, (src,), attrs=attrs))
@@ -452,19 +458,13 @@ def _lower_fake_quant(lw: Lowering, i: int, op) -> bool:
     residual sum, a pool, the input's reorder, a channels-last op): one oneDNN primitive running
     ``fake_quant_chain``, in oneDNN's layout (where NumPy would take the tensor out of it and
     back), or on a plain buffer."""
-    eng = lw.engine
     src = lw.where[op.inputs[0]]
-    native = eng.is_native(src)
     if op.attrs.get("scale") is None or len(lw.model.shapes[op.output]) > 4:
         return False
     # On a plain buffer too: one pass where NumPy's five took 25 us for 64 x 16 x 16 (a ConvNeXt
     # block's channels-last steps)
     chain, last = _following_eltwises(lw, i, fake_quant_chain(**op.attrs))
-    shape = lw.model.shapes[op.output]
-    # out of place in oneDNN's layout: int8 may have it write 8-bit integers (planned.int8)
-    out = eng.new_native(lw, last.output, shape) if native else \
-        _output(lw, op, src, False) if last is op else lw.buffer(last.output, shape)
-    _chain_step(lw, src, out, last, chain)
+    _chain_step(lw, op, src, last, chain)
     return True
 
 
@@ -492,16 +492,19 @@ def _lower_scalar(lw: Lowering, i: int, op) -> bool:
     chain, last = _following_eltwises(lw, i, (linear,))
     if last is op:
         return False
-    native, shape = lw.engine.is_native(src), lw.model.shapes[op.output]
-    _chain_step(lw, src, lw.engine.new_native(lw, last.output, shape) if native else lw.buffer(last.output, shape),
-                last, chain)
+    _chain_step(lw, op, src, last, chain)
     return True
 
 
-def _chain_step(lw: Lowering, src: str, out: str, last, chain: tuple) -> None:
-    """Eltwise post-ops ``chain`` of ``src`` into ``out`` (``last``'s output) as one step: a binary
-    max(x, x) taking them, as oneDNN's eltwise primitive with post-ops is its reference code
-    (``ref:any``, 50 us a call) and its binary one takes them in its jit kernel."""
+def _chain_step(lw: Lowering, op, src: str, last, chain: tuple) -> None:
+    """Eltwise post-ops ``chain`` of ``op``'s input ``src`` into ``last``'s output as one step: a
+    binary max(x, x) taking them, as oneDNN's eltwise primitive with post-ops is its reference code
+    (``ref:any``, 50 us a call) and its binary one takes them in its jit kernel. The output: in
+    oneDNN's layout out of place (int8 may have it write 8-bit integers, ``planned.int8``), else
+    in place where ``op`` alone reads ``src`` and nothing followed it, else a new plain buffer."""
+    shape = lw.model.shapes[last.output]
+    out = lw.engine.new_native(lw, last.output, shape) if lw.engine.is_native(src) else \
+        _output(lw, op, src, False) if last is op else lw.buffer(last.output, shape)
     lw.where[last.output] = out
     lw.steps.append(FusedStep("dnnl_binary", out, (src, src), attrs={"alg": BINARY_MAX, "eltwises": chain}))
 
@@ -521,8 +524,8 @@ def _following_eltwises(lw: Lowering, i: int, chain: tuple = ()) -> tuple[tuple,
             chain += (ELTWISE[nxt.kind](activation_of(nxt.kind, nxt.attrs)),)
         elif nxt.kind == "fake_quant" and nxt.attrs.get("scale") is not None:
             chain += fake_quant_chain(**nxt.attrs)
-        elif _scalar_linear(nxt) is not None:
-            chain += (_scalar_linear(nxt),)
+        elif (linear := _scalar_linear(nxt)) is not None:
+            chain += (linear,)
         else:
             break
         j += 1
@@ -597,7 +600,7 @@ def _lower_binary(lw: Lowering, i: int, op) -> bool:
     (a residual no conv took in, SiLU's x · sigmoid(x)): oneDNN's binary primitive, both in its
     layout. A broadcast gate is ``_lower_channel_scale``'s."""
     eng, shapes = lw.engine, lw.model.shapes
-    if _scalar_linear(op) is not None:
+    if op.attrs.get("scalar") is not None:
         return _lower_scalar(lw, i, op)
     alg = BINARY_ALGS.get("add" if op.kind == "add" else op.attrs.get("fn"))
     plain = not op.params and op.attrs.get("scalar") is None and op.attrs.get("width") is None
@@ -938,7 +941,7 @@ def _reorder(eng: OneDnnEngine, step, src: np.ndarray, dst: np.ndarray) -> tuple
     """The call of a reorder between two strided views of one shape."""
     o = eng.owned
     src_md, dst_md = o.strided(src), o.strided(dst)
-    return eng.execute(o.reorder_pd(src_md, dst_md, o.attr()), {SRC: (src_md, src), DST: (dst_md, dst)}, step)
+    return eng.execute(_reorder_pd(o, src_md, dst_md), {SRC: (src_md, src), DST: (dst_md, dst)}, step)
 
 
 def _bind_attn_heads(eng: OneDnnEngine, step, y, ins, scratch) -> list:
