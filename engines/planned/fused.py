@@ -74,6 +74,7 @@ class Lowering:
             for t in op.inputs:
                 self.readers.setdefault(t, []).append(i)
         self.only_reader = {t: self.ops[r[0]] if len(r) == 1 else None for t, r in self.readers.items()}
+        self.writer = {op.output: op for op in self.ops}              # tensor -> the op that writes it
         self.where = {model.input: self.buffer("input", model.shapes[model.input])}  # tensor -> buffer
         self.folded_ln: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ln output -> (gamma, beta)
         self.qk_scale: dict[str, tuple[int, float]] = {}               # qkv tensor -> (q width, scale)

@@ -268,7 +268,7 @@ def _file_grid(lw: Lowering, tensor: str) -> tuple[float, int, int] | None:
     grid (``importer.passes.grid_of``): the int8 step reading it quantizes with the file's scale
     and zero point, so its integers are the file's and its products those ONNX Runtime's integer
     kernels compute."""
-    a = grid_of({o.output: o for o in lw.model.ops}, tensor)
+    a = grid_of(lw.writer, tensor)
     if a is None:
         return None
     return (a["scale"], a["zero_point"], a["lo"]) if (a["lo"], a["hi"]) in ((0, 255), (-128, 127)) else None
