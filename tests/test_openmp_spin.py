@@ -84,3 +84,12 @@ def test_loading_onednn_binds_the_pools_workers_and_leaves_the_caller_free(env):
         assert out["threads"]["1"] == out["before"] and out["said"].startswith("workers not pinned")
     else:
         assert out["threads"]["1"] == [out["before"][1]] and out["said"].startswith("workers pinned to CPU")
+
+
+def test_a_library_on_another_runtime_is_left_unbound_and_still_loads():
+    """Binding is a refinement: a library without GNU OpenMP's entry points (another runtime, or
+    none) binds nothing, raises nothing, and a later GNU OpenMP may still be bound."""
+    out = _run("import ctypes; from engines.native import openmp; "
+               "print(openmp.pin_workers(ctypes.CDLL(None))); print(openmp._pin_done)")
+    said, done = out.stdout.splitlines()[-2:]
+    assert said == "workers not pinned (GNU OpenMP not loaded)" and done == "False"

@@ -371,7 +371,7 @@ def library() -> Dnnl:
                                 "pip install -e .[onednn]") from exc
     try:
         dnnl = Dnnl(lib)
-        openmp.pin_workers(lib)
-        return dnnl
     except (DnnlError, AttributeError) as exc:
         raise EngineUnavailable(f"the onednn engine could not start oneDNN: {exc}") from exc
+    openmp.pin_workers(lib)
+    return dnnl

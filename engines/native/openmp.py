@@ -93,10 +93,10 @@ def pin_workers(lib: ctypes.CDLL | None = None) -> str:
             return PINNED
         try:
             lib = lib or ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD)
-        except OSError:
+            threads, parallel = lib.omp_get_max_threads(), lib.GOMP_parallel
+        except (OSError, AttributeError):       # not loaded, or a build on another runtime: nothing bound
             return PINNED
         _pin_done = True
-        threads = lib.omp_get_max_threads()
         plan = worker_cpus(os.environ, os.sched_getaffinity(0), threads)
         if not plan:
             PINNED = f"workers not pinned ({threads} thread(s); {PIN_ENV}, {', '.join(BIND_ENV)} as set)"
@@ -110,6 +110,6 @@ def pin_workers(lib: ctypes.CDLL | None = None) -> str:
                 done[k] = plan[k]
 
         region = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(bind)
-        lib.GOMP_parallel(region, None, threads, 0)
+        parallel(region, None, threads, 0)
         PINNED = f"workers pinned to CPU {', '.join(str(done[k]) for k in sorted(done))}, the calling thread free"
         return PINNED
