@@ -4,6 +4,7 @@ without oneDNN. Allocation per forward is checked with every zero-alloc engine
 (tests/test_zero_alloc.py); agreement on the small models with every engine (tests/test_engines.py)."""
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -78,6 +79,17 @@ def test_a_row_does_not_depend_on_the_rest_of_the_batch():
     np.testing.assert_array_equal(both[:1], alone)
 
 
+def test_building_it_warns_of_nothing(monkeypatch):
+    """Its kernel and thread trials time whole forwards before any forward of the caller's: each on
+    a fresh seeded input (the plan reuses the input's buffer), not on what the last one left."""
+    monkeypatch.setenv("MLEXEC_TUNE", "1")                  # the trials run
+    monkeypatch.setattr(Int8Engine, "chosen", {})
+    monkeypatch.setattr(Int8Engine, "timings", {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_engine("int8", MODELS["transformer"](dim=16, seq=4, heads=2), 256)
+
+
 def test_relu_outputs_are_quantized_unsigned():
     model = MODELS["mlp-deep"](dim=48, layers=3)
     engine = make_engine("int8", model, 2)
@@ -90,25 +102,45 @@ def test_a_small_s8_input_is_scaled_by_its_largest_magnitude_to_the_same_result(
     max(max x, -min x) from two: the same scales, so the same integers and outputs."""
     model = MODELS["mlp"](dim=256, seed=4)
     x = model.random_input(8, 11)
+
+    def scale_reductions(engine):
+        first = next(s for s in engine.steps if s.kind == "int8_linear")
+        engine.bind(8)
+        return first, [p for p in engine.report()["primitives"] if p["kind"] == "int8_scale" and p["step"] == first.out]
+
     small = make_engine("int8", model, 8)
-    first = next(s for s in small.steps if s.kind == "int8_linear")
+    first, reductions = scale_reductions(small)
     assert not first.attrs["unsigned"] and small.shapes[first.scratch[1]] == (256,)     # room for |x|
-    calls = [fn for fn, _ in small.bind(8).calls]
-    assert np.absolute in calls and np.minimum.reduce not in calls
+    assert np.absolute in [fn for fn, _ in small.bind(8).calls] and len(reductions) == 1
     monkeypatch.setattr("engines.planned.int8.MAGNITUDE_MAX", 0)
     large = make_engine("int8", model, 8)
-    assert large.shapes[next(s for s in large.steps if s.kind == "int8_linear").scratch[1]] == (1,)
-    assert np.minimum.reduce in [fn for fn, _ in large.bind(8).calls]
+    first, reductions = scale_reductions(large)
+    assert large.shapes[first.scratch[1]] == (1,) and len(reductions) == 2
     np.testing.assert_array_equal(np.array(small.forward(x)), np.array(large.forward(x)))
+
+
+def test_an_all_zero_row_quantizes_to_zero():
+    """An all-zero row (a padding token's) gives a finite output within the bar of the float64
+    reference, and leaves the other row as it is alone."""
+    model = MODELS["mlp"](dim=256, seed=4)
+    engine = make_engine("int8", model, 2)
+    x = model.random_input(2, 3)
+    x[0] = 0.0
+    out = np.array(engine.forward(x))
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out[0], model.reference(x[:1])[0], atol=engine.abs_tol)
+    np.testing.assert_array_equal(out[1:], np.array(engine.forward(np.ascontiguousarray(x[1:]))))
 
 
 @pytest.mark.parametrize("name, kwargs", [("mlp", dict(dim=256)), ("transformer", dict(dim=32, seq=8, heads=4))])
 def test_every_linear_is_an_integer_primitive_and_no_reference_code(name, kwargs):
     model = MODELS[name](**kwargs)
     engine = make_engine("int8", model, 4)
-    linears = [p for p in engine.report()["primitives"] if p["kind"] == "int8_linear"]
+    primitives = engine.report()["primitives"]
+    linears = [p for p in primitives if p["kind"] == "int8_linear"]
     assert len(linears) == sum(op.kind == "linear" for op in model.ops)
-    assert not any(p["implementation"].startswith("ref") for p in linears), linears
+    quantizing = [p for p in primitives if p["kind"] in ("int8_linear", "int8_scale", "int8_quantize")]
+    assert not any(p["implementation"].startswith("ref") for p in quantizing), quantizing
 
 
 def test_onednn_runs_s8_weights_and_8_bit_activations():

@@ -48,6 +48,7 @@ LAYOUTS = ((22, 1), (78, 16), (102, 8), (84, 4))
 RELU, LINEAR, HARDSIGMOID, LOGISTIC, GELU_TANH, SWISH, CLIP, GELU_ERF, ROUND, HARDSWISH = (
     0x20, 0x26, 0x28, 0x29, 0x2B, 0x2C, 0x2E, 0x31, 0x32, 0x34)
 SOFTMAX_ACCURATE = 0x30000
+REDUCTION_MAX, REDUCTION_MIN = 0x2FFF2, 0x2FFF3
 POOL_MAX, POOL_AVG_INCLUDE, POOL_AVG_EXCLUDE, LRN_ACROSS = 0x1FF, 0x2FF, 0x3FF, 0xAFF
 SRC, SRC_1, WEIGHTS, BIAS, DST, SCRATCHPAD, MULTIPLE_SRC = 1, 2, 33, 41, 17, 80, 1024
 MEAN, VARIANCE, SCALE, SHIFT = 49, 50, 51, 52
@@ -263,6 +264,11 @@ class Owned:
         return self._keep("pd", self.dnnl.new("dnnl_layer_normalization_forward_primitive_desc_create",
                                               self.dnnl.engine, INFERENCE, src, dst, None, ctypes.c_float(epsilon),
                                               ctypes.c_uint(flags), attr))
+
+    def reduction_pd(self, alg: int, src, dst, attr) -> P:
+        """dst = the maximum (``REDUCTION_MAX``) or minimum of src over the axes where dst has size 1."""
+        return self._keep("pd", self.dnnl.new("dnnl_reduction_primitive_desc_create", self.dnnl.engine, alg, src, dst,
+                                              ctypes.c_float(0.0), ctypes.c_float(0.0), attr))
 
     def reorder_pd(self, src, dst, attr) -> P:
         e = self.dnnl.engine

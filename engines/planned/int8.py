@@ -7,8 +7,8 @@ attention's 1/sqrt(d) already in them), then held only in the layout the primiti
 byte per weight plus a float scale per channel.
 
 Activations: quantized at each linear's or conv's input at run time, into planned buffers
-(``lw.buffer``: the planner reuses them like any activation): the maxima (and minima) by NumPy
-``out=`` reductions, then one oneDNN reorder that scales, rounds and casts: s8 with max |x| / 127,
+(``lw.buffer``: the planner reuses them like any activation): the maxima (and minima) by oneDNN
+reductions, then one oneDNN reorder that scales, rounds and casts: s8 with max |x| / 127,
 or u8 with max x / 255 where the input is a ReLU's output (twice the resolution). One scale per
 row for a linear (per token), per sample for a conv. Per row rather than per tensor: lower error
 on every model of the zoo, up to 18 % slower at many rows, and a row's result does not depend on
@@ -44,7 +44,8 @@ from ..importer.passes import grid_of
 from ..ir.conv import conv_attrs
 from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..ir.ops import U8_LEVELS    # a ReLU's output as u8: [0, 255], twice the resolution
-from ..native.onednn import ANY, BIAS, BINARY_ADD, DST, LINEAR, PLAIN, RELU, SRC, WEIGHTS, library
+from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MAX, CLIP, DST, LINEAR, PLAIN, REDUCTION_MAX, REDUCTION_MIN,
+                              RELU, SRC, WEIGHTS, library)
 from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementations, post_op_arg,
                                   quantize_columns, with_implementation)
 from ..kernels import on_one_thread, pool_threads, tuning_enabled
@@ -69,10 +70,10 @@ PER_OUT_CHANNEL = 1 << 0         # scale mask of conv weights (oc, ic, kh, kw): 
 PER_GROUP_CHANNEL = 1 << 0 | 1 << 1   # of grouped ones (g, oc / g, ...): one per (group, channel)
 PER_COLUMN_3D = 1 << 2          # scale mask of (1, k, n) weights: one per output channel
 # An s8 input of up to this many values (a sample's, at lowering; the batch's, at binding) gets
-# its scale as the maximum of |x| written into its scratch: two NumPy calls where the maxima, the
-# minima and max(max, -min) took four. Interleaved, one thread, AMD EPYC: the forward 1.10-1.12x
-# faster at mlp d256 b1 and b8, 1.00-1.05x at b4 d1024 (4,096 values); from 8,192 (b8 d1024)
-# level, the write of |x| costing what the calls saved. 16 KiB: within any L1 data cache.
+# its scale as the maximum of |x| written into its scratch (NumPy's absolute, then one oneDNN
+# reduction); above it, from -min x and max x (two reductions). The scale and the reorder, one
+# thread, AMD EPYC: 0.3 us faster at 256-2,048 values (1.55 against 1.87 us at one row of 256),
+# 0.2 us at 4,096-16,384, level from 32,768. 16 KiB: within any L1 data cache.
 MAGNITUDE_MAX = 1 << 12
 
 
@@ -108,10 +109,9 @@ class Int8Engine(OneDnnEngine):
     quantized = True
     # Activation scales: one per row (True) or one per tensor (False); measured, docs/int8.md
     row_scales = True
-    # What a warm forward may allocate (the suite's memray limit): NumPy's iterator state for the
-    # row maxima, a reduction per quantized input, 1.1 KiB at mlp b1 d256 under memray, the same
-    # at every batch and width (tests/test_zero_alloc.py's corners), within its 4 KiB bookkeeping
-    peak_slack_bytes = 4096
+    # What a warm forward may allocate: onednn's bookkeeping (``peak_slack_bytes``); 488-528 B
+    # under memray at tests/test_zero_alloc.py's corners since oneDNN finds the scales (NumPy's row
+    # maxima took 1.1 KiB)
     forced_variant: "Variant | None" = None      # one variant for every matmul (measurements, tests)
     chosen: dict[tuple, "Variant"] = {}           # matmul key -> variant, measured once per process
     timings: dict[tuple, dict[str, float]] = {}   # matmul key -> seconds per candidate, where measured
@@ -360,50 +360,45 @@ def quantize_calls(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, lo: n
                    per_row: bool) -> list:
     """The calls that write ``q`` (rows, k) = round(x2 / scale) and leave the scale in ``amax``:
     s8 with scale = max |x| / 127, or for a u8 ``q`` (x2 known non-negative) max x / 255, per row
-    (``amax`` (rows, 1)) or over the tensor (``amax`` (1, 1)). ``lo`` holds the minima, or |x2|
-    where it has room for x2 whole and x2 is small (``MAGNITUDE_MAX``): then one maximum gives the
-    scale.
+    (``amax`` (rows, 1)) or over the tensor (``amax`` (1, 1)). ``lo`` holds |x2| where it has room
+    for x2 whole and x2 is small (``MAGNITUDE_MAX``), else the negated minima.
 
-    The maxima and minima are NumPy reductions (oneDNN's reduction primitive ran the rows' maxima
-    1.4-1.5x slower here); the scaling, rounding and cast are one oneDNN reorder with a destination
-    scale per row, on one thread: 17 against ~130 us for NumPy's divide, rint and cast at 512 x 256,
-    and no float scratch. |x2| / scale <= the top level, so the cast never saturates."""
-    axis = 1 if per_row else None
-    # ufunc.reduce(x, axis, dtype, out, keepdims, initial): np.max's wrapper cost 1 us more a call
-    # at one row of 256 (a third of the pass); TINY as the initial maximum keeps an all-zero row's
-    # scale above 0
+    The scales are oneDNN reductions, made and run on one thread, each writing its result already
+    divided by the levels (and at least ``TINY``, so that an all-zero row divides nothing by 0)
+    through its post-ops: u8, one maximum; s8, |x| by NumPy then one maximum, or, for a large
+    input, -min x then max x with max(., -min) as a post-op. Against NumPy's reductions, ``out=``
+    and positional (1.3-1.7 us of call overhead at one row of 256), one thread, AMD EPYC: 1.6-1.9x
+    faster at 1-8 rows of 256-4096, 2.5x at 512 x 256. The scaling, rounding and cast are one
+    oneDNN reorder with a destination scale per row: 17 against ~130 us for NumPy's divide, rint
+    and cast at 512 x 256, and no float scratch. |x2| / scale <= the top level, so the cast never
+    saturates."""
+    inverse = 1.0 / levels_of(q)
+    top = ((LINEAR, inverse, 0.0), (CLIP, float(TINY), np.inf))      # x / levels, at least TINY
     signed = q.dtype != np.uint8
     small = signed and lo.size >= x2.size and x2.size <= MAGNITUDE_MAX
     if small:                                          # max |x| from one reduction of |x|
         magnitude = lo.reshape(-1)[:x2.size].reshape(x2.shape)
-        calls = [(np.absolute, (x2, magnitude)), (np.maximum.reduce, (magnitude, axis, None, amax, True, TINY))]
-    else:
-        calls = [(np.maximum.reduce, (x2, axis, None, amax, True, TINY))]
-    minima = signed and not small                      # max |x| = max(max x, -min x)
-    if minima:
+        calls = [(np.absolute, (x2, magnitude))] + _reduction(eng, step, REDUCTION_MAX, magnitude, amax, [], top)
+    elif signed:                                       # max |x| = max(max x, -min x)
         lo = lo.reshape(-1)[:amax.size].reshape(amax.shape)
-        calls.append((np.minimum.reduce, (x2, axis, None, lo, True, -TINY)))
-    # the scale, max / levels, in its own pass (as the reorder's source scale it made oneDNN 3.2 leave
-    # its jit reorder: 9 us instead of 1.7 at one row of 256; a common source scale of 127 over row
-    # destination scales of max |x|, tried to drop this pass: simple:any, 46 against 1.0 us at
-    # 8 x 256, AMD EPYC); at one scale, in Python floats (the three NumPy calls on (1, 1) arrays
-    # took 1.9 us there)
-    inverse = np.float32(1.0 / levels_of(q))
-    if amax.size == 1:
-        calls.append((_one_scale, (amax.reshape(1), lo.reshape(1) if minima else None, float(inverse))))
+        calls = (_reduction(eng, step, REDUCTION_MIN, x2, lo, [], ((LINEAR, -1.0, 0.0),))
+                 + _reduction(eng, step, REDUCTION_MAX, x2, amax, [lo], top))
     else:
-        if minima:
-            calls += [(np.negative, (lo, lo)), (maximum, (amax, lo, amax))]
-        calls.append((np.multiply, (amax, inverse, amax)))
+        calls = _reduction(eng, step, REDUCTION_MAX, x2, amax, [], top)
     return calls + _scaled_cast(eng, step, x2, q, amax.reshape(-1), per_row)
 
 
-def _one_scale(amax: np.ndarray, lo: np.ndarray | None, inverse: float) -> None:
-    """amax[0] = max(amax[0], -lo[0]) x inverse: one tensor's or row's scale from its extrema."""
-    top = amax.item()
-    if lo is not None:
-        top = max(top, -lo.item())
-    amax[0] = top * inverse
+def _reduction(eng: "Int8Engine", step, alg: int, x2: np.ndarray, out: np.ndarray, maxima: list, chain: tuple) -> list:
+    """oneDNN's reduction ``alg`` of ``x2`` into ``out`` (its axes of size 1 reduced), then the
+    maximum with each of ``maxima`` (``out``'s shape) and the eltwise ``chain``; made and run on
+    one thread."""
+    o = eng.typed
+    src, dst = o.strided(x2), o.strided(out)
+    described = [(o.strided(m), m) for m in maxima]
+    attr = o.quantized_attr({}, [(BINARY_MAX, md) for md, _ in described], chain)
+    args = {SRC: (src, x2), DST: (dst, out), **{post_op_arg(i): d for i, d in enumerate(described)}}
+    scale = replace(step, kind="int8_scale")            # its own line in report()["primitives"]
+    return _on_variant(ONE_THREAD_VARIANT, lambda: [eng.execute(o.reduction_pd(alg, src, dst, attr), args, scale)])
 
 
 def _scaled_cast(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, scales: np.ndarray, per_row: bool,

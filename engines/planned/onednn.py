@@ -49,6 +49,7 @@ from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_DIV, BINARY_MAX, BINA
                              RELU, ROUND, SCALE, SHIFT, SRC, SRC_1, SWISH, USE_SCALE, USE_SHIFT, VARIANCE, WEIGHTS,
                              Weights,
                              implementation, library, matmul_fits)
+from .compiled import seeded
 from .fused import BIND, FusedEngine, FusedStep, Lowering
 
 
@@ -154,14 +155,14 @@ class OneDnnEngine(FusedEngine):
             return {"threads": None, "pool": None, "how": f"OpenMP's threads unknown: {exc}"}
         if pool == 1 or not tuning_enabled():
             return {"threads": pool, "pool": pool, "how": "one-thread pool" if pool == 1 else "default"}
-        bound.input[...] = np.random.default_rng(0).standard_normal(bound.input.shape, dtype=np.float32)
-        run_calls(bound.calls)
+        forward = seeded(bound)
+        run_calls(forward)
         t0 = time.perf_counter()
-        run_calls(bound.calls)
+        run_calls(forward)
         once = time.perf_counter() - t0
         if once > ONE_THREAD_FORWARD_S:
             return {"threads": pool, "pool": pool, "how": f"a {once * 1e3:.0f} ms forward: on the pool"}
-        variants = {"pool": list(bound.calls), "one thread": list(self._one_thread_bound(batch).calls)}
+        variants = {"pool": forward, "one thread": seeded(self._one_thread_bound(batch))}
         time.sleep(PARK_S)                   # another engine's pool, warmed just before, parks first
         # a disturbance during 0.15 s of timing must not hold the engine to one thread: a second agrees
         best, timings = confirmed_fastest(lambda: measure_forwards(variants), "pool")
