@@ -478,3 +478,17 @@ def test_a_layernorm_no_linear_takes_in_is_onednns_layer_normalization():
         x = model.random_input(batch, rng=batch) * 3 + 1
         np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
     assert tracemalloc_peak(engine, model.random_input(3, rng=0)) <= 4096
+
+
+def test_a_primitive_whose_call_fails_raises_when_bound(monkeypatch):
+    """The forward runs oneDNN's calls unchecked; ``bind`` runs each once with its status checked,
+    so a call oneDNN refuses (here: its output argument left out) raises there."""
+    from engines import MODELS
+    engine = ENGINES["onednn"](MODELS["transformer"](dim=16, seq=4, heads=2), 2)
+    real = onednn.OneDnnEngine.execute
+
+    def without_output(self, pd, args, step):
+        return real(self, pd, {k: v for k, v in args.items() if k != native_onednn.DST}, step)
+    monkeypatch.setattr(onednn.OneDnnEngine, "execute", without_output)
+    with pytest.raises(native_onednn.DnnlError, match="execution failed"):
+        engine.bind(1)

@@ -80,8 +80,12 @@ class Dnnl:
         lib.dnnl_memory_desc_get_size.argtypes = [P]
         lib.dnnl_memory_desc_equal.argtypes = [P, P]
         lib.dnnl_memory_set_data_handle.argtypes = [P, P]
-        self.execute = lib["dnnl_primitive_execute"]      # untyped: prebuilt arguments pass through
+        # dnnl_primitive_execute, untyped (prebuilt arguments pass through): ``execute`` raises on a
+        # failed status; ``run`` checks nothing (0.08 us a call less, a tenth of a small primitive's
+        # call, AMD EPYC), for calls whose first run went through ``execute``
+        self.execute = lib["dnnl_primitive_execute"]
         self.execute.errcheck = _executed
+        self.run = lib["dnnl_primitive_execute"]
         self.engine = self.new("dnnl_engine_create", CPU, 0)
         self.stream = self.new("dnnl_stream_create", self.engine, IN_ORDER)
         self.layout, self.block = self._probe_layout()

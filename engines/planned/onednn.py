@@ -241,10 +241,14 @@ class OneDnnEngine(FusedEngine):
         weakref.finalize(self, self.owned.release)
         self._scratchpad = aligned_empty(0)
         self._scratchpad_mems: list[tuple[P, int]] = []   # (memory, bytes) of this engine's primitives
+        self._first_runs: list[tuple] = []                 # checked calls of the primitives being bound
         self._primitives: list[dict] = []
 
     def bind(self, batch: int):
+        """fused's ``bind``, then every primitive bound run once with its status checked (a failed
+        one raises here), the forward's calls unchecked."""
         self._primitives = [p for p in self._primitives if p["batch"] != batch]
+        self._first_runs.clear()
         bound = super().bind(batch)
         need = max((n for _, n in self._scratchpad_mems), default=0)
         if need > self._scratchpad.nbytes:
@@ -252,18 +256,22 @@ class OneDnnEngine(FusedEngine):
         for mem, _ in self._scratchpad_mems:
             self.dnnl.check(self.dnnl.lib.dnnl_memory_set_data_handle(mem, P(self._scratchpad.ctypes.data)),
                              "scratchpad handle")
+        run_calls(self._first_runs)
+        self._first_runs.clear()
         return bound
 
     def execute(self, pd, args: dict[int, tuple], step) -> tuple:
         """The call that runs the primitive of ``pd`` on ``args`` (argument -> (md, array)), its
-        scratchpad on the engine's. The implementation oneDNN chose goes into ``report()``."""
+        scratchpad on the engine's, its status unchecked (``bind`` checks its first run). The
+        implementation oneDNN chose goes into ``report()``."""
         lib = self.dnnl.lib
         batch = next(iter(args.values()))[1].shape[0]
         self._primitives.append({"step": step.out, "kind": step.kind.removeprefix("dnnl_"), "batch": batch,
                                  "implementation": implementation(self.dnnl, pd)})
         call, pad = self.dnnl.call(self.owned, pd, args, None)
         self._scratchpad_mems.append((pad, lib.dnnl_memory_desc_get_size(self.dnnl.scratchpad_md(pd))))
-        return call
+        self._first_runs.append(call)
+        return self.dnnl.run, call[1]
 
 
 # --- lowering entries: True when the op became oneDNN steps -----------------------------------
