@@ -152,13 +152,13 @@ class Int8Engine(OneDnnEngine):
         if op.kind == "linear":
             lw.steps[at] = self._quantized_step(lw, step, _file_grid(lw, op.inputs[0]))
         elif step.attrs["pool"] is None:
-            lw.steps[at] = self._quantized_conv(lw, op, step)
+            lw.steps[at:at + 1] = self._quantized_conv(lw, op, step)
         else:
             # a conv then a max pool (onednn's one step): the int8 conv into the native scratch
             # onednn declared for it, then onednn's pool step from there
             conv = replace(step, out=step.scratch[0], scratch=(), attrs={**step.attrs, "pool": None})
             pool = FusedStep("dnnl_pool", step.out, (conv.out,), attrs={"kind": "maxpool", **step.attrs["pool"]})
-            lw.steps[at:at + 1] = [self._quantized_conv(lw, op, conv), pool]
+            lw.steps[at:at + 1] = [*self._quantized_conv(lw, op, conv), pool]
 
     def _integer_pool(self, lw: Lowering, op) -> None:
         """A max pool of a tensor whose writer can write its grid's integers, that only convs read
@@ -166,11 +166,33 @@ class Int8Engine(OneDnnEngine):
         level of the max), and its readers read them."""
         step, grid = lw.steps[-1], _file_grid(lw, op.inputs[0])
         writer = _integer_writer(lw, step.reads[0], op.inputs[0], grid)
-        if writer is not None:
+        copy, made = (None, []) if writer is not None else self._integer_copy(lw, op.inputs[0], step.reads[0], grid)
+        if copy is not None:                            # pools the integers quantized for its neighbours
+            lw.steps[-1:] = [*made, replace(step, reads=(copy,))]
+        elif writer is not None:
             _mark_integer(lw, writer, grid)
-            _mark_integer(lw, len(lw.steps) - 1, grid)
+        else:
+            return
+        _mark_integer(lw, len(lw.steps) - 1, grid)
 
-    def _quantized_conv(self, lw: Lowering, op, step: FusedStep) -> FusedStep:
+    def _integer_copy(self, lw: Lowering, tensor: str, buffer: str, grid: tuple | None) -> tuple[str | None, list]:
+        """(buffer, steps): the buffer of ``tensor``'s integers on ``grid``, quantized once for
+        readers that all take them (convs, and max pools only such convs read) where its writer
+        cannot write them itself, and the ``int8_quantize`` step that writes it, to go before the
+        first reader that asks (none for the others). GoogLeNet's pools between stages feed three
+        convs and a pool each, which quantized the same tensor three times. (None, []) where fewer
+        than two read it, not every reader takes the integers, or it is not in oneDNN's layout."""
+        readers = lw.readers.get(tensor, ())
+        if grid is None or tensor == lw.model.output or not self.is_native(buffer) or len(readers) < 2 or \
+                not all(_takes_integers(lw, lw.ops[r], tensor) for r in readers):
+            return None, []
+        copy = tensor + ".q8"
+        if copy in self.shapes:
+            return copy, []
+        self.new_native(lw, copy, lw.model.shapes[tensor])
+        return copy, [FusedStep("int8_quantize", copy, (buffer,), attrs={"grid": grid})]
+
+    def _quantized_conv(self, lw: Lowering, op, step: FusedStep) -> list[FusedStep]:
         """The int8 form of onednn's conv step: weights quantized per output channel; scratch for
         the input's 8-bit copy (in the input's layout, 4 per float slot), its minimum and its
         scale, one each per sample."""
@@ -187,16 +209,20 @@ class Int8Engine(OneDnnEngine):
         grid = _file_grid(lw, op.inputs[0])
         unsigned = grid[2] == 0 if grid else _non_negative(lw, step.reads[0])
         writer = _integer_writer(lw, step.reads[0], op.inputs[0], grid)
+        copy, made = (None, []) if writer is not None else self._integer_copy(lw, op.inputs[0], step.reads[0], grid)
+        reads, scratch = step.reads, ()
         if writer is not None:                          # it writes this conv's 8-bit input itself
             _mark_integer(lw, writer, grid)
-            scratch = ()
+        elif copy is not None:                          # quantized once for it and its neighbours
+            reads = (copy, *step.reads[1:])
         else:
             scratch = (lw.buffer(op.output + ".q8", (-(-size // 4),)),
                        lw.buffer(op.output + ".min", _minima_shape((size,), (1,), signed=not (grid or unsigned))),
                        lw.buffer(op.output + ".amax", (1,)))
-        return FusedStep("int8_conv", step.out, step.reads, scratch, (linear,),
+        conv = FusedStep("int8_conv", step.out, reads, scratch, (linear,),
                          {**step.attrs, "channels": lw.model.shapes[op.inputs[0]][0], "group": group, "grid": grid,
-                          "unsigned": unsigned, "integer_input": writer is not None})
+                          "unsigned": unsigned, "integer_input": scratch == ()})
+        return [*made, conv]
 
     def _quantized_step(self, lw: Lowering, step: FusedStep, grid: tuple | None) -> FusedStep:
         """The int8 form of a fused linear step: its folded float weights quantized per output
@@ -279,7 +305,10 @@ def _integer_writer(lw: Lowering, buffer: str, tensor: str, grid: tuple | None) 
     integers on ``grid`` instead of its float values, and only convs read the tensor, each as its
     quantized input, in this layout: an int8 conv that took in the file's step of that grid,
     reads on a grid itself (so runs the batch in one call) and sums no residual into its output;
-    or a binary primitive whose post-ops end in that step (``_bind_binary``)."""
+    a max pool of integers (``_integer_pool``); or a binary primitive of floats, not in place, into
+    oneDNN's layout, whose buffer nothing else reads (``_bind_binary``: x / scale + zero point as
+    its last post-op, oneDNN's store rounding and saturating as the file's step does). oneDNN 3.2's
+    pooling writes no 8-bit output from floats."""
     at = next((j for j in range(len(lw.steps) - 1, -1, -1) if lw.steps[j].out == buffer), None)
     if grid is None or at is None or tensor == lw.model.output or lw.where[tensor] != buffer:
         return None
@@ -288,13 +317,29 @@ def _integer_writer(lw: Lowering, buffer: str, tensor: str, grid: tuple | None) 
         writes = w.attrs["grid"] and not w.attrs["residual"] and "fake_quant" in w.attrs["conv"]
     elif w.kind == "dnnl_pool":         # a max pool of integers (``_integer_pool``)
         writes = w.attrs.get("dst_grid") == grid
-    else:       # a binary primitive (a sum, a product, a step alone) ending in this grid's step, not in place
-        writes = w.kind == "dnnl_binary" and w.out not in w.reads and w.attrs.get("eltwises", ())[-4:] == \
-            fake_quant_chain(*grid[:2], grid[2], grid[2] + 255)
+    else:
+        writes = w.kind == "dnnl_binary" and w.out not in w.reads and \
+            lw.engine.is_native(buffer) and _held_only_for(lw, buffer, tensor)
     if not writes or _file_grid(lw, tensor) != grid:
         return None
     readers = lw.readers.get(tensor, ())
     return at if readers and all(_takes_integers(lw, lw.ops[r], tensor) for r in readers) else None
+
+
+def _held_only_for(lw: Lowering, buffer: str, tensor: str) -> bool:
+    """Whether nothing but ``tensor``'s readers reads what ``buffer`` holds: every other value it
+    holds (the value before a file's step left out, ``_requantized``) is read only by such a step."""
+    held = {t for t, b in lw.where.items() if b == buffer}
+    return all(t == tensor or all(lw.ops[r].kind == "fake_quant" and lw.ops[r].output in held
+                                  for r in lw.readers.get(t, ())) for t in held)
+
+
+def _integer_chain(chain: tuple, grid: tuple) -> tuple:
+    """A float step's post-ops when it writes ``grid``'s integers: x / scale + zero point last
+    (oneDNN's store to 8 bits rounds half to even and saturates to the levels), in place of the
+    grid's own step where the chain ends in it."""
+    step = fake_quant_chain(*grid[:2], grid[2], grid[2] + 255)
+    return (chain[:-4] if chain[-4:] == step else chain) + ((LINEAR, 1.0 / grid[0], float(grid[1])),)
 
 
 def _takes_integers(lw: Lowering, op, tensor: str) -> bool:
@@ -633,6 +678,16 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     return calls
 
 
+def _bind_quantize(eng: Int8Engine, step, y, ins, scratch) -> list:
+    """A tensor's integers on its grid (``Int8Engine._integer_copy``): the file's scale and zero
+    point, one oneDNN reorder for the batch, into the dense 8-bit view of the copy's buffer."""
+    grid, batch = step.attrs["grid"], y.shape[0]
+    scale, zero_point = _grid_operands(grid)
+    x2 = ins[0].reshape(batch, -1)
+    q2 = _dense(y, batch, x2.shape[1], np.uint8 if grid[2] == 0 else np.int8)
+    return _scaled_cast(eng, step, x2, q2, scale, False, zero_point)
+
+
 def _integer_output(eng: Int8Engine, buffer: str, grid: tuple, y) -> tuple:
     """The descriptor and dense 8-bit view of native ``buffer`` (view ``y``) holding the integers
     of ``grid`` (scale, zero point, lowest level)."""
@@ -643,14 +698,12 @@ def _integer_output(eng: Int8Engine, buffer: str, grid: tuple, y) -> tuple:
 
 def _bind_binary(eng: Int8Engine, step, y, ins, scratch) -> list:
     """onednn's binary step; where it writes its grid's integers (``dst_grid``), its post-ops end
-    in x / scale + zero point instead of the float step, and oneDNN's store to 8 bits rounds to
-    nearest even and saturates to the levels."""
+    in x / scale + zero point (``_integer_chain``)."""
     if not step.attrs.get("dst_grid"):
         return bind_float_binary(eng, step, y, ins, scratch)
     grid = step.attrs["dst_grid"]
-    dst = _integer_output(eng, step.out, grid, y)
-    chain = step.attrs["eltwises"][:-4] + ((LINEAR, 1.0 / grid[0], float(grid[1])),)
-    return bind_float_binary(eng, step, y, ins, scratch, dst=dst, chain=chain)
+    return bind_float_binary(eng, step, y, ins, scratch, dst=_integer_output(eng, step.out, grid, y),
+                             chain=_integer_chain(step.attrs.get("eltwises", ()), grid))
 
 
 def _bind_pool(eng: Int8Engine, step, y, ins, scratch) -> list:
@@ -664,4 +717,4 @@ def _bind_pool(eng: Int8Engine, step, y, ins, scratch) -> list:
 
 
 Int8Engine.binders = {**OneDnnEngine.binders, "int8_linear": _bind_int8_linear, "int8_conv": _bind_int8_conv,
-                      "dnnl_binary": _bind_binary, "dnnl_pool": _bind_pool}
+                      "int8_quantize": _bind_quantize, "dnnl_binary": _bind_binary, "dnnl_pool": _bind_pool}
