@@ -14,6 +14,7 @@ from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantT
 
 from engines import ENGINES, EngineUnavailable, OnnxImportError, load_onnx  # noqa: E402
 from engines.ir.models import MODELS, QUANTIZED_ABS_TOL  # noqa: E402
+from engines.native.onednn import BINARY_MUL  # noqa: E402
 from engines.native.onednn_int8 import quantize_columns  # noqa: E402
 from engines.peers.onnxrt import export  # noqa: E402
 from tests.conformance import float_engines  # noqa: E402
@@ -312,3 +313,65 @@ def test_an_8_bit_tensor_read_as_integers_is_refused_by_name(files):
     proto.graph.node.append(helper.make_node("Cast", [conv.output[0]], ["as_float"], to=TensorProto.FLOAT, name="cast"))
     with pytest.raises(OnnxImportError, match=r"node 'cast' \(Cast\) reads the 8-bit integers of .*QLinearConv"):
         load_onnx(proto.SerializeToString())
+
+
+def _branching_cnn():
+    """GoogLeNet's stage and EfficientNet's squeeze-excite, small: conv-relu and a max pool, whose
+    output three branches read (a 1x1 conv, a 3x3 conv, a 3x3 max pool then a 1x1 conv), their
+    concat, then the concat times the sigmoid of a conv of its global mean, and a last conv."""
+    rng = np.random.default_rng(5)
+    inits = []
+
+    def w(name, *s):
+        inits.append(numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32), name))
+        return name
+    node = helper.make_node
+    nodes = [node("Conv", ["x", w("w1", 16, 3, 3, 3), w("b1", 16)], ["c1"], pads=[1, 1, 1, 1]),
+             node("Relu", ["c1"], ["r1"]), node("MaxPool", ["r1"], ["m"], kernel_shape=[2, 2], strides=[2, 2]),
+             node("Conv", ["m", w("wa", 16, 16, 1, 1), w("ba", 16)], ["a"]),
+             node("Conv", ["m", w("wb", 16, 16, 3, 3), w("bb", 16)], ["b"], pads=[1, 1, 1, 1]),
+             node("MaxPool", ["m"], ["mp"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+             node("Conv", ["mp", w("wc", 16, 16, 1, 1), w("bc", 16)], ["c"]),
+             node("Concat", ["a", "b", "c"], ["cat"], axis=1),
+             node("GlobalAveragePool", ["cat"], ["g"]),
+             node("Conv", ["g", w("wg", 48, 48, 1, 1), w("bg", 48)], ["gc"]), node("Sigmoid", ["gc"], ["s"]),
+             node("Mul", ["cat", "s"], ["e"]),
+             node("Conv", ["e", w("we", 16, 48, 1, 1), w("be", 16)], ["ce"]),
+             node("GlobalAveragePool", ["ce"], ["p"]), node("Flatten", ["p"], ["f"]),
+             node("Gemm", ["f", w("fc", 10, 16), w("fb", 10)], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "branching", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_int8_quantizes_a_tensor_once_for_all_its_convs_and_a_product_writes_integers(tmp_path):
+    """On a QDQ file: the stage pool's output, which three convs and a max pool read on one grid,
+    is quantized once into its own 8-bit buffer (the pool then pools those integers for its conv);
+    the squeeze-excite product, whose quantize step only the last conv reads, writes that step's
+    integers itself. The outputs stay the file's."""
+    proto = _branching_cnn()
+    src, out = tmp_path / "branching.onnx", tmp_path / "branching-qdq.onnx"
+    onnx.save(proto, src)
+    quantize_static(src, out, _Calibration(proto), quant_format=QuantFormat.QDQ, per_channel=True)
+    model = load_onnx(out.read_bytes())
+    try:
+        engine = ENGINES["int8"](model, 8)
+    except EngineUnavailable as exc:
+        pytest.skip(f"int8 needs oneDNN: {exc}")
+    if engine.dnnl.block > 16:
+        pytest.skip(f"16 channels are fewer than oneDNN's channel block here ({engine.dnnl.block})")
+    steps = engine.steps
+    (copy,) = [s for s in steps if s.kind == "int8_quantize"]
+    readers = [s for s in steps if copy.out in s.reads]
+    assert sorted(s.kind for s in readers) == ["dnnl_pool", "int8_conv", "int8_conv"]
+    assert all(s.attrs.get("dst_grid") for s in readers if s.kind == "dnnl_pool")
+    convs = [s for s in steps if s.kind == "int8_conv"]
+    # quantizing their input themselves: the first (the model's input) and the squeeze (after the
+    # global mean: oneDNN's pooling writes no 8-bit output from floats)
+    assert [s.attrs["integer_input"] for s in convs] == [False, True, True, True, False, True]
+    product = next(s for s in steps if s.kind == "dnnl_binary" and s.attrs["alg"] == BINARY_MUL)
+    assert product.attrs.get("dst_grid") and not product.attrs.get("eltwises")
+    for batch in (1, 8):
+        x = model.random_input(batch, rng=batch)
+        theirs = _file_semantics(out.read_bytes()).run(None, {model.input: x})[0]
+        assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
