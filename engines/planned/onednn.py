@@ -605,13 +605,13 @@ BINARY_ALGS = {"add": BINARY_ADD, "mul": BINARY_MUL, "sub": BINARY_SUB, "div": B
 
 
 def _lower_binary(lw: Lowering, i: int, op) -> bool:
-    """A sum, difference, product or quotient of two (C, H, W) activations, one in oneDNN's layout
-    (a residual no conv took in, SiLU's x · sigmoid(x)): oneDNN's binary primitive, both in its
-    layout. A broadcast gate is ``_lower_channel_scale``'s."""
+    """A sum (``add``, or a ``sum`` of two: ONNX's Sum), difference, product or quotient of two
+    (C, H, W) activations, one in oneDNN's layout (a residual no conv took in, SiLU's x · sigmoid(x)):
+    oneDNN's binary primitive, both in its layout. A broadcast gate is ``_lower_channel_scale``'s."""
     eng, shapes = lw.engine, lw.model.shapes
     if op.attrs.get("scalar") is not None:
         return _lower_scalar(lw, i, op)
-    alg = BINARY_ALGS.get("add" if op.kind == "add" else op.attrs.get("fn"))
+    alg = BINARY_ALGS.get("add" if op.kind in ("add", "sum") else op.attrs.get("fn"))
     plain = not op.params and op.attrs.get("scalar") is None and op.attrs.get("width") is None
     if alg is None or not plain or len(op.inputs) != 2 or not any(eng.is_native(lw.where[t]) for t in op.inputs) \
             or not all(len(shapes[t]) == 3 and shapes[t] == shapes[op.output] for t in op.inputs):
@@ -766,7 +766,8 @@ def _lower_attn_context(lw: Lowering, i: int, op) -> bool:
 _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
                "maxpool": _lower_pool, "averagepool": _lower_pool, "layernorm": _lower_layernorm, "lrn": _lower_pool, "concat": _lower_concat,
                "reshape": _lower_reshape, "batchnorm": _lower_batchnorm, "globalaveragepool": _lower_global_pool,
-               "expand": _lower_channel_scale, "slice": _lower_slice, "add": _lower_binary, "binary": _lower_binary,
+               "expand": _lower_channel_scale, "slice": _lower_slice, "add": _lower_binary, "sum": _lower_binary,
+               "binary": _lower_binary,
                "softmax": _lower_softmax, "transpose": _lower_transpose,
                "attn_scores": _lower_attn_scores, "attn_context": _lower_attn_context,
                "fake_quant": _lower_fake_quant, **{kind: _lower_eltwise for kind in ELTWISE}}
