@@ -44,7 +44,7 @@ from ..importer.passes import grid_of
 from ..ir.conv import conv_attrs
 from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..ir.ops import U8_LEVELS    # a ReLU's output as u8: [0, 255], twice the resolution
-from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MAX, CLIP, DST, LINEAR, PLAIN, REDUCTION_MAX, REDUCTION_MIN,
+from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MAX, BINARY_MUL, CLIP, DST, LINEAR, PLAIN, REDUCTION_MAX, REDUCTION_MIN,
                               RELU, SRC, WEIGHTS, library)
 from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementations, post_op_arg,
                                   quantize_columns, with_implementation)
@@ -57,7 +57,6 @@ from .onednn import (OneDnnEngine, bind_binary as bind_float_binary, bind_pool a
 
 LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly representable
 TINY = np.float32(1e-30)        # an all-zero row's scale: its values quantize to 0 without a 0/0
-BINARY_MUL = 0x1FFF1            # dnnl_binary_mul
 ONE_THREAD = "openmp-threads"   # the pool a small linear's matmul runs on at one thread
 # oneDNN's int8 matmul implementations a linear may run on: its brgemm kernels on AMX tiles and on
 # AVX-512 VNNI, which work in the user scratchpad (its gemm:jit allocates per call, its ref is slow)
