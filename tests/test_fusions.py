@@ -6,7 +6,7 @@ The patterns are those of Hugging Face exports (scripts/export_zoo.py): attentio
 causal or padding mask and SDPA's NaN guard (GPT-2, BERT, DistilBERT), an export's mask of zeros
 (the dynamo exports of ViT and wav2vec 2.0), T5's unscaled attention with its position bias and
 padding mask added one after the other, GPT-2's GELU in tanh form, and ConvNeXt's layer scale
-after its transpose back to channels-first, and SiLU (a Sigmoid times its input).
+after its transpose back to channels-first, SiLU (a Sigmoid times its input), and a residual sum after a conv (ResNet).
 """
 import math
 
@@ -317,6 +317,34 @@ def test_onednn_runs_silu_as_its_convs_post_op():
     convs = [step for step in engine.steps if step.kind == "dnnl_conv"]
     assert len(convs) == 1 and convs[0].attrs["conv"]["activation"] == "silu", engine.steps
     assert not [step for step in engine.steps if step.kind in ("dnnl_eltwise", "dnnl_binary", "calls")]
+
+
+def residual_after_conv(kernel: int, op: str = "Add") -> bytes:
+    """ResNet's block end as exporters write it: a conv, then ``Add`` (torchvision) or ``Sum``
+    (Caffe2's ResNet-50) of it and the block's input, then the ReLU."""
+    nodes = [N("Conv", ["x", "w", "b"], ["c"], kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4),
+             N(op, ["c", "x"], ["s"]), N("Relu", ["s"], ["y"])]
+    inits = {"w": _f32(RNG.standard_normal((4, 4, kernel, kernel))), "b": _f32(RNG.standard_normal(4))}
+    return build(nodes, inits, in_shape=("N", 4, 5, 5))
+
+
+@pytest.mark.parametrize("op", ["Add", "Sum"])
+def test_a_1x1_conv_then_the_residual_sum_is_one_conv_add(op):
+    assert check(residual_after_conv(1, op)) == ["conv_add"]          # its ReLU taken in as well
+
+
+def test_a_3x3_conv_then_the_residual_sum_is_a_conv_add_on_onednn_only():
+    """The NumPy convs' conv_add is the 1x1 GEMM lowering; oneDNN sums into any conv's output."""
+    model = load_onnx(residual_after_conv(3))
+    assert [op.kind for op in model.ops] == ["conv", "add", "relu"]
+    try:
+        engine = ENGINES["onednn"](model, 2)
+    except Exception as exc:                                    # noqa: BLE001 - the extra is optional
+        pytest.skip(f"onednn engine unavailable: {exc}")
+    convs = [step for step in engine.steps if step.kind == "dnnl_conv"]
+    assert len(convs) == 1 and convs[0].attrs["residual"] and convs[0].attrs["conv"]["activation"] == "relu"
+    assert not [step for step in engine.steps if step.kind in ("dnnl_binary", "calls")], engine.steps
+    check(residual_after_conv(3))
 
 
 def test_an_ops_vectors_are_tiled_over_its_own_rows_not_the_inputs():

@@ -186,15 +186,17 @@ def _mobilenet_v3_block(pool: str):
 
 @pytest.mark.parametrize("pool", ["global", "rows"])
 def test_hardswish_and_squeeze_excite_stay_in_onednns_layout(pool):
-    """Hard-swish and hard-sigmoid as the convs' post-ops, the gate's pooling, product and the
-    residual sum as oneDNN primitives: no NumPy step and no reorder but at the edges."""
+    """Hard-swish and hard-sigmoid as the convs' post-ops, the gate's pooling and product as oneDNN
+    primitives, the residual sum and its sigmoid as the last conv's post-ops: no NumPy step and no
+    reorder but at the edges."""
     model = _mobilenet_v3_block(pool)
     engine = ENGINES["onednn"](model, 4)
     kinds = [s.kind for s in engine.steps]
     assert kinds.count("dnnl_reorder") == 2 and "calls" not in kinds, kinds
-    assert kinds.count("dnnl_binary") == 2 and kinds.count("dnnl_pool") == 1 and kinds.count("dnnl_eltwise") == 1
-    acts = {s.attrs["conv"].get("activation") for s in engine.steps if s.kind == "dnnl_conv"}
-    assert {"hardswish", "hardsigmoid", "relu"} <= acts
+    assert kinds.count("dnnl_binary") == 1 and kinds.count("dnnl_pool") == 1 and "dnnl_eltwise" not in kinds
+    convs = [s for s in engine.steps if s.kind == "dnnl_conv"]
+    assert {"hardswish", "hardsigmoid", "relu"} <= {s.attrs["conv"].get("activation") for s in convs}
+    assert [s.attrs["conv"]["activation"] for s in convs if s.attrs["residual"]] == ["sigmoid"]
     for batch in (1, 4):
         x = model.random_input(batch, rng=batch)
         np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-4, atol=1e-5)

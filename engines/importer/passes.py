@@ -743,14 +743,15 @@ def fuse_silu(model: Model) -> Model:
 
 
 def fuse_conv_add(model: Model, fusable=residual_fusable) -> Model:
-    """A 1x1 ``conv`` (no activation) then a two-input ``sum`` or tensor ``add`` (read only there):
-    one ``conv_add`` whose output may take the other input's storage. ResNet's residual adds:
+    """A 1x1 ``conv`` (no activation) then the ``add`` or two-input ``sum`` of it and another
+    activation (ONNX's ``Add`` and ``Sum``; read only there): one ``conv_add`` whose output may take
+    the other input's storage. ResNet's residual adds:
     the block's last conv then needs no buffer of its own beside the residual. ``fusable(channels,
     attrs)``: which convs an engine's ``conv_add`` runs (``engines.ir.conv``'s: 1x1, one group)."""
     def merge(conv, add, params):
         if conv.kind != "conv" or conv.attrs.get("activation", "none") != "none" or len(add.inputs) != 2:
             return None
-        if not (add.kind == "sum" or (add.kind == "binary" and add.attrs == {"fn": "add"} and not add.params)):
+        if add.kind not in ("add", "sum"):
             return None
         residual = add.inputs[1 - add.inputs.index(conv.output)]
         if (not fusable(model.shapes[conv.inputs[0]][0], conv.attrs)
