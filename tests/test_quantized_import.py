@@ -209,8 +209,9 @@ def test_planned_engines_allocate_nothing_on_quantized_files(name, files):
 @pytest.mark.parametrize("name", ["mlp-qdq", "cnn-qdq", "mlp-qop", "cnn-qop"])
 def test_int8_runs_a_qdq_file_on_its_own_scales_and_zero_points(name, files):
     """Each int8 linear and conv of a QDQ file quantizes its input with the file's scale and zero
-    point (oneDNN's source zero point), on the file's weight integers: its products are the file's
-    integer products, so at least 99 % of its outputs equal the file's arithmetic exactly."""
+    point, on the file's weight integers: its products are the file's integer products, so at
+    least 99 % of its outputs equal the file's arithmetic exactly. The zero point is oneDNN's
+    source zero point, or, for a product and an unpadded conv, taken into the bias."""
     int8 = ENGINES["int8"]
     model = load_onnx(files[name])
     try:
@@ -219,10 +220,13 @@ def test_int8_runs_a_qdq_file_on_its_own_scales_and_zero_points(name, files):
         pytest.skip(f"int8 needs oneDNN: {exc}")
     grids = [s.attrs["grid"] for s in engine.steps if s.kind in ("int8_linear", "int8_conv")]
     assert grids and all(g is not None for g in grids)
+    linears = [s for s in engine.steps if s.kind == "int8_linear"]
+    assert [s.attrs["zero_point_folded"] for s in linears] == [s.attrs["grid"][1] != 0 for s in linears]
     if name.startswith("cnn"):      # a conv, or the residual sum, read only by the next conv writes its integers
         convs = [s for s in engine.steps if s.kind == "int8_conv"]
         assert [bool(s.attrs.get("dst_grid")) for s in convs] == [False, False, True, False]
         assert [s.attrs["integer_input"] for s in convs] == [False, False, True, True]
+        assert [s.attrs["zero_point_folded"] for s in convs] == [False, False, False, True]     # the 1x1 one
         assert [bool(s.attrs.get("dst_grid")) for s in engine.steps if s.kind == "dnnl_binary"] == [True, False]
     for batch in (1, 8):
         x = model.random_input(batch, rng=batch)

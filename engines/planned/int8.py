@@ -196,16 +196,19 @@ class Int8Engine(OneDnnEngine):
         the input's 8-bit copy (in the input's layout, 4 per float slot), its minimum and its
         scale, one each per sample."""
         w32, b32 = step.operands
-        _, group, _ = conv_attrs(step.attrs["conv"])
+        win, group, _ = conv_attrs(step.attrs["conv"])
         q, scales = quantize_columns(w32.reshape(w32.shape[0], -1).T, LEVELS)
         plain = np.ascontiguousarray(q.T).reshape(w32.shape)
         if group > 1:                                   # oneDNN's grouped weights: (g, oc / g, ic / g, kh, kw)
             plain = plain.reshape(group, w32.shape[0] // group, *w32.shape[1:])
-        linear = QuantizedLinear(QuantizedWeights(self.dnnl, plain), scales, np.ascontiguousarray(b32, np.float32))
+        grid = _file_grid(lw, op.inputs[0])
+        unpadded = max(win.pads[:2] + win.end_pads(*lw.model.shapes[op.inputs[0]][-2:])) == 0
+        folded = bool(grid and grid[1] and unpadded)
+        bias = _zero_point_folded(b32, q, scales, grid) if folded else b32
+        linear = QuantizedLinear(QuantizedWeights(self.dnnl, plain), scales, np.ascontiguousarray(bias, np.float32))
         self.quantized_linears.append(linear)
         src_shape = self.shapes[step.reads[0]]
         size = math.prod(src_shape)
-        grid = _file_grid(lw, op.inputs[0])
         unsigned = grid[2] == 0 if grid else _non_negative(lw, step.reads[0])
         writer = _integer_writer(lw, step.reads[0], op.inputs[0], grid)
         copy, made = (None, []) if writer is not None else self._integer_copy(lw, op.inputs[0], step.reads[0], grid)
@@ -220,7 +223,7 @@ class Int8Engine(OneDnnEngine):
                        lw.buffer(op.output + ".amax", (1,)))
         conv = FusedStep("int8_conv", step.out, reads, scratch, (linear,),
                          {**step.attrs, "channels": lw.model.shapes[op.inputs[0]][0], "group": group, "grid": grid,
-                          "unsigned": unsigned, "integer_input": scratch == ()})
+                          "unsigned": unsigned, "integer_input": scratch == (), "zero_point_folded": folded})
         return [*made, conv]
 
     def _quantized_step(self, lw: Lowering, step: FusedStep, grid: tuple | None) -> FusedStep:
@@ -229,7 +232,9 @@ class Int8Engine(OneDnnEngine):
         their row scales. ``grid``: a quantized file's step its input lies on (``_file_grid``)."""
         w32, b32 = step.operands[:2]
         q, scales = quantize_columns(w32, LEVELS)
-        linear = QuantizedLinear(QuantizedWeights(self.dnnl, _one(q)), scales, np.ascontiguousarray(b32, np.float32))
+        folded = bool(grid and grid[1])                 # a product has no pads: always exact
+        bias = _zero_point_folded(b32, q, scales, grid) if folded else b32
+        linear = QuantizedLinear(QuantizedWeights(self.dnnl, _one(q)), scales, np.ascontiguousarray(bias, np.float32))
         self.quantized_linears.append(linear)
         src_shape = self.shapes[step.reads[0]]
         lead, k = src_shape[:-1], src_shape[-1]
@@ -240,7 +245,7 @@ class Int8Engine(OneDnnEngine):
                    lw.buffer(step.out + ".amax", (*rows, 1)))
         return FusedStep("int8_linear", step.out, step.reads, scratch, (linear,),
                          {"relu": step.kind == "linear_relu", "residual": step.kind == "linear_add", "grid": grid,
-                          "unsigned": unsigned})
+                          "unsigned": unsigned, "zero_point_folded": folded})
 
     # --- binding -----------------------------------------------------------------------------
 
@@ -370,6 +375,16 @@ def _requantized(lw: Lowering, op) -> bool:
 def _first_input(op, tensor: str) -> bool:
     """Whether ``op`` reads ``tensor`` as its first input, and only there (a quantized step's input)."""
     return op.inputs.index(tensor) == 0 and op.inputs.count(tensor) == 1
+
+
+def _zero_point_folded(bias: np.ndarray, q: np.ndarray, scales: np.ndarray, grid: tuple) -> np.ndarray:
+    """The bias of an unpadded conv whose input lies on ``grid`` with its zero point taken in:
+    sum_k w_k (x_k - zp) = sum_k w_k x_k - zp sum_k w_k, so each output channel's bias less
+    x scale x zp x its weight scale x its weights' sum (``q``: (k, out) s8). Exact only where every
+    input value is a real one: no pad reads the level of 0. oneDNN's run-time source zero point
+    costs a compensation pass per call, and a zero one still does."""
+    sums = q.astype(np.int64).sum(axis=0)
+    return bias.astype(np.float64) - grid[0] * grid[1] * scales.astype(np.float64) * sums
 
 
 def _grid_operands(grid: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -514,7 +529,8 @@ class Matmul:
 
 def _matmul(eng: Int8Engine, step, q, y2, amax, ins, zero_point: np.ndarray | None = None) -> Matmul:
     """The descriptors and arguments of the step's matmul: (1, rows, k) x (1, k, n) -> (1, rows, n).
-    With ``zero_point`` (a file's grid): one source scale and that source zero point.
+    With ``zero_point`` (a file's grid): one source scale and that source zero point, unless it is
+    0 (the file's, or one folded into the bias: ``_zero_point_folded``).
 
     3-D because oneDNN 3.2's brgemm matmul takes a (1, rows, 1) binary operand (the row scales),
     while on the 2-D form a (rows, 1) one fell back to its reference code (``ref:any``, hundreds
@@ -533,7 +549,7 @@ def _matmul(eng: Int8Engine, step, q, y2, amax, ins, zero_point: np.ndarray | No
         scales, bias_md = {SRC: 0, WEIGHTS: PER_COLUMN_3D}, o.strided(bias)
         args[BIAS] = (bias_md, bias)
         args[ATTR_SCALES | SRC] = (o.typed((1,), PLAIN[1], np.float32), amax.reshape(1))
-        if zero_point is not None:
+        if zero_point is not None and zero_point.any():
             zero_points = {SRC: 0}
             args[ATTR_ZERO_POINTS | SRC] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
     if attrs["residual"]:
@@ -595,7 +611,8 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
         amax, zero_point = _grid_operands(attrs["grid"])
     elif not eng.row_scales:
         lo, amax = lo[:1], amax[:1]                    # one scale for the whole batch
-    mm = _matmul(eng, step, q, y2, amax, ins, zero_point)
+    applied = zero_point if zero_point is None or not attrs["zero_point_folded"] else 0 * zero_point
+    mm = _matmul(eng, step, q, y2, amax, ins, applied)
     brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
     if not brgemm:          # e.g. ONNX's 1 x 25 x 25 test products: no brgemm kernel takes them
         return _float_linear(eng, step, x2, y2, ins)
@@ -652,7 +669,7 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     dst, out, more = eng.md(step.out, n), y, {}
     scales, zero_points = {SRC: 0, WEIGHTS: PER_GROUP_CHANNEL if group > 1 else PER_OUT_CHANNEL}, {}
     conv = attrs["conv"]
-    if zero_point is not None:
+    if zero_point is not None and zero_point.any() and not attrs["zero_point_folded"]:    # else none to apply
         zero_points[SRC] = 0
         more[ATTR_ZERO_POINTS | SRC] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
     if attrs.get("dst_grid"):                          # its integers, not the floats of its file step
