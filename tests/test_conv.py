@@ -378,6 +378,7 @@ ALLOC_CASES = {
     "conv-1x1-grouped": ("conv", (16, 24, 24), dict(kernel_shape=(1, 1), group=4), 32),
     "conv-depthwise": ("conv", (16, 24, 24), dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), group=16), 16),
     "conv-add": ("conv_add", (16, 96, 96), dict(kernel_shape=(1, 1), activation="relu"), 32),  # 2 blocks
+    "conv-add-small-plane": ("conv_add", (16, 6, 6), dict(kernel_shape=(1, 1)), 32),   # the batch in one call
     "conv-maxpool": ("conv_maxpool", (16, 49, 49),                        # 2 blocks of pooled rows
                      dict(kernel_shape=(3, 3), pads=(1, 1, 1, 1), activation="relu", out_channels=16,
                           pool_kernel_shape=(3, 3), pool_strides=(2, 2), pool_pads=(1, 1, 1, 1)), 16),
