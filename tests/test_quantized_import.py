@@ -234,6 +234,54 @@ def test_int8_runs_a_qdq_file_on_its_own_scales_and_zero_points(name, files):
         assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
 
 
+def _inverted_residual():
+    """MobileNetV2's block as a QDQ file: a conv's output read by the block's first conv and by
+    the residual sum at its end (1x1 expansion, ReLU, 1x1 projection, Add), then a conv, the
+    global pool and a Gemm."""
+    rng = np.random.default_rng(5)
+    w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))  # noqa: E731
+    inits = [w(16, 3, 3, 3), w(16), w(48, 16, 1, 1), w(48), w(16, 48, 1, 1), w(16), w(32, 16, 3, 3), w(32), w(10, 32), w(10)]
+    for t, name in zip(inits, ("w1", "b1", "we", "be", "wp", "bp", "w2", "b2", "fc", "fb")):
+        t.name = name
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "w1", "b1"], ["block"], pads=[1, 1, 1, 1]),
+             node("Conv", ["block", "we", "be"], ["e"]), node("Relu", ["e"], ["re"]),
+             node("Conv", ["re", "wp", "bp"], ["p"]), node("Add", ["p", "block"], ["s"]),
+             node("Conv", ["s", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]), node("Relu", ["c2"], ["r2"]),
+             node("GlobalAveragePool", ["r2"], ["g"]), node("Flatten", ["g"], ["f"]),
+             node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 13, 13])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_int8_reads_a_blocks_input_as_integers_in_its_residual_sum(tmp_path):
+    """The block's input, read by its first conv and by its residual sum: the conv before writes
+    its integers, the first conv reads them unquantized, and the sum (oneDNN's binary add) reads
+    them as its second source with the grid's scale, less scale x zero point; at least 99 % of the
+    outputs equal the file's arithmetic, on oneDNN's jit code."""
+    proto = _inverted_residual()
+    onnx.save(proto, tmp_path / "f.onnx")
+    quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", _Calibration(proto), quant_format=QuantFormat.QDQ,
+                    per_channel=True)
+    data = (tmp_path / "q.onnx").read_bytes()
+    model = load_onnx(data)
+    try:
+        engine = ENGINES["int8"](model, 8)
+    except EngineUnavailable as exc:
+        pytest.skip(f"int8 needs oneDNN: {exc}")
+    convs = [s for s in engine.steps if s.kind == "int8_conv"]
+    (add,) = [s for s in engine.steps if s.kind == "dnnl_binary" and s.attrs.get("src_grids")]
+    assert [bool(s.attrs.get("dst_grid")) for s in convs][0] and convs[1].attrs["integer_input"]
+    assert add.attrs["src_grids"][0] is None and add.attrs["src_grids"][1] == convs[1].attrs["grid"]
+    for batch in (1, 8):
+        x = model.random_input(batch, rng=batch)
+        theirs = _file_semantics(data).run(None, {model.input: x})[0]
+        assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
+    impls = {p["implementation"] for p in engine.report()["primitives"]}
+    assert not [i for i in impls if i.startswith("ref")], impls
+
+
 def test_a_quantize_step_on_its_own_grid_is_dropped(files):
     """The file's QDQ pairs after the max pool and the flatten repeat their input's grid: dropped at
     import; every other step stays (the model still matches the file: ``test_every_engine_matches_the_file``)."""

@@ -45,7 +45,7 @@ from ..ir.conv import conv_attrs
 from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..ir.ops import U8_LEVELS    # a ReLU's output as u8: [0, 255], twice the resolution
 from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MAX, BINARY_MUL, CLIP, DST, LINEAR, PLAIN, REDUCTION_MAX, REDUCTION_MIN,
-                              RELU, SRC, WEIGHTS, library)
+                              RELU, SRC, SRC_1, WEIGHTS, library)
 from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementations, post_op_arg,
                                   quantize_columns, with_implementation)
 from ..kernels import on_one_thread, pool_threads, tuning_enabled
@@ -65,6 +65,7 @@ AMX_ROWS = 16                   # an AMX tile's rows
 ONE_THREAD_MAX_WORK = 1 << 22   # multiply-adds up to which a matmul runs on one thread untuned
 LINEAR_KINDS = ("linear", "linear_relu", "linear_add")
 CONV_KINDS = ("conv", "conv_add", "conv_maxpool")
+RESIDUAL_SUMS = ("add", "sum")          # of two activations: onednn's binary add
 PER_OUT_CHANNEL = 1 << 0         # scale mask of conv weights (oc, ic, kh, kw): one per output channel
 PER_GROUP_CHANNEL = 1 << 0 | 1 << 1   # of grouped ones (g, oc / g, ...): one per (group, channel)
 PER_COLUMN_3D = 1 << 2          # scale mask of (1, k, n) weights: one per output channel
@@ -140,6 +141,9 @@ class Int8Engine(OneDnnEngine):
         super().lower_op(lw, i, op)
         if op.kind == "maxpool" and lw.steps[start:] and lw.steps[-1].kind == "dnnl_pool":
             self._integer_pool(lw, op)
+            return
+        if op.kind in RESIDUAL_SUMS:
+            _integer_operands(lw, op, start)
             return
         kinds = LINEAR_KINDS if op.kind == "linear" else ("dnnl_conv",) if op.kind in CONV_KINDS else ()
         at = next((j for j in range(len(lw.steps) - 1, start - 1, -1) if lw.steps[j].kind in kinds), None)
@@ -327,7 +331,7 @@ def _integer_writer(lw: Lowering, buffer: str, tensor: str, grid: tuple | None) 
     if not writes or _file_grid(lw, tensor) != grid:
         return None
     readers = lw.readers.get(tensor, ())
-    return at if readers and all(_takes_integers(lw, lw.ops[r], tensor) for r in readers) else None
+    return at if readers and all(_takes_integers(lw, lw.ops[r], tensor, sums=True) for r in readers) else None
 
 
 def _held_only_for(lw: Lowering, buffer: str, tensor: str) -> bool:
@@ -346,9 +350,12 @@ def _integer_chain(chain: tuple, grid: tuple) -> tuple:
     return (chain[:-4] if chain[-4:] == step else chain) + ((LINEAR, 1.0 / grid[0], float(grid[1])),)
 
 
-def _takes_integers(lw: Lowering, op, tensor: str) -> bool:
+def _takes_integers(lw: Lowering, op, tensor: str, sums: bool = False) -> bool:
     """Whether ``op`` can read ``tensor`` as its grid's integers: a conv, as its quantized input,
-    or a max pool of it that only such convs read after (``Int8Engine._integer_pool``)."""
+    or a max pool of it that only such convs read after (``Int8Engine._integer_pool``); with
+    ``sums``, also a residual sum that onednn lowers to its binary add, as its ``_integer_slot``."""
+    if sums and op.kind in RESIDUAL_SUMS:
+        return tensor == _integer_slot(lw, op)
     if not _first_input(op, tensor):
         return False
     if op.kind in CONV_KINDS:           # in oneDNN's layout (fewer channels than a block: an NCHW twin)
@@ -356,6 +363,36 @@ def _takes_integers(lw: Lowering, op, tensor: str) -> bool:
     readers = lw.readers.get(op.output, ())
     return op.kind == "maxpool" and op.output != lw.model.output and bool(readers) and \
         all(lw.ops[r].kind in CONV_KINDS and _takes_integers(lw, lw.ops[r], op.output) for r in readers)
+
+
+def _integer_slot(lw: Lowering, op) -> str | None:
+    """The operand of a residual sum of two (C, H, W) activations (onednn's binary add) that may be
+    read as its grid's integers: one at most, since oneDNN 3.2's binary writing floats has jit
+    code only for a float first source (an 8-bit one ran its reference code, 100-500x slower);
+    the one more ops read, whose other readers (a block's next convs) then need no quantize pass."""
+    shapes = lw.model.shapes
+    if len(op.inputs) != 2 or op.inputs[0] == op.inputs[1] or op.params or \
+            not all(len(shapes[t]) == 3 and shapes[t] == shapes[op.output] for t in op.inputs):
+        return None
+    return max(op.inputs, key=lambda t: len(lw.readers.get(t, ())))
+
+
+def _integer_operands(lw: Lowering, op, start: int) -> None:
+    """A residual sum that onednn lowered to its binary add (from step ``start``) reads its
+    ``_integer_slot``'s integers where that operand's writer can write them and every reader takes
+    them (``_integer_writer``): ``src_grids``, that grid at its operand's place (``_bind_binary``).
+    MobileNetV2's block outputs, read by the next block's first conv and its sum, were written
+    as floats, and that conv quantized them again."""
+    at = next((j for j in range(start, len(lw.steps)) if lw.steps[j].kind == "dnnl_binary"), None)
+    slot = _integer_slot(lw, op)
+    if at is None or slot is None or lw.steps[at].attrs["alg"] != BINARY_ADD:
+        return
+    k, grid = op.inputs.index(slot), _file_grid(lw, slot)
+    writer = _integer_writer(lw, lw.steps[at].reads[k], slot, grid)
+    if writer is not None:
+        _mark_integer(lw, writer, grid)
+        grids = (grid, None) if k == 0 else (None, grid)
+        lw.steps[at] = replace(lw.steps[at], attrs={**lw.steps[at].attrs, "src_grids": grids})
 
 
 def _mark_integer(lw: Lowering, at: int, grid: tuple) -> None:
@@ -714,12 +751,24 @@ def _integer_output(eng: Int8Engine, buffer: str, grid: tuple, y) -> tuple:
 
 def _bind_binary(eng: Int8Engine, step, y, ins, scratch) -> list:
     """onednn's binary step; where it writes its grid's integers (``dst_grid``), its post-ops end
-    in x / scale + zero point (``_integer_chain``)."""
-    if not step.attrs.get("dst_grid"):
-        return bind_float_binary(eng, step, y, ins, scratch)
-    grid = step.attrs["dst_grid"]
-    return bind_float_binary(eng, step, y, ins, scratch, dst=_integer_output(eng, step.out, grid, y),
-                             chain=_integer_chain(step.attrs.get("eltwises", ()), grid))
+    in x / scale + zero point (``_integer_chain``). An add reading an operand's integers
+    (``src_grids``) takes them as its second source, scaled by their grid's scale, and subtracts
+    scale x zero point as its first post-op: oneDNN's binary takes source scales, not zero points."""
+    grids, out_grid = step.attrs.get("src_grids", (None, None)), step.attrs.get("dst_grid")
+    chain = tuple(step.attrs.get("eltwises", ()))
+    dst = None if out_grid is None else _integer_output(eng, step.out, out_grid, y)
+    if not any(grids):
+        return bind_float_binary(eng, step, y, ins, scratch, dst=dst,
+                                 chain=None if out_grid is None else _integer_chain(chain, out_grid))
+    o, k = eng.typed, 0 if grids[0] else 1            # the integer operand; a sum's operands commute
+    grid, batch = grids[k], y.shape[0]
+    chain = ((LINEAR, 1.0, -grid[0] * grid[1]),) + chain
+    attr = o.quantized_attr({SRC_1: 0}, [], chain if out_grid is None else _integer_chain(chain, out_grid))
+    args = {SRC: (eng.md(step.reads[1 - k], batch), ins[1 - k]), SRC_1: _integer_output(eng, step.reads[k], grid, ins[k]),
+            ATTR_SCALES | SRC_1: (o.typed((1,), PLAIN[1], np.float32), _grid_operands(grid)[0]),
+            DST: dst or (eng.md(step.out, batch), y)}
+    pd = o.binary_pd(step.attrs["alg"], args[SRC][0], args[SRC_1][0], args[DST][0], attr)
+    return [eng.execute(pd, args, step)]
 
 
 def _bind_pool(eng: Int8Engine, step, y, ins, scratch) -> list:
