@@ -236,7 +236,7 @@ class Int8Engine(OneDnnEngine):
         their row scales. ``grid``: a quantized file's step its input lies on (``_file_grid``)."""
         w32, b32 = step.operands[:2]
         q, scales = quantize_columns(w32, LEVELS)
-        folded = bool(grid and grid[1])                 # a product has no pads: always exact
+        folded = bool(grid and grid[1])                 # a product has no pads: always exact, always done
         bias = _zero_point_folded(b32, q, scales, grid) if folded else b32
         linear = QuantizedLinear(QuantizedWeights(self.dnnl, _one(q)), scales, np.ascontiguousarray(bias, np.float32))
         self.quantized_linears.append(linear)
@@ -383,16 +383,19 @@ def _integer_operands(lw: Lowering, op, start: int) -> None:
     them (``_integer_writer``): ``src_grids``, that grid at its operand's place (``_bind_binary``).
     MobileNetV2's block outputs, read by the next block's first conv and its sum, were written
     as floats, and that conv quantized them again."""
-    at = next((j for j in range(start, len(lw.steps)) if lw.steps[j].kind == "dnnl_binary"), None)
     slot = _integer_slot(lw, op)
-    if at is None or slot is None or lw.steps[at].attrs["alg"] != BINARY_ADD:
+    if slot is None:
         return
+    at = next((j for j in range(start, len(lw.steps)) if lw.steps[j].kind == "dnnl_binary"), None)
     k, grid = op.inputs.index(slot), _file_grid(lw, slot)
-    writer = _integer_writer(lw, lw.steps[at].reads[k], slot, grid)
-    if writer is not None:
-        _mark_integer(lw, writer, grid)
-        grids = (grid, None) if k == 0 else (None, grid)
-        lw.steps[at] = replace(lw.steps[at], attrs={**lw.steps[at].attrs, "src_grids": grids})
+    writer = _integer_writer(lw, lw.where[slot] if at is None else lw.steps[at].reads[k], slot, grid)
+    if writer is None:
+        return
+    if at is None or lw.steps[at].attrs["alg"] != BINARY_ADD:   # its writer writes integers for it
+        raise AssertionError(f"{op.output!r}: a sum of {slot!r}'s integers lowered to {lw.steps[start:]}")
+    _mark_integer(lw, writer, grid)
+    grids = (grid, None) if k == 0 else (None, grid)
+    lw.steps[at] = replace(lw.steps[at], attrs={**lw.steps[at].attrs, "src_grids": grids})
 
 
 def _mark_integer(lw: Lowering, at: int, grid: tuple) -> None:
@@ -564,10 +567,9 @@ class Matmul:
         return {**self.args, WEIGHTS: weights.take(pd, keep)}
 
 
-def _matmul(eng: Int8Engine, step, q, y2, amax, ins, zero_point: np.ndarray | None = None) -> Matmul:
+def _matmul(eng: Int8Engine, step, q, y2, amax, ins) -> Matmul:
     """The descriptors and arguments of the step's matmul: (1, rows, k) x (1, k, n) -> (1, rows, n).
-    With ``zero_point`` (a file's grid): one source scale and that source zero point, unless it is
-    0 (the file's, or one folded into the bias: ``_zero_point_folded``).
+    On a file's grid, one source scale; its zero point is in the bias (``_zero_point_folded``).
 
     3-D because oneDNN 3.2's brgemm matmul takes a (1, rows, 1) binary operand (the row scales),
     while on the 2-D form a (rows, 1) one fell back to its reference code (``ref:any``, hundreds
@@ -578,23 +580,20 @@ def _matmul(eng: Int8Engine, step, q, y2, amax, ins, zero_point: np.ndarray | No
     src, dst = o.strided(_one(q)), o.strided(_one(y2))
     args = {SRC: (src, _one(q)), DST: (dst, _one(y2)),
             ATTR_SCALES | WEIGHTS: (o.typed((n,), PLAIN[1], np.float32), linear.scales)}
-    binaries, zero_points = [], None
-    if eng.row_scales and zero_point is None:          # per-row scales, then the bias, as post-ops
+    binaries = []
+    if eng.row_scales and not attrs["grid"]:           # per-row scales, then the bias, as post-ops
         binaries += [(BINARY_MUL, _one(amax)), (BINARY_ADD, bias)]
         scales, bias_md = {WEIGHTS: PER_COLUMN_3D}, None
     else:                                              # one scale for the tensor, the bias in the primitive
         scales, bias_md = {SRC: 0, WEIGHTS: PER_COLUMN_3D}, o.strided(bias)
         args[BIAS] = (bias_md, bias)
         args[ATTR_SCALES | SRC] = (o.typed((1,), PLAIN[1], np.float32), amax.reshape(1))
-        if zero_point is not None and zero_point.any():
-            zero_points = {SRC: 0}
-            args[ATTR_ZERO_POINTS | SRC] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
     if attrs["residual"]:
         binaries.append((BINARY_ADD, _one(rows2d(ins[1]))))
     described = [(alg, o.strided(a), a) for alg, a in binaries]
     args.update({post_op_arg(i): (md, a) for i, (_, md, a) in enumerate(described)})
     attr = o.quantized_attr(scales, [(alg, md) for alg, md, _ in described],
-                            ((RELU, 0.0, 0.0),) if attrs["relu"] else (), zero_points=zero_points)
+                            ((RELU, 0.0, 0.0),) if attrs["relu"] else ())
     return Matmul(o, src, dst, bias_md, attr, args, k, n)
 
 
@@ -648,8 +647,7 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
         amax, zero_point = _grid_operands(attrs["grid"])
     elif not eng.row_scales:
         lo, amax = lo[:1], amax[:1]                    # one scale for the whole batch
-    applied = zero_point if zero_point is None or not attrs["zero_point_folded"] else 0 * zero_point
-    mm = _matmul(eng, step, q, y2, amax, ins, applied)
+    mm = _matmul(eng, step, q, y2, amax, ins)
     brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
     if not brgemm:          # e.g. ONNX's 1 x 25 x 25 test products: no brgemm kernel takes them
         return _float_linear(eng, step, x2, y2, ins)
