@@ -45,6 +45,20 @@ def confirmed_fastest(measure: Callable[[], dict[str, float]], default: str) -> 
     return best, timings
 
 
+def gaining_rival(measure: Callable[[], dict[str, float]], kept: str, rival: str) -> tuple[str, list[dict]]:
+    """``rival`` where one of up to two timings (``measure()``: name -> seconds) has it KEEP_DEFAULT
+    faster than ``kept``, else ``kept``; and the timings. The thread judge's rule, with one thread
+    kept: on a tie the pool gains nothing and, on a 2-core host whose second core comes and goes,
+    can lose (MobileNetV2's int8 b1 forward, AMD EPYC: 0.24 ms on either in one phase, 0.47 ms on
+    the pool in another; the pool was kept on ties and ran so in one build in four); and one timing
+    in a slow phase cannot hold to one thread a forward that the pool speeds up (mlp b16 d256, in
+    ``confirmed_fastest``)."""
+    timings = [measure()]
+    if fastest(timings[0], kept) != rival:
+        timings.append(measure())
+    return (rival if any(fastest(t, kept) == rival for t in timings) else kept), timings
+
+
 # A GEMM timed alone is not the GEMM in the forward: there its weights, its neighbours' data and
 # their pools share the cache and the cores (an AMD EPYC's 1 x 1024 x 1024 tied NumPy's two
 # threads with SciPy's one alone, and ran 1.4x slower on one thread in the forward). Rivals within

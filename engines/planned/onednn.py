@@ -36,7 +36,7 @@ from ..ir.conv import activation_of, conv_attrs, pool_window, split_pool
 from ..ir.ops import head_columns, qkv_heads
 from ..importer.passes import fuse_conv_activation, fuse_conv_add, fuse_conv_fake_quant
 from ..kernels import candidates, on_one_thread, pool_threads, tuning_enabled
-from ..kernels.choice import confirmed_fastest
+from ..kernels.choice import gaining_rival
 from ..kernels.table import one_thread, run_calls
 from ..kernels.timing import PARK_S, measure_forwards
 from ..errors import EngineUnavailable
@@ -53,8 +53,8 @@ from .compiled import seeded
 from .fused import BIND, FusedEngine, FusedStep, Lowering
 
 
-# A forward shorter than this is also timed with OpenMP at one thread, and runs so where that is
-# KEEP_DEFAULT faster: between two primitives the Python of the next call outlasts the workers'
+# A forward shorter than this is also timed with OpenMP at one thread, and runs so unless the pool
+# is KEEP_DEFAULT faster: between two primitives the Python of the next call outlasts the workers'
 # spin, so each primitive pays their wake-up. MobileNetV3-small exported at 64x64, batch 1: 0.905 ms
 # on the two-thread pool, 0.655 ms on one (Intel Xeon; ONNX Runtime 0.53 ms). Longer forwards
 # would cost their timing more than any wake-up they pay.
@@ -128,9 +128,9 @@ class OneDnnEngine(FusedEngine):
 
     def bind_judged(self, batch: int):
         """The forward at ``batch`` with its linears judged (``BoundEngine``), then on OpenMP's pool
-        or, where its own warm forward ran faster so, all of it with OpenMP at one thread
+        or, unless the pool ran its own warm forward faster, all of it with OpenMP at one thread
         (``ONE_THREAD_FORWARD_S``; measured once per batch size and process, after PARK_S idle;
-        one thread only where a second timing agrees)."""
+        ``gaining_rival``)."""
         bound = super().bind_judged(batch)
         if batch not in self.forward_threads:
             self.forward_threads[batch] = self._judge_threads(batch, bound)
@@ -164,8 +164,8 @@ class OneDnnEngine(FusedEngine):
             return {"threads": pool, "pool": pool, "how": f"a {once * 1e3:.0f} ms forward: on the pool"}
         variants = {"pool": forward, "one thread": seeded(self._one_thread_bound(batch))}
         time.sleep(PARK_S)                   # another engine's pool, warmed just before, parks first
-        # a disturbance during 0.15 s of timing must not hold the engine to one thread: a second agrees
-        best, timings = confirmed_fastest(lambda: measure_forwards(variants), "pool")
+        # the pool where it pays for itself in one of two timings; a tie runs on one thread
+        best, timings = gaining_rival(lambda: measure_forwards(variants), "one thread", "pool")
         return {"threads": 1 if best == "one thread" else pool, "pool": pool, "how": "measured in the forward",
                 "forward_us": [{name: t * 1e6 for name, t in times.items()} for times in timings]}
 
