@@ -52,8 +52,8 @@ from ..kernels import on_one_thread, pool_threads, tuning_enabled
 from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
 from .fused import FusedStep, Lowering
-from .onednn import (OneDnnEngine, bind_binary as bind_float_binary, bind_pool as bind_float_pool, eltwises,
-                     fake_quant_chain, pool_call)
+from .onednn import (SUM_KINDS, OneDnnEngine, bind_binary as bind_float_binary, bind_pool as bind_float_pool,
+                     binary_of_activations, eltwises, fake_quant_chain, pool_call)
 
 LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly representable
 TINY = np.float32(1e-30)        # an all-zero row's scale: its values quantize to 0 without a 0/0
@@ -65,7 +65,6 @@ AMX_ROWS = 16                   # an AMX tile's rows
 ONE_THREAD_MAX_WORK = 1 << 22   # multiply-adds up to which a matmul runs on one thread untuned
 LINEAR_KINDS = ("linear", "linear_relu", "linear_add")
 CONV_KINDS = ("conv", "conv_add", "conv_maxpool")
-RESIDUAL_SUMS = ("add", "sum")          # of two activations: onednn's binary add
 PER_OUT_CHANNEL = 1 << 0         # scale mask of conv weights (oc, ic, kh, kw): one per output channel
 PER_GROUP_CHANNEL = 1 << 0 | 1 << 1   # of grouped ones (g, oc / g, ...): one per (group, channel)
 PER_COLUMN_3D = 1 << 2          # scale mask of (1, k, n) weights: one per output channel
@@ -142,7 +141,7 @@ class Int8Engine(OneDnnEngine):
         if op.kind == "maxpool" and lw.steps[start:] and lw.steps[-1].kind == "dnnl_pool":
             self._integer_pool(lw, op)
             return
-        if op.kind in RESIDUAL_SUMS:
+        if op.kind in SUM_KINDS:
             _integer_operands(lw, op, start)
             return
         kinds = LINEAR_KINDS if op.kind == "linear" else ("dnnl_conv",) if op.kind in CONV_KINDS else ()
@@ -354,7 +353,7 @@ def _takes_integers(lw: Lowering, op, tensor: str, sums: bool = False) -> bool:
     """Whether ``op`` can read ``tensor`` as its grid's integers: a conv, as its quantized input,
     or a max pool of it that only such convs read after (``Int8Engine._integer_pool``); with
     ``sums``, also a residual sum that onednn lowers to its binary add, as its ``_integer_slot``."""
-    if sums and op.kind in RESIDUAL_SUMS:
+    if sums and op.kind in SUM_KINDS:
         return tensor == _integer_slot(lw, op)
     if not _first_input(op, tensor):
         return False
@@ -370,9 +369,7 @@ def _integer_slot(lw: Lowering, op) -> str | None:
     read as its grid's integers: one at most, since oneDNN 3.2's binary writing floats has jit
     code only for a float first source (an 8-bit one ran its reference code, 100-500x slower);
     the one more ops read, whose other readers (a block's next convs) then need no quantize pass."""
-    shapes = lw.model.shapes
-    if len(op.inputs) != 2 or op.inputs[0] == op.inputs[1] or op.params or \
-            not all(len(shapes[t]) == 3 and shapes[t] == shapes[op.output] for t in op.inputs):
+    if not binary_of_activations(lw.model.shapes, op) or op.inputs[0] == op.inputs[1]:
         return None
     return max(op.inputs, key=lambda t: len(lw.readers.get(t, ())))
 
@@ -753,15 +750,17 @@ def _bind_binary(eng: Int8Engine, step, y, ins, scratch) -> list:
     (``src_grids``) takes them as its second source, scaled by their grid's scale, and subtracts
     scale x zero point as its first post-op: oneDNN's binary takes source scales, not zero points."""
     grids, out_grid = step.attrs.get("src_grids", (None, None)), step.attrs.get("dst_grid")
+    k = next((k for k, grid in enumerate(grids) if grid), None)     # the integer operand; a sum's commute
     chain = tuple(step.attrs.get("eltwises", ()))
+    if k is not None:
+        chain = ((LINEAR, 1.0, -grids[k][0] * grids[k][1]),) + chain
+    if out_grid is not None:
+        chain = _integer_chain(chain, out_grid)
     dst = None if out_grid is None else _integer_output(eng, step.out, out_grid, y)
-    if not any(grids):
-        return bind_float_binary(eng, step, y, ins, scratch, dst=dst,
-                                 chain=None if out_grid is None else _integer_chain(chain, out_grid))
-    o, k = eng.typed, 0 if grids[0] else 1            # the integer operand; a sum's operands commute
-    grid, batch = grids[k], y.shape[0]
-    chain = ((LINEAR, 1.0, -grid[0] * grid[1]),) + chain
-    attr = o.quantized_attr({SRC_1: 0}, [], chain if out_grid is None else _integer_chain(chain, out_grid))
+    if k is None:
+        return bind_float_binary(eng, step, y, ins, scratch, dst=dst, chain=chain)
+    o, grid, batch = eng.typed, grids[k], y.shape[0]
+    attr = o.quantized_attr({SRC_1: 0}, [], chain)
     args = {SRC: (eng.md(step.reads[1 - k], batch), ins[1 - k]), SRC_1: _integer_output(eng, step.reads[k], grid, ins[k]),
             ATTR_SCALES | SRC_1: (o.typed((1,), PLAIN[1], np.float32), _grid_operands(grid)[0]),
             DST: dst or (eng.md(step.out, batch), y)}

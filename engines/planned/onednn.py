@@ -602,6 +602,14 @@ def _lower_rows_mean(lw: Lowering, i: int, op) -> bool:
 
 # oneDNN's binary algorithms for the IR's ``add`` and ``binary`` of two activations
 BINARY_ALGS = {"add": BINARY_ADD, "mul": BINARY_MUL, "sub": BINARY_SUB, "div": BINARY_DIV}
+SUM_KINDS = ("add", "sum")      # the IR's sums of activations: ONNX's Add of two, and its Sum
+
+
+def binary_of_activations(shapes: dict, op) -> bool:
+    """Whether ``op`` combines two (C, H, W) activations of its output's shape and no constant:
+    what ``_lower_binary`` makes oneDNN's binary primitive, where one of them is in its layout."""
+    return not op.params and op.attrs.get("scalar") is None and op.attrs.get("width") is None and \
+        len(op.inputs) == 2 and all(len(shapes[t]) == 3 and shapes[t] == shapes[op.output] for t in op.inputs)
 
 
 def _lower_binary(lw: Lowering, i: int, op) -> bool:
@@ -611,10 +619,8 @@ def _lower_binary(lw: Lowering, i: int, op) -> bool:
     eng, shapes = lw.engine, lw.model.shapes
     if op.attrs.get("scalar") is not None:
         return _lower_scalar(lw, i, op)
-    alg = BINARY_ALGS.get("add" if op.kind in ("add", "sum") else op.attrs.get("fn"))
-    plain = not op.params and op.attrs.get("scalar") is None and op.attrs.get("width") is None
-    if alg is None or not plain or len(op.inputs) != 2 or not any(eng.is_native(lw.where[t]) for t in op.inputs) \
-            or not all(len(shapes[t]) == 3 and shapes[t] == shapes[op.output] for t in op.inputs):
+    alg = BINARY_ALGS.get("add" if op.kind in SUM_KINDS else op.attrs.get("fn"))
+    if alg is None or not binary_of_activations(shapes, op) or not any(eng.is_native(lw.where[t]) for t in op.inputs):
         return False
     reads = tuple(eng.layout(lw, t, native=True) for t in op.inputs)
     chain, last = _following_eltwises(lw, i)
