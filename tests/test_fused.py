@@ -197,6 +197,24 @@ def test_unfusable_ops_fall_back_to_their_kernels(fused):
         assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < REL_TOL
 
 
+def test_a_reshape_read_alone_copies_nothing(fused):
+    """A reshape is its input's buffer read in another shape where nothing else reads that input;
+    where something does, it stays a copy (a later in-place write must not reach the other reader)."""
+    from engines import Model, Op
+
+    graph = (Op("relu", ("x",), "r"),
+           Op("reshape", ("r",), "flat", (), {"shape": (24,)}),        # r is read again below: a copy
+           Op("reshape", ("flat",), "back", (), {"shape": (4, 6)}),     # flat is read here alone: no copy
+           Op("add", ("back", "r"), "out"))
+    model = Model("views", graph, {"x": (4, 6), "r": (4, 6), "flat": (24,), "back": (4, 6), "out": (4, 6)}, {})
+    eng = fused(model, max_batch=3)
+    copies = [s.out for s in eng.steps if s.kind == "calls" and s.operands[0] is ops.reshape_calls]
+    assert copies == ["flat"] and eng.aliases == {"back": "flat"}, (copies, eng.aliases)
+    for batch in (1, 3):
+        x = model.random_input(batch, rng=batch)
+        np.testing.assert_array_equal(eng.forward(x), model.reference(x).astype(np.float32))
+
+
 def test_packed_weights_match_reference():
     """packed: every linear packed once; right for row counts on both sides of the small-work
     boundary (sgemv, SciPy sgemm, the packed gemm), layernorm folds and residual adds included."""

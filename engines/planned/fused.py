@@ -223,6 +223,15 @@ def _lower_softmax(lw: Lowering, i: int, op) -> bool:
     return True
 
 
+def _lower_reshape(lw: Lowering, i: int, op) -> bool:
+    """A reshape of a tensor nothing else reads (a classifier's flatten): the output is the input's
+    buffer read in the new shape, and nothing is copied; else the op's own copy."""
+    if not lw.in_place(op):
+        return False
+    lw.where[op.output] = lw.alias(op.output, lw.model.shapes[op.output], lw.where[op.inputs[0]])
+    return True
+
+
 def _lower_calls(lw: Lowering, i: int, op) -> bool:
     """Any other op: its own ``engines.ir.ops`` calls, its operands prepared once."""
     kind, model = OPS[op.kind], lw.model
@@ -239,6 +248,7 @@ def _lower_calls(lw: Lowering, i: int, op) -> bool:
 LOWER: dict[str, Callable[[Lowering, int, object], bool]] = {
     "layernorm": _lower_layernorm, "linear": _lower_linear, "attn_scores": _lower_attn_scores,
     "attn_context": _lower_attn_context, "gelu": _lower_gelu, "softmax": _lower_softmax,
+    "reshape": _lower_reshape,
 }
 
 

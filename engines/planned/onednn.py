@@ -206,16 +206,21 @@ class OneDnnEngine(FusedEngine):
 
     def layout(self, lw, tensor: str, native: bool) -> str:
         """The buffer holding ``tensor`` in the layout asked: where it is, or its twin, written by a
-        reorder step the first time one is asked."""
+        reorder step the first time one is asked; where both layouts put the same bytes in the same
+        order (one pixel, whole channel blocks: a global pool's output before the classifier), the
+        twin is the buffer itself read the other way, and nothing is copied."""
         buffer = lw.where[tensor]
         if (buffer in self._channels) == native:
             return buffer
         if (tensor, native) not in self._twins:
             shape = lw.model.shapes[tensor]
-            twin = (self.new_native(lw, tensor + ".dnnl", shape) if native
-                    else lw.buffer(tensor + ".nchw", shape))
+            same = len(shape) == 3 and shape[1:] == (1, 1) and shape[0] % self.dnnl.block == 0
+            base = buffer if same else None
+            twin = (self.new_native(lw, tensor + ".dnnl", shape, base) if native
+                    else lw.buffer(tensor + ".nchw", shape) if base is None else lw.alias(tensor + ".nchw", shape, base))
             self._twins[tensor, native], self._twins[tensor, not native] = twin, buffer
-            lw.steps.append(FusedStep("dnnl_reorder", twin, (buffer,)))
+            if not same:
+                lw.steps.append(FusedStep("dnnl_reorder", twin, (buffer,)))
         return self._twins[tensor, native]
 
     def md(self, buffer: str, batch: int) -> P:
