@@ -226,6 +226,29 @@ def test_hardswish_and_squeeze_excite_stay_in_onednns_layout(pool):
         np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("act", ["HardSwish", "HardSigmoid", "Sigmoid", "SiLU"])
+def test_a_gated_activation_between_linears_is_one_primitive(act):
+    """MobileNetV3's classifier, Gemm, HardSwish, Gemm (and the other gated activations there): the
+    activation on the plain rows is one oneDNN eltwise primitive, not NumPy's several passes."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(3)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
+             for name, shape in (("w0", (16, 24)), ("b0", (24,)), ("w1", (24, 8)), ("b1", (8,)))]
+    node = helper.make_node
+    gate = ([node("Sigmoid", ["h"], ["s"]), node("Mul", ["h", "s"], ["a"])] if act == "SiLU"
+            else [node(act, ["h"], ["a"])])
+    nodes = [node("Gemm", ["x", "w0", "b0"], ["h"]), *gate, node("Gemm", ["a", "w1", "b1"], ["y"])]
+    graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], inits)
+    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]).SerializeToString())
+    engine = ENGINES["onednn"](model, 4)
+    kinds = [s.kind for s in engine.steps]
+    assert kinds.count("dnnl_eltwise") == 1 and "calls" not in kinds, kinds
+    for batch in (1, 4):
+        x = model.random_input(batch, rng=batch) * 4            # across hardswish's and hardsigmoid's bends
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-4, atol=1e-5)
+
+
 def test_silu_and_a_difference_of_activations_stay_in_onednns_layout():
     """EfficientNet's SiLU, conv · sigmoid(conv), becomes the conv's swish post-op, and a difference
     of two activations oneDNN's binary primitive, all in its layout, right at both batches."""
