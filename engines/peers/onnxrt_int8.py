@@ -166,12 +166,13 @@ class OnnxRuntimeInt8Engine(OnnxRuntimeEngine):
         return proto.SerializeToString()
 
 
-def quantized(model: Model, proto, onnx) -> tuple:
-    """(``proto`` quantized as this peer runs it, the scheme: "as given", "dynamic" or "static QDQ")."""
+def quantized(model: Model, proto, onnx, static: bool | None = None) -> tuple:
+    """(``proto`` quantized as this peer runs it, the scheme: "as given", "dynamic" or "static QDQ");
+    ``static``: QDQ or dynamic whatever the graph (default: QDQ where it has a conv)."""
     ops = {n.op_type for n in proto.graph.node}
     if ops & QUANTIZED_OPS:
         return proto, "as given"
-    scheme = "static QDQ" if "Conv" in ops else "dynamic"
+    scheme = "static QDQ" if ("Conv" in ops if static is None else static) else "dynamic"
     import onnx.version_converter  # noqa: F401  (onnx.version_converter below)
     q = _quantization()
     with tempfile.TemporaryDirectory(prefix="mlexec-int8-") as tmp:
