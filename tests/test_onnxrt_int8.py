@@ -86,6 +86,19 @@ def test_cnn_static_qdq_calibrated_seeded_and_correct():
         assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < PEER.rel_tol
 
 
+@pytest.mark.parametrize("static, scheme", [(None, "dynamic"), (True, "static QDQ")])
+def test_a_graph_without_a_conv_is_quantized_dynamically_unless_asked_for_qdq(static, scheme):
+    """``quantized`` (the peer's, and ``scripts/quantize_files.py --static``'s): a transformer gets
+    quantize_dynamic by default, and QDQ pairs with per-channel weights when asked."""
+    from engines.peers.onnxrt import export
+    model = MODELS["transformer"](dim=32, seq=8, heads=4, seed=2)
+    proto, got = onnxrt_int8.quantized(model, export(model, onnx), onnx, static)
+    ops = {n.op_type for n in proto.graph.node}
+    assert got == scheme
+    assert (DYNAMIC_OPS <= ops) == (scheme == "dynamic")
+    assert ({"QuantizeLinear", "DequantizeLinear"} <= ops) == (scheme == "static QDQ")
+
+
 def test_a_quantized_file_runs_as_it_is(tmp_path):
     """An imported file that is quantized already (here by quantize_dynamic) is not quantized again."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
