@@ -249,6 +249,39 @@ def test_a_gated_activation_between_linears_is_one_primitive(act):
         np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-4, atol=1e-5)
 
 
+def test_a_plain_binary_and_the_eltwise_ops_after_it_are_one_primitive():
+    """On plain rows (ConvNeXt's channels-last linears): a bias add, a quotient by a constant along
+    the last axis and a constant times the rows (either order), a product and a difference of two
+    activations, each with the eltwise ops after it, are oneDNN's binary primitive with those ops
+    as post-ops; one with nothing after it stays NumPy's one pass, as does a sum of two."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(4)
+    consts = {"bias": rng.standard_normal(8), "half": np.array(0.5),
+              "den": rng.uniform(0.5, 2.0, 8), "scale": rng.standard_normal(8)}
+    inits = [onnx.numpy_helper.from_array(v.astype(np.float32), k) for k, v in consts.items()]
+    node = helper.make_node
+    nodes = [node("Tanh", ["x"], ["a"]),                                       # no linear to fold the bias into
+             node("Add", ["a", "bias"], ["b"]), node("Relu", ["b"], ["br"]),             # constant, then ReLU
+             node("Mul", ["br", "x"], ["m"]), node("Sigmoid", ["m"], ["ms"]), node("Mul", ["ms", "half"], ["mh"]),
+             node("Sub", ["mh", "x"], ["d"]), node("Relu", ["d"], ["dr"]),               # two activations
+             node("Div", ["dr", "den"], ["q"]), node("Relu", ["q"], ["qr"]),
+             node("Mul", ["scale", "qr"], ["s"]), node("Sigmoid", ["s"], ["ss"]),        # the constant first
+             node("Mul", ["ss", "x"], ["alone"]),                                        # nothing after it
+             node("Add", ["alone", "x"], ["y"])]
+    graph = helper.make_graph(nodes, "rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 5, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5, 8])], inits)
+    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]).SerializeToString())
+    engine = ENGINES["onednn"](model, 4)
+    binaries = [s for s in engine.steps if s.kind == "dnnl_binary"]
+    assert [len(s.operands) for s in binaries] == [1, 0, 0, 1, 1], [(s.out, s.attrs) for s in binaries]
+    assert [len(s.attrs["eltwises"]) for s in binaries] == [1, 2, 1, 1, 1]
+    numpy = [s.out for s in engine.steps if s.kind == "calls"]
+    assert numpy == ["a", "alone", "y"], numpy                           # tanh, the product alone, the sum
+    for batch in (1, 4):
+        x = model.random_input(batch, rng=batch)
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-5, atol=1e-6)
+
+
 def test_silu_and_a_difference_of_activations_stay_in_onednns_layout():
     """EfficientNet's SiLU, conv · sigmoid(conv), becomes the conv's swish post-op, and a difference
     of two activations oneDNN's binary primitive, all in its layout, right at both batches."""

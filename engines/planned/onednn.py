@@ -626,12 +626,43 @@ def _lower_binary(lw: Lowering, i: int, op) -> bool:
     if op.attrs.get("scalar") is not None:
         return _lower_scalar(lw, i, op)
     alg = BINARY_ALGS.get("add" if op.kind in SUM_KINDS else op.attrs.get("fn"))
-    if alg is None or not binary_of_activations(shapes, op) or not any(eng.is_native(lw.where[t]) for t in op.inputs):
+    if alg is None:
         return False
+    if not binary_of_activations(shapes, op) or not any(eng.is_native(lw.where[t]) for t in op.inputs):
+        return _lower_plain_binary(lw, i, op, alg)
     reads = tuple(eng.layout(lw, t, native=True) for t in op.inputs)
     chain, last = _following_eltwises(lw, i)
     out = lw.where[last.output] = eng.new_native(lw, last.output, shapes[op.output])
     lw.steps.append(FusedStep("dnnl_binary", out, reads, attrs={"alg": alg, "eltwises": chain}))
+    return True
+
+
+def _lower_plain_binary(lw: Lowering, i: int, op, alg: int) -> bool:
+    """A product, quotient or difference of two plain activations of the output's shape, or a
+    plain activation and a constant along its last axis (a bias, a layer scale), with the eltwise
+    ops after it (a quantized file's steps between ConvNeXt's channels-last linears): oneDNN's
+    binary primitive, the constant broadcast, those ops its post-ops: one pass where NumPy and a
+    chain step took two. Alone it stays NumPy's one pass; a sum of two stays ``add``'s."""
+    eng, shapes = lw.engine, lw.model.shapes
+    shape = shapes[op.output]
+    if op.kind in SUM_KINDS or len(shape) > 4 or any(eng.is_native(lw.where[t]) for t in op.inputs):
+        return False
+    if op.params:
+        const = lw.model.params[op.params[0]]
+        if (len(op.inputs), len(op.params), op.attrs.get("width")) != (1, 1, shape[-1]) or const.shape != shape[-1:] \
+                or (op.attrs.get("swap") and alg not in (BINARY_ADD, BINARY_MUL)):
+            return False
+        operands = (np.ascontiguousarray(const, dtype=np.float32),)
+    elif len(op.inputs) == 2 and all(shapes[t] == shape for t in op.inputs) and not (op.attrs.get("width") or op.attrs.get("swap")):
+        operands = ()
+    else:
+        return False
+    chain, last = _following_eltwises(lw, i)
+    if last is op:
+        return False
+    out = lw.where[last.output] = lw.buffer(last.output, shapes[last.output])
+    lw.steps.append(FusedStep("dnnl_binary", out, tuple(lw.where[t] for t in op.inputs), operands=operands,
+                              attrs={"alg": alg, "eltwises": chain}))
     return True
 
 
@@ -902,11 +933,15 @@ def bind_binary(eng: OneDnnEngine, step, y, ins, scratch, dst=None, chain=None) 
     """The binary primitive's call; ``dst`` (md, array) and ``chain`` (its post-ops) where they
     are not the step's own (an 8-bit output: ``planned.int8``)."""
     batch, o = y.shape[0], eng.owned
-    src0, src1 = (eng.md(b, batch) for b in step.reads)
+    src0 = eng.md(step.reads[0], batch)
+    if step.operands:              # a constant along the last axis (``_lower_plain_binary``), broadcast
+        src1, b = o.md((1,) * (y.ndim - 1) + step.operands[0].shape, PLAIN[y.ndim]), step.operands[0]
+    else:
+        src1, b = eng.md(step.reads[1], batch), ins[1]
     dst = dst or (eng.md(step.out, batch), y)
     chain = step.attrs.get("eltwises", ()) if chain is None else chain
     pd = o.binary_pd(step.attrs["alg"], src0, src1, dst[0], o.attr(eltwises=chain))
-    return [eng.execute(pd, {SRC: (src0, ins[0]), SRC_1: (src1, ins[1]), DST: dst}, step)]
+    return [eng.execute(pd, {SRC: (src0, ins[0]), SRC_1: (src1, b), DST: dst}, step)]
 
 
 def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
