@@ -621,7 +621,8 @@ def binary_of_activations(shapes: dict, op) -> bool:
 def _lower_binary(lw: Lowering, i: int, op) -> bool:
     """A sum (``add``, or a ``sum`` of two: ONNX's Sum), difference, product or quotient of two
     (C, H, W) activations, one in oneDNN's layout (a residual no conv took in, SiLU's x · sigmoid(x)):
-    oneDNN's binary primitive, both in its layout. A broadcast gate is ``_lower_channel_scale``'s."""
+    oneDNN's binary primitive, both in its layout; on plain rows, ``_lower_plain_binary``'s. A
+    broadcast gate is ``_lower_channel_scale``'s."""
     eng, shapes = lw.engine, lw.model.shapes
     if op.attrs.get("scalar") is not None:
         return _lower_scalar(lw, i, op)
