@@ -282,6 +282,53 @@ def test_int8_reads_a_blocks_input_as_integers_in_its_residual_sum(tmp_path):
     assert not [i for i in impls if i.startswith("ref")], impls
 
 
+def _silu_block():
+    """EfficientNet's SiLU as a QDQ file quantizes it: a conv, its Sigmoid and their product (the
+    sigmoid quantized on a grid of zero point 0 before the product), then a conv, the global pool
+    and a Gemm."""
+    rng = np.random.default_rng(6)
+    w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))  # noqa: E731
+    inits = [w(16, 3, 3, 3), w(16), w(32, 16, 1, 1), w(32), w(10, 32), w(10)]
+    for t, name in zip(inits, ("w1", "b1", "w2", "b2", "fc", "fb")):
+        t.name = name
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1]), node("Sigmoid", ["c"], ["sg"]),
+             node("Mul", ["c", "sg"], ["silu"]), node("Conv", ["silu", "w2", "b2"], ["c2"]),
+             node("GlobalAveragePool", ["c2"], ["g"]), node("Flatten", ["g"], ["f"]),
+             node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 13, 13])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_int8_reads_a_quantized_sigmoid_as_integers_in_its_product(tmp_path):
+    """SiLU's product (oneDNN's binary multiply) reads the quantized sigmoid as 8-bit integers, its
+    second source scaled by their grid's scale (zero point 0 on u8; an s8 grid's -128 leaves it
+    floats), and the sigmoid's step writes them:
+    a quarter of the bytes each way; at least 99 % of the outputs equal the file's arithmetic, on
+    oneDNN's jit code."""
+    proto = _silu_block()
+    onnx.save(proto, tmp_path / "f.onnx")
+    quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", _Calibration(proto), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8)     # as the peer: the sigmoid's zero point 0
+    data = (tmp_path / "q.onnx").read_bytes()
+    model = load_onnx(data)
+    try:
+        engine = ENGINES["int8"](model, 8)
+    except EngineUnavailable as exc:
+        pytest.skip(f"int8 needs oneDNN: {exc}")
+    (mul,) = [s for s in engine.steps if s.kind == "dnnl_binary" and s.attrs["alg"] == BINARY_MUL]
+    (sigmoid,) = [s for s in engine.steps if s.kind == "dnnl_binary" and s.out == mul.reads[1]]
+    assert mul.attrs["src_grids"][0] is None and mul.attrs["src_grids"][1] == sigmoid.attrs["dst_grid"]
+    assert sigmoid.attrs["dst_grid"][1] == 0
+    for batch in (1, 8):
+        x = model.random_input(batch, rng=batch)
+        theirs = _file_semantics(data).run(None, {model.input: x})[0]
+        assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
+    impls = {p["implementation"] for p in engine.report()["primitives"]}
+    assert not [i for i in impls if i.startswith("ref")], impls
+
+
 def test_a_quantize_step_on_its_own_grid_is_dropped(files):
     """The file's QDQ pairs after the max pool and the flatten repeat their input's grid: dropped at
     import; every other step stays (the model still matches the file: ``test_every_engine_matches_the_file``)."""
