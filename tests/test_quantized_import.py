@@ -329,6 +329,58 @@ def test_int8_reads_a_quantized_sigmoid_as_integers_in_its_product(tmp_path):
     assert not [i for i in impls if i.startswith("ref")], impls
 
 
+def _fire():
+    """SqueezeNet's fire module as a QDQ file: a squeeze conv, two expand convs (1x1, 3x3) with
+    their ReLUs joined by a channel concat, read by the next conv alone; then the global pool and a
+    Gemm."""
+    rng = np.random.default_rng(7)
+    w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))  # noqa: E731
+    inits = [w(16, 3, 3, 3), w(16), w(8, 16, 1, 1), w(8), w(16, 8, 1, 1), w(16), w(16, 8, 3, 3), w(16),
+             w(24, 32, 1, 1), w(24), w(10, 24), w(10)]
+    for t, name in zip(inits, ("w0", "b0", "ws", "bs", "w1", "b1", "w3", "b3", "wn", "bn", "fc", "fb")):
+        t.name = name
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]), node("Relu", ["c0"], ["r0"]),
+             node("Conv", ["r0", "ws", "bs"], ["s"]), node("Relu", ["s"], ["rs"]),
+             node("Conv", ["rs", "w1", "b1"], ["e1"]), node("Relu", ["e1"], ["r1"]),
+             node("Conv", ["rs", "w3", "b3"], ["e3"], pads=[1, 1, 1, 1]), node("Relu", ["e3"], ["r3"]),
+             node("Concat", ["r1", "r3"], ["cat"], axis=1),
+             node("Conv", ["cat", "wn", "bn"], ["cn"]), node("Relu", ["cn"], ["rn"]),
+             node("GlobalAveragePool", ["rn"], ["g"]), node("Flatten", ["g"], ["f"]),
+             node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 13, 13])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_int8_joins_a_concats_parts_as_integers_on_its_grid(tmp_path):
+    """The expand convs write their parts' integers on the concat's grid (each after its own
+    quantize step: the grids differ), the concat joins 8-bit parts, and the next conv reads them
+    unquantized; at least 99 % of the outputs equal the file's arithmetic, on oneDNN's jit code."""
+    proto = _fire()
+    onnx.save(proto, tmp_path / "f.onnx")
+    quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", _Calibration(proto), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8)
+    data = (tmp_path / "q.onnx").read_bytes()
+    model = load_onnx(data)
+    try:
+        engine = ENGINES["int8"](model, 8)
+    except EngineUnavailable as exc:
+        pytest.skip(f"int8 needs oneDNN: {exc}")
+    (concat,) = [s for s in engine.steps if s.kind == "dnnl_concat"]
+    parts = [s for s in engine.steps if s.out in concat.reads]
+    (reader,) = [s for s in engine.steps if concat.out in s.reads]
+    assert concat.attrs["dst_grid"] and [s.attrs["dst_grid"] for s in parts] == [concat.attrs["dst_grid"]] * 2
+    assert {s.attrs["conv"]["fake_quant"]["scale"] for s in parts} != {concat.attrs["dst_grid"][0]}, "grids differ"
+    assert reader.kind == "int8_conv" and reader.attrs["integer_input"]
+    for batch in (1, 8):
+        x = model.random_input(batch, rng=batch)
+        theirs = _file_semantics(data).run(None, {model.input: x})[0]
+        assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
+    impls = {p["implementation"] for p in engine.report()["primitives"]}
+    assert not [i for i in impls if i.startswith("ref")], impls
+
+
 def test_a_quantize_step_on_its_own_grid_is_dropped(files):
     """The file's QDQ pairs after the max pool and the flatten repeat their input's grid: dropped at
     import; every other step stays (the model still matches the file: ``test_every_engine_matches_the_file``)."""

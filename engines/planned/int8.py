@@ -44,16 +44,16 @@ from ..importer.passes import grid_of
 from ..ir.conv import conv_attrs
 from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..ir.ops import U8_LEVELS    # a ReLU's output as u8: [0, 255], twice the resolution
-from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MAX, BINARY_MUL, CLIP, DST, LINEAR, PLAIN, REDUCTION_MAX, REDUCTION_MIN,
-                              RELU, SRC, SRC_1, WEIGHTS, library)
+from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MAX, BINARY_MUL, CLIP, DST, LINEAR, MULTIPLE_SRC, PLAIN,
+                              REDUCTION_MAX, REDUCTION_MIN, RELU, SRC, SRC_1, WEIGHTS, library)
 from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementations, post_op_arg,
                                   quantize_columns, with_implementation)
 from ..kernels import on_one_thread, pool_threads, tuning_enabled
 from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
 from .fused import FusedStep, Lowering
-from .onednn import (SUM_KINDS, OneDnnEngine, bind_binary as bind_float_binary, bind_pool as bind_float_pool,
-                     binary_of_activations, eltwises, fake_quant_chain, pool_call)
+from .onednn import (SUM_KINDS, OneDnnEngine, bind_binary as bind_float_binary, bind_concat as bind_float_concat,
+                     bind_pool as bind_float_pool, binary_of_activations, eltwises, fake_quant_chain, pool_call)
 
 LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly representable
 TINY = np.float32(1e-30)        # an all-zero row's scale: its values quantize to 0 without a 0/0
@@ -302,8 +302,11 @@ def _file_grid(lw: Lowering, tensor: str) -> tuple[float, int, int] | None:
     and zero point, so its integers are the file's and its products those ONNX Runtime's integer
     kernels compute."""
     a = grid_of(lw.writer, tensor)
-    if a is None:
-        return None
+    return None if a is None else _fake_quant_grid(a)
+
+
+def _fake_quant_grid(a: dict) -> tuple[float, int, int] | None:
+    """A quantization step's (scale, zero point, lowest level) where its levels are 8-bit ones."""
     return (a["scale"], a["zero_point"], a["lo"]) if (a["lo"], a["hi"]) in ((0, 255), (-128, 127)) else None
 
 
@@ -312,7 +315,8 @@ def _integer_writer(lw: Lowering, buffer: str, tensor: str, grid: tuple | None) 
     integers on ``grid`` instead of its float values, and only convs read the tensor, each as its
     quantized input, in this layout: an int8 conv that took in the file's step of that grid,
     reads on a grid itself (so runs the batch in one call) and sums no residual into its output;
-    a max pool of integers (``_integer_pool``); or a binary primitive of floats, not in place, into
+    a max pool of integers (``_integer_pool``); a concat of parts whose convs can write them
+    (``_concat_writers``); or a binary primitive of floats, not in place, into
     oneDNN's layout, whose buffer nothing else reads (``_bind_binary``: x / scale + zero point as
     its last post-op, oneDNN's store rounding and saturating as the file's step does). oneDNN 3.2's
     pooling writes no 8-bit output from floats."""
@@ -324,6 +328,8 @@ def _integer_writer(lw: Lowering, buffer: str, tensor: str, grid: tuple | None) 
         writes = w.attrs["grid"] and not w.attrs["residual"] and "fake_quant" in w.attrs["conv"]
     elif w.kind == "dnnl_pool":         # a max pool of integers (``_integer_pool``)
         writes = w.attrs.get("dst_grid") == grid
+    elif w.kind == "dnnl_concat":       # of parts whose convs write the concat's grid (``_concat_writers``)
+        writes = _concat_writers(lw, at) is not None
     else:
         writes = w.kind == "dnnl_binary" and w.out not in w.reads and \
             lw.engine.is_native(buffer) and _held_only_for(lw, buffer, tensor)
@@ -331,6 +337,30 @@ def _integer_writer(lw: Lowering, buffer: str, tensor: str, grid: tuple | None) 
         return None
     readers = lw.readers.get(tensor, ())
     return at if readers and all(_takes_integers(lw, lw.ops[r], tensor, sums=True) for r in readers) else None
+
+
+def _concat_writers(lw: Lowering, at: int) -> list[int] | None:
+    """The steps that write each part of the concat step ``at``, where each is an int8 conv that
+    reads on a grid, sums no residual and took in its part's quantize step, and writes a buffer
+    that only this concat reads: each can then write its part's integers on the concat's grid,
+    after its own step (``_bind_int8_conv``). SqueezeNet's fire modules were joined as floats and
+    the next squeeze conv quantized the whole again."""
+    concat = lw.steps[at]
+    op = next((i for i, op in enumerate(lw.ops) if op.kind == "concat" and lw.where.get(op.output) == concat.out), None)
+    if op is None or tuple(lw.where.get(t) for t in lw.ops[op].inputs) != concat.reads or \
+            len(set(concat.reads)) != len(concat.reads):
+        return None
+    writers = []
+    for part, tensor in zip(concat.reads, lw.ops[op].inputs):
+        j = next((j for j in range(at - 1, -1, -1) if lw.steps[j].out == part), None)
+        if j is None or lw.steps[j].kind != "int8_conv" or lw.readers.get(tensor) != [op] or \
+                not _held_only_for(lw, part, tensor):
+            return None
+        w = lw.steps[j].attrs
+        if not (w["grid"] and not w["residual"] and "fake_quant" in w["conv"]):
+            return None
+        writers.append(j)
+    return writers
 
 
 def _held_only_for(lw: Lowering, buffer: str, tensor: str) -> bool:
@@ -405,7 +435,10 @@ def _integer_operands(lw: Lowering, op, start: int) -> None:
 
 
 def _mark_integer(lw: Lowering, at: int, grid: tuple) -> None:
-    """Step ``at`` writes its output's integers on ``grid`` (``dst_grid``)."""
+    """Step ``at`` writes its output's integers on ``grid`` (``dst_grid``); a concat, its parts'
+    writers too."""
+    for j in (_concat_writers(lw, at) or []) if lw.steps[at].kind == "dnnl_concat" else []:
+        _mark_integer(lw, j, grid)
     lw.steps[at] = replace(lw.steps[at], attrs={**lw.steps[at].attrs, "dst_grid": grid})
 
 
@@ -719,7 +752,8 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
         scales[DST], zero_points[DST] = 0, 0
         more.update({ATTR_SCALES | DST: (o.typed((1,), PLAIN[1], np.float32), out_scale),
                      ATTR_ZERO_POINTS | DST: (o.typed((1,), PLAIN[1], np.int32), out_zero)})
-        conv = {k: v for k, v in conv.items() if k != "fake_quant"}
+        if _fake_quant_grid(conv["fake_quant"]) == attrs["dst_grid"]:    # else its step, then the concat's grid
+            conv = {k: v for k, v in conv.items() if k != "fake_quant"}
     w_dims = linear.weights.shape
     b_md = o.typed((w_dims[0] * (w_dims[1] if group > 1 else 1),), PLAIN[1], np.float32)
     attr = o.quantized_attr(scales, [], eltwises(conv), sum_=attrs["residual"], zero_points=zero_points or None)
@@ -778,6 +812,18 @@ def _bind_binary(eng: Int8Engine, step, y, ins, scratch) -> list:
     return [eng.execute(pd, args, step)]
 
 
+def _bind_concat(eng: Int8Engine, step, y, ins, scratch) -> list:
+    """onednn's concat step; where its parts' convs wrote its grid's integers (``dst_grid``,
+    ``_concat_writers``), a concat of those 8-bit parts into its 8-bit output."""
+    grid = step.attrs.get("dst_grid")
+    if grid is None:
+        return bind_float_concat(eng, step, y, ins, scratch)
+    dst = _integer_output(eng, step.out, grid, y)
+    srcs = [_integer_output(eng, b, grid, x) for b, x in zip(step.reads, ins)]
+    pd = eng.typed.concat_pd(dst[0], [md for md, _ in srcs], eng.typed.attr())
+    return [eng.execute(pd, {DST: dst, **{MULTIPLE_SRC + i: src for i, src in enumerate(srcs)}}, step)]
+
+
 def _bind_pool(eng: Int8Engine, step, y, ins, scratch) -> list:
     """onednn's pool step; a max pool of integers (``dst_grid``) reads and writes them, 8-bit."""
     if not step.attrs.get("dst_grid"):
@@ -789,4 +835,5 @@ def _bind_pool(eng: Int8Engine, step, y, ins, scratch) -> list:
 
 
 Int8Engine.binders = {**OneDnnEngine.binders, "int8_linear": _bind_int8_linear, "int8_conv": _bind_int8_conv,
-                      "int8_quantize": _bind_quantize, "dnnl_binary": _bind_binary, "dnnl_pool": _bind_pool}
+                      "int8_quantize": _bind_quantize, "dnnl_binary": _bind_binary, "dnnl_pool": _bind_pool,
+                      "dnnl_concat": _bind_concat}

@@ -896,7 +896,7 @@ def _bind_slice(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     return _one_input(eng, step, y, ins, _reorder_pd, src, dst)
 
 
-def _bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+def bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     batch = y.shape[0]
     srcs = [eng.md(b, batch) for b in step.reads]
     dst = eng.md(step.out, batch)
@@ -1061,7 +1061,7 @@ def _bind_attention(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 
 OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": bind_pool, "dnnl_reorder": _bind_reorder,
-                        "dnnl_concat": _bind_concat, "dnnl_slice": _bind_slice, "dnnl_shuffle": _bind_shuffle,
+                        "dnnl_concat": bind_concat, "dnnl_slice": _bind_slice, "dnnl_shuffle": _bind_shuffle,
                         "dnnl_eltwise": _bind_eltwise,
                         "dnnl_binary": bind_binary, "dnnl_softmax": _bind_softmax,
                         "dnnl_batchnorm": _bind_batchnorm, "dnnl_layernorm": _bind_layernorm,
