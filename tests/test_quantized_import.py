@@ -329,10 +329,11 @@ def test_int8_reads_a_quantized_sigmoid_as_integers_in_its_product(tmp_path):
     assert not [i for i in impls if i.startswith("ref")], impls
 
 
-def _fire():
+def _fire(pool_branch: bool):
     """SqueezeNet's fire module as a QDQ file: a squeeze conv, two expand convs (1x1, 3x3) with
-    their ReLUs joined by a channel concat, read by the next conv alone; then the global pool and a
-    Gemm."""
+    their ReLUs joined by a channel concat, read by the next conv alone or (``pool_branch``) by a
+    conv and a 3x3 max pool before another (GoogLeNet's inception), joined again; then the global
+    pool and a Gemm."""
     rng = np.random.default_rng(7)
     w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))  # noqa: E731
     inits = [w(16, 3, 3, 3), w(16), w(8, 16, 1, 1), w(8), w(16, 8, 1, 1), w(16), w(16, 8, 3, 3), w(16),
@@ -345,19 +346,29 @@ def _fire():
              node("Conv", ["rs", "w1", "b1"], ["e1"]), node("Relu", ["e1"], ["r1"]),
              node("Conv", ["rs", "w3", "b3"], ["e3"], pads=[1, 1, 1, 1]), node("Relu", ["e3"], ["r3"]),
              node("Concat", ["r1", "r3"], ["cat"], axis=1),
-             node("Conv", ["cat", "wn", "bn"], ["cn"]), node("Relu", ["cn"], ["rn"]),
-             node("GlobalAveragePool", ["rn"], ["g"]), node("Flatten", ["g"], ["f"]),
-             node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
+             node("Conv", ["cat", "wn", "bn"], ["cn"]), node("Relu", ["cn"], ["rn"])]
+    if pool_branch:
+        for name, shape in (("wq", (8, 32, 1, 1)), ("bq", (8,)), ("wm", (24, 32, 1, 1)), ("bm", (24,))):
+            inits.append(w(*shape))
+            inits[-1].name = name
+        nodes += [node("MaxPool", ["cat"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                  node("Conv", ["p", "wq", "bq"], ["cq"]), node("Relu", ["cq"], ["rq"]),
+                  node("Concat", ["rn", "rq"], ["cat2"], axis=1),
+                  node("Conv", ["cat2", "wm", "bm"], ["cm"]), node("Relu", ["cm"], ["rm"])]
+    nodes += [node("GlobalAveragePool", ["rm" if pool_branch else "rn"], ["g"]), node("Flatten", ["g"], ["f"]),
+              node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
     graph = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 13, 13])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_int8_joins_a_concats_parts_as_integers_on_its_grid(tmp_path):
+@pytest.mark.parametrize("pool_branch", [False, True], ids=["conv", "conv-and-pool"])
+def test_int8_joins_a_concats_parts_as_integers_on_its_grid(tmp_path, pool_branch):
     """The expand convs write their parts' integers on the concat's grid (each after its own
-    quantize step: the grids differ), the concat joins 8-bit parts, and the next conv reads them
-    unquantized; at least 99 % of the outputs equal the file's arithmetic, on oneDNN's jit code."""
-    proto = _fire()
+    quantize step: the grids differ), the concat joins 8-bit parts, and the next conv (and a max
+    pool before another, which pools the integers) reads them unquantized; at least 99 % of the
+    outputs equal the file's arithmetic, on oneDNN's jit code."""
+    proto = _fire(pool_branch)
     onnx.save(proto, tmp_path / "f.onnx")
     quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", _Calibration(proto), quant_format=QuantFormat.QDQ,
                     per_channel=True, activation_type=QuantType.QUInt8)
@@ -367,12 +378,16 @@ def test_int8_joins_a_concats_parts_as_integers_on_its_grid(tmp_path):
         engine = ENGINES["int8"](model, 8)
     except EngineUnavailable as exc:
         pytest.skip(f"int8 needs oneDNN: {exc}")
-    (concat,) = [s for s in engine.steps if s.kind == "dnnl_concat"]
+    concat, *more = [s for s in engine.steps if s.kind == "dnnl_concat"]
     parts = [s for s in engine.steps if s.out in concat.reads]
-    (reader,) = [s for s in engine.steps if concat.out in s.reads]
+    readers = [s for s in engine.steps if concat.out in s.reads]
     assert concat.attrs["dst_grid"] and [s.attrs["dst_grid"] for s in parts] == [concat.attrs["dst_grid"]] * 2
     assert {s.attrs["conv"]["fake_quant"]["scale"] for s in parts} != {concat.attrs["dst_grid"][0]}, "grids differ"
-    assert reader.kind == "int8_conv" and reader.attrs["integer_input"]
+    by_kind = {s.kind: s for s in readers}
+    assert sorted(by_kind) == ["dnnl_pool", "int8_conv"][1 - pool_branch:] and len(readers) == 1 + pool_branch
+    assert by_kind["int8_conv"].attrs["integer_input"]
+    if pool_branch:
+        assert by_kind["dnnl_pool"].attrs["dst_grid"] == concat.attrs["dst_grid"] and more[0].attrs["dst_grid"]
     for batch in (1, 8):
         x = model.random_input(batch, rng=batch)
         theirs = _file_semantics(data).run(None, {model.input: x})[0]

@@ -444,11 +444,19 @@ def _mark_integer(lw: Lowering, at: int, grid: tuple) -> None:
 
 def _requantized(lw: Lowering, op) -> bool:
     """Whether ``op`` is a file's quantization step that only int8 linears and convs read, as their
-    quantized input: each quantizes on the same grid (``_file_grid``), which gives the same integers
-    from the value before the step as after it; the step is then left out."""
+    quantized input, directly or through max pools that only they read: each quantizes on the same
+    grid (``_file_grid``), which gives the same integers from the value before the step as after it
+    (a max commutes with rounding to a grid); the step is then left out."""
+    return op.kind == "fake_quant" and _file_grid(lw, op.output) is not None and _quantized_readers(lw, op)
+
+
+def _quantized_readers(lw: Lowering, op) -> bool:
+    """Whether ``op``'s output is read, and only as the quantized input of int8 linears and convs
+    or of max pools whose outputs only those read (GoogLeNet's inception outputs)."""
     readers = [lw.ops[r] for r in lw.readers.get(op.output, ())]
-    return (op.kind == "fake_quant" and _file_grid(lw, op.output) is not None and op.output != lw.model.output
-            and bool(readers) and all(r.kind in ("linear", *CONV_KINDS) and _first_input(r, op.output) for r in readers))
+    return op.output != lw.model.output and bool(readers) and all(
+        _first_input(r, op.output) and (r.kind in ("linear", *CONV_KINDS) or r.kind == "maxpool" and _quantized_readers(lw, r))
+        for r in readers)
 
 
 def _first_input(op, tensor: str) -> bool:
