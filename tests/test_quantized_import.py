@@ -234,25 +234,61 @@ def test_int8_runs_a_qdq_file_on_its_own_scales_and_zero_points(name, files):
         assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
 
 
+def _initializers(seed: int, shapes: dict) -> list:
+    """Named weights (name -> shape), each N(0, 1 / fan-in), drawn in order from one seed."""
+    rng = np.random.default_rng(seed)
+    return [numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32), name)
+            for name, s in shapes.items()]
+
+
+def _classifier(name: str, nodes: list, inits: list, last: str):
+    """A graph of ``nodes`` on an (N, 3, 13, 13) input, then the global pool of ``last``, a flatten
+    and a Gemm to 10 classes (``fc``, ``fb`` in ``inits``)."""
+    node = helper.make_node
+    nodes = nodes + [node("GlobalAveragePool", [last], ["g"]), node("Flatten", ["g"], ["f"]),
+                     node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 13, 13])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _on_int8(tmp_path, proto, **quantize_options):
+    """``proto`` quantized by quantize_static (QDQ, per-channel, seeded calibration): the file's
+    bytes, its model, and the int8 engine built from it at batch 8."""
+    onnx.save(proto, tmp_path / "f.onnx")
+    quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", _Calibration(proto), quant_format=QuantFormat.QDQ,
+                    per_channel=True, **quantize_options)
+    data = (tmp_path / "q.onnx").read_bytes()
+    model = load_onnx(data)
+    try:
+        return data, model, ENGINES["int8"](model, 8)
+    except EngineUnavailable as exc:
+        pytest.skip(f"int8 needs oneDNN: {exc}")
+
+
+def _matches_the_files_arithmetic_on_jit_code(data, model, engine):
+    """At least 99 % of the outputs equal the file's arithmetic at batch 1 and 8, and no primitive
+    runs oneDNN's reference code."""
+    for batch in (1, 8):
+        x = model.random_input(batch, rng=batch)
+        theirs = _file_semantics(data).run(None, {model.input: x})[0]
+        assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
+    impls = {p["implementation"] for p in engine.report()["primitives"]}
+    assert not [i for i in impls if i.startswith("ref")], impls
+
+
 def _inverted_residual():
     """MobileNetV2's block as a QDQ file: a conv's output read by the block's first conv and by
     the residual sum at its end (1x1 expansion, ReLU, 1x1 projection, Add), then a conv, the
     global pool and a Gemm."""
-    rng = np.random.default_rng(5)
-    w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))  # noqa: E731
-    inits = [w(16, 3, 3, 3), w(16), w(48, 16, 1, 1), w(48), w(16, 48, 1, 1), w(16), w(32, 16, 3, 3), w(32), w(10, 32), w(10)]
-    for t, name in zip(inits, ("w1", "b1", "we", "be", "wp", "bp", "w2", "b2", "fc", "fb")):
-        t.name = name
+    inits = _initializers(5, {"w1": (16, 3, 3, 3), "b1": (16,), "we": (48, 16, 1, 1), "be": (48,), "wp": (16, 48, 1, 1),
+                              "bp": (16,), "w2": (32, 16, 3, 3), "b2": (32,), "fc": (10, 32), "fb": (10,)})
     node = helper.make_node
     nodes = [node("Conv", ["x", "w1", "b1"], ["block"], pads=[1, 1, 1, 1]),
              node("Conv", ["block", "we", "be"], ["e"]), node("Relu", ["e"], ["re"]),
              node("Conv", ["re", "wp", "bp"], ["p"]), node("Add", ["p", "block"], ["s"]),
-             node("Conv", ["s", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]), node("Relu", ["c2"], ["r2"]),
-             node("GlobalAveragePool", ["r2"], ["g"]), node("Flatten", ["g"], ["f"]),
-             node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
-    graph = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 13, 13])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+             node("Conv", ["s", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]), node("Relu", ["c2"], ["r2"])]
+    return _classifier("block", nodes, inits, "r2")
 
 
 def test_int8_reads_a_blocks_input_as_integers_in_its_residual_sum(tmp_path):
@@ -260,73 +296,37 @@ def test_int8_reads_a_blocks_input_as_integers_in_its_residual_sum(tmp_path):
     its integers, the first conv reads them unquantized, and the sum (oneDNN's binary add) reads
     them as its second source with the grid's scale, less scale x zero point; at least 99 % of the
     outputs equal the file's arithmetic, on oneDNN's jit code."""
-    proto = _inverted_residual()
-    onnx.save(proto, tmp_path / "f.onnx")
-    quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", _Calibration(proto), quant_format=QuantFormat.QDQ,
-                    per_channel=True)
-    data = (tmp_path / "q.onnx").read_bytes()
-    model = load_onnx(data)
-    try:
-        engine = ENGINES["int8"](model, 8)
-    except EngineUnavailable as exc:
-        pytest.skip(f"int8 needs oneDNN: {exc}")
+    data, model, engine = _on_int8(tmp_path, _inverted_residual())
     convs = [s for s in engine.steps if s.kind == "int8_conv"]
     (add,) = [s for s in engine.steps if s.kind == "dnnl_binary" and s.attrs.get("src_grids")]
     assert [bool(s.attrs.get("dst_grid")) for s in convs][0] and convs[1].attrs["integer_input"]
     assert add.attrs["src_grids"][0] is None and add.attrs["src_grids"][1] == convs[1].attrs["grid"]
-    for batch in (1, 8):
-        x = model.random_input(batch, rng=batch)
-        theirs = _file_semantics(data).run(None, {model.input: x})[0]
-        assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
-    impls = {p["implementation"] for p in engine.report()["primitives"]}
-    assert not [i for i in impls if i.startswith("ref")], impls
+    _matches_the_files_arithmetic_on_jit_code(data, model, engine)
 
 
 def _silu_block():
     """EfficientNet's SiLU as a QDQ file quantizes it: a conv, its Sigmoid and their product (the
     sigmoid quantized on a grid of zero point 0 before the product), then a conv, the global pool
     and a Gemm."""
-    rng = np.random.default_rng(6)
-    w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))  # noqa: E731
-    inits = [w(16, 3, 3, 3), w(16), w(32, 16, 1, 1), w(32), w(10, 32), w(10)]
-    for t, name in zip(inits, ("w1", "b1", "w2", "b2", "fc", "fb")):
-        t.name = name
+    inits = _initializers(6, {"w1": (16, 3, 3, 3), "b1": (16,), "w2": (32, 16, 1, 1), "b2": (32,), "fc": (10, 32),
+                              "fb": (10,)})
     node = helper.make_node
     nodes = [node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1]), node("Sigmoid", ["c"], ["sg"]),
-             node("Mul", ["c", "sg"], ["silu"]), node("Conv", ["silu", "w2", "b2"], ["c2"]),
-             node("GlobalAveragePool", ["c2"], ["g"]), node("Flatten", ["g"], ["f"]),
-             node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
-    graph = helper.make_graph(nodes, "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 13, 13])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+             node("Mul", ["c", "sg"], ["silu"]), node("Conv", ["silu", "w2", "b2"], ["c2"])]
+    return _classifier("silu", nodes, inits, "c2")
 
 
 def test_int8_reads_a_quantized_sigmoid_as_integers_in_its_product(tmp_path):
     """SiLU's product (oneDNN's binary multiply) reads the quantized sigmoid as 8-bit integers, its
     second source scaled by their grid's scale (zero point 0 on u8; an s8 grid's -128 leaves it
-    floats), and the sigmoid's step writes them:
-    a quarter of the bytes each way; at least 99 % of the outputs equal the file's arithmetic, on
-    oneDNN's jit code."""
-    proto = _silu_block()
-    onnx.save(proto, tmp_path / "f.onnx")
-    quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", _Calibration(proto), quant_format=QuantFormat.QDQ,
-                    per_channel=True, activation_type=QuantType.QUInt8)     # as the peer: the sigmoid's zero point 0
-    data = (tmp_path / "q.onnx").read_bytes()
-    model = load_onnx(data)
-    try:
-        engine = ENGINES["int8"](model, 8)
-    except EngineUnavailable as exc:
-        pytest.skip(f"int8 needs oneDNN: {exc}")
+    floats), and the sigmoid's step writes them: a quarter of the bytes each way; at least 99 % of
+    the outputs equal the file's arithmetic, on oneDNN's jit code."""
+    data, model, engine = _on_int8(tmp_path, _silu_block(), activation_type=QuantType.QUInt8)   # as the peer
     (mul,) = [s for s in engine.steps if s.kind == "dnnl_binary" and s.attrs["alg"] == BINARY_MUL]
     (sigmoid,) = [s for s in engine.steps if s.kind == "dnnl_binary" and s.out == mul.reads[1]]
     assert mul.attrs["src_grids"][0] is None and mul.attrs["src_grids"][1] == sigmoid.attrs["dst_grid"]
     assert sigmoid.attrs["dst_grid"][1] == 0
-    for batch in (1, 8):
-        x = model.random_input(batch, rng=batch)
-        theirs = _file_semantics(data).run(None, {model.input: x})[0]
-        assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
-    impls = {p["implementation"] for p in engine.report()["primitives"]}
-    assert not [i for i in impls if i.startswith("ref")], impls
+    _matches_the_files_arithmetic_on_jit_code(data, model, engine)
 
 
 def _fire(pool_branch: bool):
@@ -334,12 +334,10 @@ def _fire(pool_branch: bool):
     their ReLUs joined by a channel concat, read by the next conv alone or (``pool_branch``) by a
     conv and a 3x3 max pool before another (GoogLeNet's inception), joined again; then the global
     pool and a Gemm."""
-    rng = np.random.default_rng(7)
-    w = lambda *s: numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32))  # noqa: E731
-    inits = [w(16, 3, 3, 3), w(16), w(8, 16, 1, 1), w(8), w(16, 8, 1, 1), w(16), w(16, 8, 3, 3), w(16),
-             w(24, 32, 1, 1), w(24), w(10, 24), w(10)]
-    for t, name in zip(inits, ("w0", "b0", "ws", "bs", "w1", "b1", "w3", "b3", "wn", "bn", "fc", "fb")):
-        t.name = name
+    inits = _initializers(7, {"w0": (16, 3, 3, 3), "b0": (16,), "ws": (8, 16, 1, 1), "bs": (8,), "w1": (16, 8, 1, 1),
+                              "b1": (16,), "w3": (16, 8, 3, 3), "b3": (16,), "wn": (24, 32, 1, 1), "bn": (24,),
+                              "fc": (10, 24), "fb": (10,), "wq": (8, 32, 1, 1), "bq": (8,), "wm": (24, 32, 1, 1),
+                              "bm": (24,)})
     node = helper.make_node
     nodes = [node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]), node("Relu", ["c0"], ["r0"]),
              node("Conv", ["r0", "ws", "bs"], ["s"]), node("Relu", ["s"], ["rs"]),
@@ -347,19 +345,13 @@ def _fire(pool_branch: bool):
              node("Conv", ["rs", "w3", "b3"], ["e3"], pads=[1, 1, 1, 1]), node("Relu", ["e3"], ["r3"]),
              node("Concat", ["r1", "r3"], ["cat"], axis=1),
              node("Conv", ["cat", "wn", "bn"], ["cn"]), node("Relu", ["cn"], ["rn"])]
-    if pool_branch:
-        for name, shape in (("wq", (8, 32, 1, 1)), ("bq", (8,)), ("wm", (24, 32, 1, 1)), ("bm", (24,))):
-            inits.append(w(*shape))
-            inits[-1].name = name
-        nodes += [node("MaxPool", ["cat"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-                  node("Conv", ["p", "wq", "bq"], ["cq"]), node("Relu", ["cq"], ["rq"]),
-                  node("Concat", ["rn", "rq"], ["cat2"], axis=1),
-                  node("Conv", ["cat2", "wm", "bm"], ["cm"]), node("Relu", ["cm"], ["rm"])]
-    nodes += [node("GlobalAveragePool", ["rm" if pool_branch else "rn"], ["g"]), node("Flatten", ["g"], ["f"]),
-              node("Gemm", ["f", "fc", "fb"], ["y"], transB=1)]
-    graph = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 13, 13])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    if not pool_branch:
+        return _classifier("fire", nodes, inits[:12], "rn")
+    nodes += [node("MaxPool", ["cat"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+              node("Conv", ["p", "wq", "bq"], ["cq"]), node("Relu", ["cq"], ["rq"]),
+              node("Concat", ["rn", "rq"], ["cat2"], axis=1),
+              node("Conv", ["cat2", "wm", "bm"], ["cm"]), node("Relu", ["cm"], ["rm"])]
+    return _classifier("fire", nodes, inits, "rm")
 
 
 @pytest.mark.parametrize("pool_branch", [False, True], ids=["conv", "conv-and-pool"])
@@ -368,16 +360,7 @@ def test_int8_joins_a_concats_parts_as_integers_on_its_grid(tmp_path, pool_branc
     quantize step: the grids differ), the concat joins 8-bit parts, and the next conv (and a max
     pool before another, which pools the integers) reads them unquantized; at least 99 % of the
     outputs equal the file's arithmetic, on oneDNN's jit code."""
-    proto = _fire(pool_branch)
-    onnx.save(proto, tmp_path / "f.onnx")
-    quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", _Calibration(proto), quant_format=QuantFormat.QDQ,
-                    per_channel=True, activation_type=QuantType.QUInt8)
-    data = (tmp_path / "q.onnx").read_bytes()
-    model = load_onnx(data)
-    try:
-        engine = ENGINES["int8"](model, 8)
-    except EngineUnavailable as exc:
-        pytest.skip(f"int8 needs oneDNN: {exc}")
+    data, model, engine = _on_int8(tmp_path, _fire(pool_branch), activation_type=QuantType.QUInt8)
     concat, *more = [s for s in engine.steps if s.kind == "dnnl_concat"]
     parts = [s for s in engine.steps if s.out in concat.reads]
     readers = [s for s in engine.steps if concat.out in s.reads]
@@ -388,12 +371,7 @@ def test_int8_joins_a_concats_parts_as_integers_on_its_grid(tmp_path, pool_branc
     assert by_kind["int8_conv"].attrs["integer_input"]
     if pool_branch:
         assert by_kind["dnnl_pool"].attrs["dst_grid"] == concat.attrs["dst_grid"] and more[0].attrs["dst_grid"]
-    for batch in (1, 8):
-        x = model.random_input(batch, rng=batch)
-        theirs = _file_semantics(data).run(None, {model.input: x})[0]
-        assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
-    impls = {p["implementation"] for p in engine.report()["primitives"]}
-    assert not [i for i in impls if i.startswith("ref")], impls
+    _matches_the_files_arithmetic_on_jit_code(data, model, engine)
 
 
 def test_a_quantize_step_on_its_own_grid_is_dropped(files):
