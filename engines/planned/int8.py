@@ -325,7 +325,7 @@ def _integer_writer(lw: Lowering, buffer: str, tensor: str, grid: tuple | None) 
         return None
     w = lw.steps[at]
     if w.kind == "int8_conv":
-        writes = w.attrs["grid"] and not w.attrs["residual"] and "fake_quant" in w.attrs["conv"]
+        writes = _conv_writes_integers(w)
     elif w.kind == "dnnl_pool":         # a max pool of integers (``_integer_pool``)
         writes = w.attrs.get("dst_grid") == grid
     elif w.kind == "dnnl_concat":       # of parts whose convs write the concat's grid (``_concat_writers``)
@@ -353,14 +353,17 @@ def _concat_writers(lw: Lowering, at: int) -> list[int] | None:
     writers = []
     for part, tensor in zip(concat.reads, lw.ops[op].inputs):
         j = next((j for j in range(at - 1, -1, -1) if lw.steps[j].out == part), None)
-        if j is None or lw.steps[j].kind != "int8_conv" or lw.readers.get(tensor) != [op] or \
-                not _held_only_for(lw, part, tensor):
-            return None
-        w = lw.steps[j].attrs
-        if not (w["grid"] and not w["residual"] and "fake_quant" in w["conv"]):
+        if j is None or lw.steps[j].kind != "int8_conv" or not _conv_writes_integers(lw.steps[j]) or \
+                lw.readers.get(tensor) != [op] or not _held_only_for(lw, part, tensor):
             return None
         writers.append(j)
     return writers
+
+
+def _conv_writes_integers(step: FusedStep) -> bool:
+    """Whether an int8 conv step can write its output's integers: it reads on a grid (so runs the
+    batch in one call), sums no residual into its output and took in its output's quantize step."""
+    return bool(step.attrs["grid"]) and not step.attrs["residual"] and "fake_quant" in step.attrs["conv"]
 
 
 def _held_only_for(lw: Lowering, buffer: str, tensor: str) -> bool:
@@ -428,7 +431,7 @@ def _integer_operands(lw: Lowering, op, start: int) -> None:
     if writer is None:
         return
     if at is None or lw.steps[at].attrs["alg"] != (BINARY_MUL if _is_product(op) else BINARY_ADD):   # its writer writes integers for it
-        raise AssertionError(f"{op.output!r}: a sum of {slot!r}'s integers lowered to {lw.steps[start:]}")
+        raise AssertionError(f"{op.output!r}: a binary of {slot!r}'s integers lowered to {lw.steps[start:]}")
     _mark_integer(lw, writer, grid)
     grids = (grid, None) if k == 0 else (None, grid)
     lw.steps[at] = replace(lw.steps[at], attrs={**lw.steps[at].attrs, "src_grids": grids})

@@ -214,13 +214,13 @@ class OneDnnEngine(FusedEngine):
             return buffer
         if (tensor, native) not in self._twins:
             shape = lw.model.shapes[tensor]
-            same = len(shape) == 3 and shape[1:] == (1, 1) and shape[0] % self.dnnl.block == 0
-            base = buffer if same else None
-            twin = (self.new_native(lw, tensor + ".dnnl", shape, base) if native
-                    else lw.buffer(tensor + ".nchw", shape) if base is None else lw.alias(tensor + ".nchw", shape, base))
-            self._twins[tensor, native], self._twins[tensor, not native] = twin, buffer
-            if not same:
+            if len(shape) == 3 and shape[1:] == (1, 1) and shape[0] % self.dnnl.block == 0:     # the same bytes
+                twin = (self.new_native(lw, tensor + ".dnnl", shape, buffer) if native
+                        else lw.alias(tensor + ".nchw", shape, buffer))
+            else:
+                twin = self.new_native(lw, tensor + ".dnnl", shape) if native else lw.buffer(tensor + ".nchw", shape)
                 lw.steps.append(FusedStep("dnnl_reorder", twin, (buffer,)))
+            self._twins[tensor, native], self._twins[tensor, not native] = twin, buffer
         return self._twins[tensor, native]
 
     def md(self, buffer: str, batch: int) -> P:
