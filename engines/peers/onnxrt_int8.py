@@ -109,6 +109,24 @@ def _prepared(proto) -> None:
             taken.add(node.name)
 
 
+def _preprocess(q, src: str, pre: str) -> None:
+    """``quant_pre_process`` of file ``src`` into ``pre``; where its symbolic shape inference gives
+    up ("Incomplete symbolic shape inference": an ``Expand`` whose shape is an ``Identity`` of an
+    initializer, as in torchvision's Swin V2 export), again without it, as ONNX Runtime's tool
+    offers: ONNX's own shape inference and the optimizer still run. It runs in ``src``'s folder:
+    the failing inference saves the model there (``sym_shape_infer_temp.onnx`` and its weights)."""
+    here = os.getcwd()
+    os.chdir(os.path.dirname(src))
+    try:
+        q.quant_pre_process(src, pre)
+    except Exception as exc:
+        if "symbolic shape inference" not in str(exc):
+            raise
+        q.quant_pre_process(src, pre, skip_symbolic_shape=True)
+    finally:
+        os.chdir(here)
+
+
 def _softmax_tail(proto) -> list[str]:
     """The last Softmax and the nodes after it (a classifier's probabilities and their reshapes):
     left float. ONNX Runtime quantizes a softmax's output on a fixed [0, 1] range, a step of 1/255,
@@ -189,7 +207,7 @@ def quantized(model: Model, proto, onnx, static: bool | None = None) -> tuple:
             _prepared(proto)
             onnx.save(proto, src)
             pre = os.path.join(tmp, "pre.onnx")
-            q.quant_pre_process(src, pre)
+            _preprocess(q, src, pre)
             q.quantize_static(pre, out, _Calibration(model, model.input),
                               quant_format=q.QuantFormat.QDQ, per_channel=True,
                               activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
