@@ -36,9 +36,10 @@ def run(path: Path, out: Path, batches: str, rounds: int, engines: str = ENGINES
 
 
 def cell(rows: list[dict]) -> tuple[str, bool]:
-    ours = [r for r in rows if r["engine"] in NUMPY and r["vs_onnxruntime"] is not None and not r["error"]]
-    if not ours:
-        return "no NumPy engine ran", False
+    ours = [r for r in rows if r["engine"] in NUMPY and r.get("vs_onnxruntime") is not None and not r["error"]]
+    if not ours:            # each NumPy engine's reason (a row over its error bar is not timed)
+        why = "; ".join(f"{r['engine']}: {r['error']}" for r in rows if r["engine"] in NUMPY and r["error"])
+        return f"no NumPy engine timed{f' ({why})' if why else ''}", False
     best = max(ours, key=lambda r: r["vs_onnxruntime"])
     lo, hi = best["vs_onnxruntime_iqr"]
     return f"{best['engine']} {best['vs_onnxruntime']:.2f}x ({lo:.2f}-{hi:.2f})", best["vs_onnxruntime"] >= BAR

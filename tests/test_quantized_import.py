@@ -387,6 +387,29 @@ def test_a_quantize_step_on_its_own_grid_is_dropped(files):
                                  for n in proto.graph.node) - 2      # after the pool, after the flatten
 
 
+def test_the_bar_is_the_files_whatever_pass_folds_its_quantize_steps(files):
+    """A file's bar comes from all its quantize steps, those a pass folds into the conv before
+    them included (``fuse_conv_fake_quant``, which ``onednn`` and ``int8`` run): here the
+    coarsest step, made 1.0, is a conv's, and every engine is held to the same bar."""
+    from dataclasses import replace
+    from engines.importer.passes import fuse_conv_fake_quant
+    model = load_onnx(files["cnn-qdq"])
+    by_out = {op.output: op for op in model.ops}
+    after_conv = next(op for op in model.ops if op.kind == "fake_quant" and by_out.get(op.inputs[0])
+                      and by_out[op.inputs[0]].kind in ("conv", "conv_add"))
+    model = replace(model, ops=tuple(replace(op, attrs={**op.attrs, "scale": 1.0}) if op is after_conv else op
+                                     for op in model.ops))
+    assert model.tolerance[0] == 2.0
+    folded = fuse_conv_fake_quant(model)
+    assert after_conv.output not in {op.output for op in folded.ops if op.kind == "fake_quant"}
+    assert folded.quantized and folded.tolerance == model.tolerance
+    for name in ("onednn", "int8", "fused"):
+        try:
+            assert ENGINES[name](model, 1).tolerance == model.tolerance, name
+        except EngineUnavailable:
+            continue
+
+
 def test_onednn_runs_a_qdq_cnns_quantize_steps_in_its_primitives(files):
     """Each quantize step after a conv, the residual sum and the pools runs as eltwise post-ops of
     that oneDNN primitive, in its layout: nothing else runs from the first conv to the global pool

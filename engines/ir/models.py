@@ -134,7 +134,7 @@ class Model:
     @property
     def quantized(self) -> bool:
         """True when the model rounds to quantization steps (a quantized file's ``fake_quant``)."""
-        return any(op.kind == "fake_quant" for op in self.ops)
+        return bool(self._quantize_steps())
 
     @property
     def tolerance(self) -> tuple[float, float]:
@@ -144,8 +144,15 @@ class Model:
         1.3 of the coarsest step on ResNet-18's QDQ file, 1.7 with int8's own rounding added)."""
         if not self.quantized:
             return ABS_TOL, REL_TOL
-        steps = [op.attrs["scale"] for op in self.ops if op.kind == "fake_quant" and "scale" in op.attrs]
+        steps = [fq["scale"] for fq in self._quantize_steps() if fq.get("scale") is not None]
         return max(QUANTIZED_ABS_TOL, QUANTIZED_STEPS * max(steps, default=0.0)), QUANTIZED_REL_TOL
+
+    def _quantize_steps(self) -> list[dict]:
+        """The attributes of every quantize step: a ``fake_quant`` op's, and those an engine's pass
+        folded into the op before it (``attrs["fake_quant"]``), so that the bar does not change
+        with the engine."""
+        return [op.attrs if op.kind == "fake_quant" else op.attrs["fake_quant"] for op in self.ops
+                if op.kind == "fake_quant" or isinstance(op.attrs.get("fake_quant"), dict)]
 
     @property
     def weight_bytes(self) -> int:
