@@ -142,6 +142,28 @@ def t5_encoder(attn="sdpa"):
     return Embeds.wrap(transformers.T5EncoderModel(config), 16, mask=True), torch.randn(2, 16, 64)
 
 
+def roberta():
+    transformers = _transformers()
+    torch = _torch()
+    config = transformers.RobertaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=128, vocab_size=100, max_position_embeddings=70)
+    return Embeds.wrap(transformers.RobertaModel(config, add_pooling_layer=False), 16, mask=True), torch.randn(2, 16, 64)
+
+
+def decoder(family: str, attn="sdpa"):
+    """A Llama-style decoder (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention with a
+    causal mask; Qwen2 adds biases to q, k and v), no KV cache."""
+    transformers = _transformers()
+    torch = _torch()
+    config_cls, model_cls = {"llama": (transformers.LlamaConfig, transformers.LlamaModel),
+                             "qwen2": (transformers.Qwen2Config, transformers.Qwen2Model),
+                             "mistral": (transformers.MistralConfig, transformers.MistralModel)}[family]
+    config = config_cls(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=100, max_position_embeddings=64, use_cache=False,
+                        attn_implementation=attn)
+    return Embeds.wrap(model_cls(config), 16, mask=False), torch.randn(2, 16, 64)
+
+
 def vit():
     transformers = _transformers()
     torch = _torch()
@@ -208,6 +230,11 @@ FAMILIES = {
     "bert-mask": bert,
     "bert-mask-eager": lambda: bert(attn="eager"),
     "distilbert-mask": distilbert,
+    "roberta-mask": roberta,
+    "llama": lambda: decoder("llama"),          # the TorchScript exporter fails: aten::diff (the causal mask)
+    "llama-eager": lambda: decoder("llama", "eager"),
+    "qwen2": lambda: decoder("qwen2"),
+    "mistral": lambda: decoder("mistral"),
     "t5-encoder-mask": t5_encoder,
     "t5-encoder-mask-eager": lambda: t5_encoder("eager"),  # the dynamo exporter fails on T5's SDPA path
     "vit": vit,
