@@ -88,7 +88,7 @@ def test_cnn_static_qdq_calibrated_seeded_and_correct():
 
 def test_a_cnn_whose_shapes_defeat_symbolic_inference_is_still_quantized(tmp_path, monkeypatch):
     """ONNX Runtime's symbolic shape inference gives up on an ``Expand`` whose shape is an
-    ``Identity`` of an initializer (torchvision's Swin V2 export has 36); the peer quantizes the
+    ``Identity`` of an initializer (torchvision's Swin V2 TorchScript export has 8); the peer quantizes the
     file without it, runs it within its bar, and leaves nothing in the working directory (the
     failed inference saves the model into it)."""
     from onnx import TensorProto, helper, numpy_helper
