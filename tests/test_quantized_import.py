@@ -410,6 +410,39 @@ def test_the_bar_is_the_files_whatever_pass_folds_its_quantize_steps(files):
             continue
 
 
+def _window_roll():
+    """Swin's shifted windows in small: a conv's output rolled along its channels (two slices,
+    then a concat of them in the other order) before the next conv."""
+    inits = _initializers(6, {"w1": (16, 3, 3, 3), "b1": (16,), "w2": (16, 16, 3, 3), "b2": (16,), "fc": (10, 16),
+                              "fb": (10,)})
+    inits += [numpy_helper.from_array(np.array(v, np.int64), n)
+              for n, v in {"s0": [0], "e0": [5], "s1": [5], "e1": [16], "axes": [1]}.items()]
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), node("Relu", ["c1"], ["r1"]),
+             node("Slice", ["r1", "s0", "e0", "axes"], ["head"]), node("Slice", ["r1", "s1", "e1", "axes"], ["tail"]),
+             node("Concat", ["tail", "head"], ["rolled"], axis=1),
+             node("Conv", ["rolled", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]), node("Relu", ["c2"], ["r2"])]
+    return _classifier("roll", nodes, inits, "r2")
+
+
+def test_a_quantize_step_after_slices_and_their_concat_is_dropped(tmp_path):
+    """Slices of a quantized tensor, and a concat of parts all on its grid, lie on that grid: the
+    QDQ pairs ONNX Runtime's quantizer writes after them (Swin's window shifts: 139 of its 390
+    steps) are dropped at import, and the model still computes the file's arithmetic."""
+    data, model, engine = _on_int8(tmp_path, _window_roll())
+    quantized = {n.input[0] for n in onnx.load_from_string(data).graph.node if n.op_type == "QuantizeLinear"}
+    assert {"head", "tail", "rolled"} <= quantized, "the file quantizes the slices and the concat"
+    by_out = {op.output: op for op in model.ops}
+    steps = [op for op in model.ops if op.kind == "fake_quant"]
+    assert not [op for op in steps if by_out.get(op.inputs[0]) and by_out[op.inputs[0]].kind in ("slice", "concat")]
+    assert any(by_out[op.inputs[0]].kind == "slice" for op in model.ops if op.kind == "concat")
+    _matches_the_files_arithmetic_on_jit_code(data, model, engine)
+    theirs = _file_semantics(data).run(None, {model.input: (x := model.random_input(4, rng=2))})[0]
+    for name in ("fused", "onednn"):
+        if name in ENGINES:
+            assert np.mean(ENGINES[name](model, 4).forward(x) == theirs) >= 0.99, name
+
+
 def test_onednn_runs_a_qdq_cnns_quantize_steps_in_its_primitives(files):
     """Each quantize step after a conv, the residual sum and the pools runs as eltwise post-ops of
     that oneDNN primitive, in its layout: nothing else runs from the first conv to the global pool

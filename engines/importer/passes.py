@@ -773,26 +773,32 @@ def fuse_conv_activation(model: Model, activations: tuple[str, ...] = ("relu", "
     return _absorb(model, merge)
 
 
-# Ops whose output lies on their input's quantization grid, whatever the grid: they move, keep or
-# drop values (a ReLU's 0 is on every grid: the zero point's level)
-GRID_KEEPING = ("maxpool", "reshape", "transpose", "relu")
+# Ops whose output lies on their input's quantization grid, whatever the grid: they move, copy,
+# keep or drop values (a ReLU's 0 is on every grid: the zero point's level); and a concat of parts
+# all on one grid (``grid_of``)
+GRID_KEEPING = ("maxpool", "reshape", "transpose", "relu", "slice", "take", "expand")
 
 
 def grid_of(by_out: dict, tensor: str) -> dict | None:
     """The static quantization step (``fake_quant``'s attributes: scale, zero point, levels) whose
     grid ``tensor`` lies on: the step that wrote it (a ``fake_quant``, or a conv that took one in),
-    then only ``GRID_KEEPING`` ops; None if none. ``by_out``: the model's ops by output."""
+    then only ``GRID_KEEPING`` ops and concats of parts on that one grid; None if none.
+    ``by_out``: the model's ops by output."""
     op = by_out.get(tensor)
     while op is not None and op.kind in GRID_KEEPING:
         op = by_out.get(op.inputs[0])
+    if op is not None and op.kind == "concat":
+        grids = [grid_of(by_out, t) for t in op.inputs]
+        return grids[0] if not op.params and all(g is not None and g == grids[0] for g in grids) else None
     attrs = None if op is None else op.attrs if op.kind == "fake_quant" else op.attrs.get("fake_quant")
     return attrs if attrs and attrs.get("scale") is not None else None
 
 
 def drop_repeated_quantization(model: Model) -> Model:
     """A static ``fake_quant`` of a value already on its grid (the same scale, zero point and
-    levels, then only ``GRID_KEEPING`` ops: a quantized file's QDQ pairs around a max pool or a
-    flatten) is the identity: its readers read its input. Exact."""
+    levels, then only ``GRID_KEEPING`` ops and same-grid concats: a quantized file's QDQ pairs
+    around a max pool, a flatten, or Swin's window shifts and partitions) is the identity: its
+    readers read its input. Exact."""
     by_out = {op.output: op for op in model.ops}
     same: dict[str, str] = {}
     for op in model.ops:
