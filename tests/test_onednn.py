@@ -282,6 +282,42 @@ def test_a_plain_binary_and_the_eltwise_ops_after_it_are_one_primitive():
         np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-5, atol=1e-6)
 
 
+def test_a_transpose_of_plain_rows_is_onednns_reorder():
+    """Swin's window partition (a 6-D permutation) and a head split's transpose of a plain tensor:
+    each one oneDNN reorder from the input read through the permutation, on its jit code, equal to
+    NumPy's transpose bit for bit; no array allocated per warm forward."""
+    import tracemalloc
+    from onnx import TensorProto, helper
+    shape = lambda *dims: onnx.numpy_helper.from_array(np.array(dims, np.int64))  # noqa: E731
+    inits = [shape(-1, 2, 3, 2, 3, 4), shape(-1, 6, 6, 4), shape(-1, 36, 2, 2)]
+    for init, name in zip(inits, ("windows", "back", "heads")):
+        init.name = name
+    node = helper.make_node
+    nodes = [node("Tanh", ["x"], ["t"]), node("Reshape", ["t", "windows"], ["w"]),
+             node("Transpose", ["w"], ["p"], perm=[0, 1, 3, 2, 4, 5]), node("Reshape", ["p", "back"], ["b"]),
+             node("Reshape", ["b", "heads"], ["h"]), node("Transpose", ["h"], ["ht"], perm=[0, 2, 1, 3]),
+             node("Tanh", ["ht"], ["y"])]
+    graph = helper.make_graph(nodes, "windows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 6, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 36, 2])], inits)
+    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]).SerializeToString())
+    engine = ENGINES["onednn"](model, 4)
+    assert [s.kind for s in engine.steps].count("dnnl_transpose") == 2, [s.kind for s in engine.steps]
+    fused = ENGINES["fused"](model, 4)
+    for batch in (1, 4):
+        x = model.random_input(batch, rng=batch)
+        np.testing.assert_array_equal(engine.forward(x), fused.forward(x))
+    reorders = {p["implementation"] for p in engine.report()["primitives"] if p["kind"] == "transpose"}
+    assert reorders and not [i for i in reorders if i.startswith("ref")], reorders
+    x = model.random_input(4, rng=0)
+    engine.forward(x)
+    tracemalloc.start()
+    try:
+        engine.forward(x)
+        assert tracemalloc.get_traced_memory()[1] < 4096
+    finally:
+        tracemalloc.stop()
+
+
 def test_silu_and_a_difference_of_activations_stay_in_onednns_layout():
     """EfficientNet's SiLU, conv · sigmoid(conv), becomes the conv's swish post-op, and a difference
     of two activations oneDNN's binary primitive, all in its layout, right at both batches."""

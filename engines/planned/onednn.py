@@ -696,15 +696,20 @@ def _lower_transpose(lw: Lowering, i: int, op) -> bool:
     (``Lowering.alias``), where this transpose alone reads its input (a later write into either
     would reach the other). ConvNeXt's blocks run channels-last between two such transposes."""
     eng, src, perm = lw.engine, lw.where[op.inputs[0]], tuple(op.attrs["perm"])
-    if eng.dnnl.block != 1 or lw.only_reader.get(op.inputs[0]) is not op or src == "input":
-        return False
     shape = lw.model.shapes[op.output]
-    if perm == (1, 2, 0) and eng.is_native(src):
-        lw.where[op.output] = lw.alias(op.output, shape, src)
-    elif perm == (2, 0, 1) and len(shape) == 3 and not eng.is_native(src):
-        lw.where[op.output] = eng.new_native(lw, op.output + ".dnnl", shape, base=src)
-    else:
+    if eng.dnnl.block == 1 and lw.only_reader.get(op.inputs[0]) is op and src != "input":
+        if perm == (1, 2, 0) and eng.is_native(src):
+            lw.where[op.output] = lw.alias(op.output, shape, src)
+            return True
+        if perm == (2, 0, 1) and len(shape) == 3 and not eng.is_native(src):
+            lw.where[op.output] = eng.new_native(lw, op.output + ".dnnl", shape, base=src)
+            return True
+    if eng.is_native(src):
         return False
+    # Any other transpose of a plain buffer: oneDNN's reorder of the input read through the
+    # permutation, jit code on the pool, twice NumPy's copy (Swin's window partitions, AMD EPYC)
+    out = lw.where[op.output] = lw.buffer(op.output, shape)
+    lw.steps.append(FusedStep("dnnl_transpose", out, (src,), attrs={"perm": perm}))
     return True
 
 
@@ -896,6 +901,13 @@ def _bind_slice(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     return _one_input(eng, step, y, ins, _reorder_pd, src, dst)
 
 
+def _bind_transpose(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    """A reorder from the input's permuted view (a strided descriptor) to the plain output."""
+    x = ins[0].transpose(0, *(a + 1 for a in step.attrs["perm"]))
+    src, dst = eng.owned.strided(x), eng.owned.strided(y)
+    return [eng.execute(_reorder_pd(eng.owned, src, dst), {SRC: (src, x), DST: (dst, y)}, step)]
+
+
 def bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     batch = y.shape[0]
     srcs = [eng.md(b, batch) for b in step.reads]
@@ -1062,6 +1074,7 @@ def _bind_attention(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": bind_pool, "dnnl_reorder": _bind_reorder,
                         "dnnl_concat": bind_concat, "dnnl_slice": _bind_slice, "dnnl_shuffle": _bind_shuffle,
+                        "dnnl_transpose": _bind_transpose,
                         "dnnl_eltwise": _bind_eltwise,
                         "dnnl_binary": bind_binary, "dnnl_softmax": _bind_softmax,
                         "dnnl_batchnorm": _bind_batchnorm, "dnnl_layernorm": _bind_layernorm,
