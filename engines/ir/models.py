@@ -142,10 +142,11 @@ class Model:
         with quantize steps, the quantized bar, or QUANTIZED_STEPS of its coarsest step if larger (a
         flip moves a value by a step, and a flip before it can move the output again: measured up to
         1.3 of the coarsest step on ResNet-18's QDQ file, 1.7 with int8's own rounding added)."""
-        if not self.quantized:
+        steps = self._quantize_steps()
+        if not steps:
             return ABS_TOL, REL_TOL
-        steps = [fq["scale"] for fq in self._quantize_steps() if fq.get("scale") is not None]
-        return max(QUANTIZED_ABS_TOL, QUANTIZED_STEPS * max(steps, default=0.0)), QUANTIZED_REL_TOL
+        scales = [fq["scale"] for fq in steps if fq.get("scale") is not None]
+        return max(QUANTIZED_ABS_TOL, QUANTIZED_STEPS * max(scales, default=0.0)), QUANTIZED_REL_TOL
 
     def _quantize_steps(self) -> list[dict]:
         """The attributes of every quantize step: a ``fake_quant`` op's, and those an engine's pass

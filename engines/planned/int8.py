@@ -346,7 +346,7 @@ def _concat_writers(lw: Lowering, at: int) -> list[int] | None:
     after its own step (``_bind_int8_conv``). SqueezeNet's fire modules were joined as floats and
     the next squeeze conv quantized the whole again."""
     concat = lw.steps[at]
-    op = next((i for i, op in enumerate(lw.ops) if op.kind == "concat" and lw.where.get(op.output) == concat.out), None)
+    op = next((i for i, o in enumerate(lw.ops) if o.kind == "concat" and lw.where.get(o.output) == concat.out), None)
     if op is None or tuple(lw.where.get(t) for t in lw.ops[op].inputs) != concat.reads or \
             len(set(concat.reads)) != len(concat.reads):
         return None

@@ -694,7 +694,9 @@ def _lower_transpose(lw: Lowering, i: int, op) -> bool:
     """On NHWC, (C, H, W) -> (H, W, C) of a tensor in oneDNN's layout, and (H, W, C) -> (C, H, W)
     of a plain one, move nothing: the output is the input's bytes read the other way
     (``Lowering.alias``), where this transpose alone reads its input (a later write into either
-    would reach the other). ConvNeXt's blocks run channels-last between two such transposes."""
+    would reach the other). ConvNeXt's blocks run channels-last between two such transposes. Any
+    other transpose of a plain buffer (Swin's window partitions) is oneDNN's reorder of the input
+    read through the permutation: jit code on the pool, twice NumPy's copy (AMD EPYC)."""
     eng, src, perm = lw.engine, lw.where[op.inputs[0]], tuple(op.attrs["perm"])
     shape = lw.model.shapes[op.output]
     if eng.dnnl.block == 1 and lw.only_reader.get(op.inputs[0]) is op and src != "input":
@@ -706,8 +708,6 @@ def _lower_transpose(lw: Lowering, i: int, op) -> bool:
             return True
     if eng.is_native(src):
         return False
-    # Any other transpose of a plain buffer: oneDNN's reorder of the input read through the
-    # permutation, jit code on the pool, twice NumPy's copy (Swin's window partitions, AMD EPYC)
     out = lw.where[op.output] = lw.buffer(op.output, shape)
     lw.steps.append(FusedStep("dnnl_transpose", out, (src,), attrs={"perm": perm}))
     return True
@@ -902,10 +902,10 @@ def _bind_slice(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 
 def _bind_transpose(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    """A reorder from the input's permuted view (a strided descriptor) to the plain output."""
-    x = ins[0].transpose(0, *(a + 1 for a in step.attrs["perm"]))
-    src, dst = eng.owned.strided(x), eng.owned.strided(y)
-    return [eng.execute(_reorder_pd(eng.owned, src, dst), {SRC: (src, x), DST: (dst, y)}, step)]
+    """A reorder from the input read through the permutation (its view's strided descriptor, on
+    the same bytes) to the plain output."""
+    src = eng.owned.strided(ins[0].transpose(0, *(a + 1 for a in step.attrs["perm"])))
+    return _one_input(eng, step, y, ins, _reorder_pd, src, eng.owned.strided(y))
 
 
 def bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
