@@ -575,3 +575,36 @@ def test_int8_quantizes_a_tensor_once_for_all_its_convs_and_a_product_writes_int
         x = model.random_input(batch, rng=batch)
         theirs = _file_semantics(out.read_bytes()).run(None, {model.input: x})[0]
         assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
+
+
+def _attention():
+    """Single-head attention as an exporter writes it when it is not the fused kind: the q, k and
+    v projections (MatMul, then the bias Add), k transposed, the scores' product scaled, a
+    softmax, its product with v, and an output projection; (N, 8, 32) in and out."""
+    inits = _initializers(7, {f"w{n}": (32, 32) for n in "qkvo"} | {f"b{n}": (32,) for n in "qkvo"})
+    inits.append(numpy_helper.from_array(np.array(32 ** -0.5, np.float32), "scale"))
+    node = helper.make_node
+    nodes = [n for p in "qkv" for n in (node("MatMul", ["x", f"w{p}"], [f"m{p}"]), node("Add", [f"m{p}", f"b{p}"], [p]))]
+    nodes += [node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]), node("MatMul", ["q", "kt"], ["s"]),
+              node("Mul", ["s", "scale"], ["ss"]), node("Softmax", ["ss"], ["a"], axis=-1),
+              node("MatMul", ["a", "v"], ["c"]), node("MatMul", ["c", "wo"], ["mo"]), node("Add", ["mo", "bo"], ["y"])]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8, 32])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_products_and_their_quantize_steps_and_bias_are_one_onednn_primitive_each(tmp_path):
+    """A QDQ file's projection (its MatMul's quantize step, the bias Add, that one's step): one
+    int8 matmul with the rest as its post-ops. A product of two activations (the scores, the
+    context) and the steps after it: oneDNN's batched matmul with them as post-ops, not NumPy's
+    one GEMM per matrix. Both still compute the file's arithmetic, on jit code, and allocate
+    nothing per warm forward."""
+    from engines.native.onednn import BinaryPostOp
+    data, model, engine = _on_int8(tmp_path, _attention())
+    linears = [s for s in engine.steps if s.kind == "int8_linear"]
+    assert len(linears) == 4 and all(any(isinstance(p, BinaryPostOp) for p in s.attrs["epilogue"]) for s in linears)
+    for eng in (engine, ENGINES["onednn"](model, 8)):
+        products = [s for s in eng.steps if s.kind == "dnnl_matmul"]
+        assert len(products) == 2 and all(s.attrs["eltwises"] for s in products), [s.kind for s in eng.steps]
+        _matches_the_files_arithmetic_on_jit_code(data, model, eng)
+        assert tracemalloc_peak(eng, model.random_input(8, rng=0)) < 4096

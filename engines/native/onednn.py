@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import functools
 import weakref
+from typing import NamedTuple
 
 import numpy as np
 
@@ -53,12 +54,27 @@ POOL_MAX, POOL_AVG_INCLUDE, POOL_AVG_EXCLUDE, LRN_ACROSS = 0x1FF, 0x2FF, 0x3FF, 
 SRC, SRC_1, WEIGHTS, BIAS, DST, SCRATCHPAD, MULTIPLE_SRC = 1, 2, 33, 41, 17, 80, 1024
 MEAN, VARIANCE, SCALE, SHIFT = 49, 50, 51, 52
 GLOBAL_STATS, USE_SCALE, USE_SHIFT, NORM_RELU = 0x1, 0x2, 0x4, 0x8
-POST_OP_SRC1 = 32768 | 2                               # DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1
 BINARY_ADD, BINARY_MUL, BINARY_MAX, BINARY_DIV, BINARY_SUB = 0x1FFF0, 0x1FFF1, 0x1FFF2, 0x1FFF4, 0x1FFF5
 Q_IMPL, Q_WEIGHTS, Q_DST, Q_SCRATCHPAD = 8, 131, 133, 136
 USER_SCRATCHPAD = 1
 Dims = ctypes.c_int64 * 12                             # DNNL_MAX_NDIMS
 P = ctypes.c_void_p
+
+
+def post_op_arg(index: int) -> int:
+    """The execution argument of the second operand of the binary post-op at ``index`` in the chain
+    (``DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | DNNL_ARG_SRC_1``)."""
+    return 32768 * (index + 1) | 2
+
+
+POST_OP_SRC1 = post_op_arg(0)
+
+
+class BinaryPostOp(NamedTuple):
+    """A binary post-op in a chain of eltwise ones: ``alg`` with a second operand, a constant
+    (an array) where a step holds the chain, its memory descriptor where ``post_ops`` sets it."""
+    alg: int
+    operand: object
 
 
 class Arg(ctypes.Structure):
@@ -200,8 +216,9 @@ class Owned:
     def post_ops(self, attr, sum_: bool, binaries: list, eltwises: tuple) -> None:
         """Set ``attr``'s post-ops, in order: the sum into the output (a residual already there),
         the binary ones (``(algorithm, md)``, their operands at ``DNNL_ARG_ATTR_MULTIPLE_POST_OP(i)
-        | DNNL_ARG_SRC_1``), then the eltwise ones ``(algorithm, alpha, beta)`` (an activation,
-        a quantization step's chain); none: nothing set."""
+        | DNNL_ARG_SRC_1``, i the post-op's place in the whole chain), then ``eltwises``: the
+        eltwise ones ``(algorithm, alpha, beta)`` (an activation, a quantization step's chain),
+        with ``BinaryPostOp(algorithm, md)`` among them in their place; none: nothing set."""
         if not (sum_ or binaries or eltwises):
             return
         d = self.dnnl
@@ -210,7 +227,11 @@ class Owned:
             d.check(d.lib.dnnl_post_ops_append_sum(po, ctypes.c_float(1.0), 0, 0), "sum post-op")
         for alg, md in binaries:
             d.check(d.lib.dnnl_post_ops_append_binary(po, alg, md), "binary post-op")
-        for alg, alpha, beta in eltwises:
+        for op in eltwises:
+            if isinstance(op, BinaryPostOp):
+                d.check(d.lib.dnnl_post_ops_append_binary(po, op.alg, op.operand), "binary post-op")
+                continue
+            alg, alpha, beta = op
             d.check(d.lib.dnnl_post_ops_append_eltwise(po, alg, ctypes.c_float(alpha), ctypes.c_float(beta)),
                     "eltwise post-op")
         d.check(d.lib.dnnl_primitive_attr_set_post_ops(attr, po), "post-ops")

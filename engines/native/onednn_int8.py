@@ -14,21 +14,14 @@ import weakref
 import numpy as np
 
 from ..memory import aligned_empty
-from .onednn import DST, F32, Q_WEIGHTS, SRC, Dims, Dnnl, Owned, P, implementation
+from .onednn import DST, F32, Q_WEIGHTS, SRC, Dims, Dnnl, Owned, P, implementation, post_op_arg
 
 S32, S8, U8 = 4, 5, 6                           # dnnl_data_type_t
 DATA_TYPES = {np.dtype(np.float32): F32, np.dtype(np.int32): S32, np.dtype(np.int8): S8, np.dtype(np.uint8): U8}
 ATTR_SCALES = 4096                              # DNNL_ARG_ATTR_SCALES
 ATTR_ZERO_POINTS = 8192                         # DNNL_ARG_ATTR_ZERO_POINTS
-POST_OP_BASE = 32768                            # DNNL_ARG_ATTR_MULTIPLE_POST_OP_BASE
-ARG_SRC_1 = 2
 PER_COLUMN = 1 << 1                             # scale mask: one scale per index of dim 1 (out channel)
 PER_ROW = 1 << 0                                # one per index of dim 0 (a row of activations)
-
-
-def post_op_arg(index: int) -> int:
-    """The execution argument of binary post-op ``index``'s second operand."""
-    return POST_OP_BASE * (index + 1) | ARG_SRC_1
 
 
 class TypedOwned(Owned):

@@ -53,7 +53,8 @@ from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
 from .fused import FusedStep, Lowering
 from .onednn import (SUM_KINDS, OneDnnEngine, bind_binary as bind_float_binary, bind_concat as bind_float_concat,
-                     bind_pool as bind_float_pool, binary_of_activations, eltwises, fake_quant_chain, pool_call)
+                     bind_pool as bind_float_pool, binary_of_activations, bound_post_ops, chain_calls, eltwises,
+                     fake_quant_chain, following_post_ops, pool_call)
 
 LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly representable
 TINY = np.float32(1e-30)        # an all-zero row's scale: its values quantize to 0 without a 0/0
@@ -152,7 +153,12 @@ class Int8Engine(OneDnnEngine):
             return
         step = lw.steps[at]
         if op.kind == "linear":
-            lw.steps[at] = self._quantized_step(lw, step, _file_grid(lw, op.inputs[0]))
+            step = self._quantized_step(lw, step, _file_grid(lw, op.inputs[0]))
+            epilogue, last = following_post_ops(lw, i)
+            if last is not op:          # the quantize steps and bias after it: its post-ops, in its output
+                lw.where[last.output] = step.out
+                step = replace(step, attrs={**step.attrs, "epilogue": epilogue})
+            lw.steps[at] = step
         elif step.attrs["pool"] is None:
             lw.steps[at:at + 1] = self._quantized_conv(lw, op, step)
         else:
@@ -260,7 +266,8 @@ class Int8Engine(OneDnnEngine):
         weakref.finalize(self, self.typed.release)
 
     def variant(self, key: tuple, brgemm: list[str], trial) -> Variant:
-        """How the int8 matmul of ``key`` (rows, k, n, source type, relu, residual, row scales) runs: measured
+        """How the int8 matmul of ``key`` (rows, k, n, source type, relu, residual, row scales,
+        post-ops after them) runs: measured
         once per process among ``brgemm`` (the implementations oneDNN offers for it) on
         OpenMP's pool and on one thread (``trial(variant)`` gives a variant's calls), or without
         tuning (``MLEXEC_TUNE=0``) by ``default_variant``. ``forced_variant``, where set, wins."""
@@ -642,8 +649,10 @@ def _matmul(eng: Int8Engine, step, q, y2, amax, ins) -> Matmul:
         binaries.append((BINARY_ADD, _one(rows2d(ins[1]))))
     described = [(alg, o.strided(a), a) for alg, a in binaries]
     args.update({post_op_arg(i): (md, a) for i, (_, md, a) in enumerate(described)})
-    attr = o.quantized_attr(scales, [(alg, md) for alg, md, _ in described],
-                            ((RELU, 0.0, 0.0),) if attrs["relu"] else ())
+    relu = ((RELU, 0.0, 0.0),) if attrs["relu"] else ()
+    epilogue, more = bound_post_ops(o, attrs.get("epilogue", ()), len(described) + len(relu), 3)
+    args.update(more)
+    attr = o.quantized_attr(scales, [(alg, md) for alg, md, _ in described], relu + epilogue)
     return Matmul(o, src, dst, bias_md, attr, args, k, n)
 
 
@@ -659,6 +668,8 @@ def _float_linear(eng: Int8Engine, step, x2, y2, ins) -> list:
         calls.append((np.add, (y2, rows2d(ins[1]), y2)))
     if attrs["relu"]:
         calls += tiled_calls(maximum, y2, zero_rows(y2.shape[1]))
+    if attrs.get("epilogue"):
+        calls += chain_calls(eng, step, y2, attrs["epilogue"])
     return calls
 
 
@@ -704,7 +715,8 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     quantize = (_scaled_cast(eng, step, x2, q, amax, False, zero_point) if attrs["grid"]
                 else quantize_calls(eng, step, x2, q, lo, amax, eng.row_scales))
     scaling = "grid" if attrs["grid"] else eng.row_scales
-    variant = eng.variant((x2.shape[0], k, n, q.dtype.name, attrs["relu"], attrs["residual"], scaling), brgemm,
+    variant = eng.variant((x2.shape[0], k, n, q.dtype.name, attrs["relu"], attrs["residual"], scaling,
+                           len(attrs.get("epilogue", ()))), brgemm,
                           lambda v: _trial_calls(mm, v, linear.weights))
 
     def make():

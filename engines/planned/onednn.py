@@ -45,10 +45,10 @@ from ..native import mkl
 from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_DIV, BINARY_MAX, BINARY_MUL, BINARY_SUB, CLIP, DST, GELU_ERF, GELU_TANH,
                              GLOBAL_STATS, HARDSIGMOID, HARDSWISH, LOGISTIC, MEAN,
                              LINEAR, MULTIPLE_SRC, NORM_RELU, Owned, P, PLAIN, POOL_AVG_EXCLUDE, POOL_AVG_INCLUDE, POOL_MAX,
-                             POST_OP_SRC1,
+                             POST_OP_SRC1, BinaryPostOp,
                              RELU, ROUND, SCALE, SHIFT, SRC, SRC_1, SWISH, USE_SCALE, USE_SHIFT, VARIANCE, WEIGHTS,
                              Weights,
-                             implementation, library, matmul_fits)
+                             implementation, library, matmul_fits, post_op_arg)
 from .compiled import seeded
 from .fused import BIND, FusedEngine, FusedStep, Lowering
 
@@ -526,26 +526,70 @@ def _chain_step(lw: Lowering, op, src: str, last, chain: tuple) -> None:
 
 def _following_eltwises(lw: Lowering, i: int, chain: tuple = ()) -> tuple[tuple, object]:
     """The activations (``ELTWISE``), static quantization steps and scalar ops (``_scalar_linear``)
-    that follow op i, each the only
-    reader of the one before and the next op, the model's output not among them: ``chain`` with
-    their post-ops appended, and the last op taken (op i where none); they are lowered into op i's
-    primitive (``lw.skip``)."""
-    j = i
-    while j + 1 < len(lw.ops):
-        op, nxt = lw.ops[j], lw.ops[j + 1]
-        if lw.next_reader(op) is not nxt or nxt.output == lw.model.output:     # that one goes out in NCHW
-            break
+    after op i, each the only reader of the one before (wherever it lies in the order: each
+    reads nothing else, so it may run earlier), the model's output not among them: ``chain``
+    with their post-ops appended, and the last op taken (op i where none); they are lowered into
+    op i's primitive (``lw.skip``)."""
+    return _following(lw, i, chain, binaries=False)
+
+
+def following_post_ops(lw: Lowering, i: int) -> tuple[tuple, object]:
+    """``_following_eltwises`` of op i, on through binary ops with a constant along the last axis
+    (a quantized file's bias Add between the quantize steps after its MatMul): their post-ops in
+    order, the binary ones as ``BinaryPostOp``, and the last op taken (op i where none)."""
+    return _following(lw, i, (), binaries=True)
+
+
+def _following(lw: Lowering, i: int, chain: tuple, binaries: bool) -> tuple[tuple, object]:
+    op = lw.ops[i]
+    while (nxt := lw.next_reader(op)) is not None and nxt.output != lw.model.output:   # that one goes out in NCHW
         if nxt.kind in ELTWISE:
             chain += (ELTWISE[nxt.kind](activation_of(nxt.kind, nxt.attrs)),)
         elif nxt.kind == "fake_quant" and nxt.attrs.get("scale") is not None:
             chain += fake_quant_chain(**nxt.attrs)
         elif (linear := _scalar_linear(nxt)) is not None:
             chain += (linear,)
+        elif binaries and (binary := _constant_binary(lw, nxt)) is not None:
+            chain += (binary,)
         else:
             break
-        j += 1
-        lw.skip.add(j)
-    return chain, lw.ops[j]
+        lw.skip.add(lw.readers[op.output][0])
+        op = nxt
+    return chain, op
+
+
+def _constant_binary(lw: Lowering, op) -> BinaryPostOp | None:
+    """``op`` as a post-op where it adds a constant along its output's last axis to its one
+    input, or multiplies that by it."""
+    alg = {"add": BINARY_ADD, "mul": BINARY_MUL}.get(op.attrs.get("fn")) if op.kind == "binary" else None
+    shape = lw.model.shapes[op.output]
+    if alg is None or (len(op.inputs), len(op.params), op.attrs.get("width")) != (1, 1, shape[-1]):
+        return None
+    const = lw.model.params[op.params[0]]
+    return BinaryPostOp(alg, np.ascontiguousarray(const, np.float32)) if const.shape == shape[-1:] else None
+
+
+def bound_post_ops(owned: Owned, chain: tuple, first: int, ndim: int) -> tuple[tuple, dict]:
+    """``chain`` as ``Owned.post_ops`` takes it, each ``BinaryPostOp``'s constant described as
+    broadcast along the last of ``ndim`` axes, and the execution arguments of those constants;
+    ``first``: the chain's first place among the primitive's post-ops."""
+    bound, args = [], {}
+    for at, op in enumerate(chain, first):
+        if isinstance(op, BinaryPostOp):
+            md = owned.md((1,) * (ndim - 1) + op.operand.shape, PLAIN[ndim])
+            args[post_op_arg(at)] = (md, op.operand)
+            op = BinaryPostOp(op.alg, md)
+        bound.append(op)
+    return tuple(bound), args
+
+
+def chain_calls(eng: OneDnnEngine, step, y: np.ndarray, chain: tuple) -> list:
+    """``chain`` (``following_post_ops``) applied to ``y`` in place: oneDNN's binary max(y, y)
+    taking it as post-ops, as ``_chain_step``'s steps run."""
+    md = eng.owned.strided(y)
+    bound, args = bound_post_ops(eng.owned, chain, 0, y.ndim)
+    pd = eng.owned.binary_pd(BINARY_MAX, md, md, md, eng.owned.attr(eltwises=bound))
+    return [eng.execute(pd, {SRC: (md, y), SRC_1: (md, y), DST: (md, y), **args}, step)]
 
 
 def _output(lw: Lowering, op, src: str, native: bool) -> str:
@@ -713,6 +757,21 @@ def _lower_transpose(lw: Lowering, i: int, op) -> bool:
     return True
 
 
+def _lower_matmul(lw: Lowering, i: int, op) -> bool:
+    """A product of two plain activations with the same leading axes (attention that is not the
+    fused kind: Swin's windows, a decoder's rotary heads), with the activations and quantize
+    steps after it: oneDNN's batched matmul (``_batched_matmul``), those its post-ops, where
+    NumPy's matmul ran one small GEMM per matrix on one thread."""
+    shapes, eng = lw.model.shapes, lw.engine
+    a, b = (shapes[t] for t in op.inputs)
+    if min(len(a), len(b)) < 2 or a[:-2] != b[:-2] or any(eng.is_native(lw.where[t]) for t in op.inputs):
+        return False
+    chain, last = _following_eltwises(lw, i)
+    out = lw.where[last.output] = lw.buffer(last.output, shapes[last.output])
+    lw.steps.append(FusedStep("dnnl_matmul", out, tuple(lw.where[t] for t in op.inputs), attrs={"eltwises": chain}))
+    return True
+
+
 def _alone_reader(lw: Lowering, tensor: str) -> int | None:
     """The index of the one op that reads ``tensor``, unless another reads it or it is the output."""
     readers = lw.readers.get(tensor, ())
@@ -819,7 +878,7 @@ _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lo
                "binary": _lower_binary,
                "softmax": _lower_softmax, "transpose": _lower_transpose,
                "attn_scores": _lower_attn_scores, "attn_context": _lower_attn_context,
-               "fake_quant": _lower_fake_quant, **{kind: _lower_eltwise for kind in ELTWISE}}
+               "fake_quant": _lower_fake_quant, "matmul": _lower_matmul, **{kind: _lower_eltwise for kind in ELTWISE}}
 
 
 # --- binding entries -----------------------------------------------------------------------
@@ -986,25 +1045,36 @@ def _heads_gathered(flat: np.ndarray, heads: int, rows: int, batch: int, seq: in
     return q, k, v
 
 
-def _batched_matmul(eng: OneDnnEngine, step, a: np.ndarray, b: np.ndarray, out: np.ndarray, add=None) -> list:
-    """out = a @ b (+ add, broadcast) over the leading axes on oneDNN's brgemm kernels (any
-    strides they take), the add a post-op where they take it (not a broadcast along the first
-    axis: oneDNN runs that in ref:any, 3 ms for 8 µs of work), else a NumPy add after; where
-    they take neither, the engine's NumPy product on one thread."""
+def _batched_matmul(eng: OneDnnEngine, step, a: np.ndarray, b: np.ndarray, out: np.ndarray, add=None,
+                    chain: tuple = ()) -> list:
+    """out = a @ b (+ add, broadcast), then the eltwise post-ops ``chain``, over the leading axes
+    on oneDNN's brgemm kernels (any strides they take), the add a post-op where they take it (not
+    a broadcast along the first axis: oneDNN runs that in ref:any, 3 ms for 8 µs of work), else a
+    NumPy add after; where they take neither, the engine's NumPy product on one thread, then the
+    chain as its own primitive."""
     o = eng.owned
     src, w, dst = o.strided(a), o.strided(b), o.strided(out)
-    for post_op in ((True, False) if add is not None else (False,)):
-        add_md = o.strided(add) if post_op else None
-        pd = o.matmul_pd(src, w, None, dst, o.attr(add=add_md))
+    for add_inside in ((True, False) if add is not None else (False,)):
+        add_md = o.strided(add) if add_inside else None
+        chain_inside = add is None or add_inside          # the chain follows the add
+        pd = o.matmul_pd(src, w, None, dst, o.attr(add=add_md, eltwises=chain if chain_inside else ()))
         if implementation(eng.dnnl, pd).startswith("brg"):
             args = {SRC: (src, a), WEIGHTS: (w, b), DST: (dst, out)}
-            if post_op:
+            if add_inside:
                 args[POST_OP_SRC1] = (add_md, add)
             calls = [eng.execute(pd, args, step)]
             break
     else:
-        calls = eng.batched_matmul_calls(a, b, out)
-    return calls + ([(np.add, (out, add, out))] if add is not None and not post_op else [])
+        calls, chain_inside = eng.batched_matmul_calls(a, b, out), False
+    if add is not None and not add_inside:
+        calls.append((np.add, (out, add, out)))
+    if chain and not chain_inside:
+        calls += chain_calls(eng, step, out, chain)
+    return calls
+
+
+def _bind_matmul(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    return _batched_matmul(eng, step, ins[0], ins[1], y, chain=step.attrs["eltwises"])
 
 
 def _reorder(eng: OneDnnEngine, step, src: np.ndarray, dst: np.ndarray) -> tuple:
@@ -1074,7 +1144,7 @@ def _bind_attention(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": bind_pool, "dnnl_reorder": _bind_reorder,
                         "dnnl_concat": bind_concat, "dnnl_slice": _bind_slice, "dnnl_shuffle": _bind_shuffle,
-                        "dnnl_transpose": _bind_transpose,
+                        "dnnl_transpose": _bind_transpose, "dnnl_matmul": _bind_matmul,
                         "dnnl_eltwise": _bind_eltwise,
                         "dnnl_binary": bind_binary, "dnnl_softmax": _bind_softmax,
                         "dnnl_batchnorm": _bind_batchnorm, "dnnl_layernorm": _bind_layernorm,
