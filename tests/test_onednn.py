@@ -15,6 +15,7 @@ from engines import ENGINES, EngineUnavailable, load_onnx  # noqa: E402
 from engines.native import onednn as native_onednn  # noqa: E402
 from engines.planned import onednn  # noqa: E402
 from engines.planned.fused import FusedEngine  # noqa: E402
+from tests.test_zero_alloc import tracemalloc_peak  # noqa: E402
 
 LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
@@ -316,6 +317,43 @@ def test_a_transpose_of_plain_rows_is_onednns_reorder():
         assert tracemalloc.get_traced_memory()[1] < 4096
     finally:
         tracemalloc.stop()
+
+
+def test_window_attention_is_reorders_a_batched_matmul_and_a_binary():
+    """Attention that is not the fused kind, as Swin writes it: q and k taken out of the
+    projection (Gather) and each transposed heads-first, one reorder each from the part read
+    through the permutation; the scores' product oneDNN's batched matmul with its ReLU as a
+    post-op, not NumPy's GEMM per matrix; the relative position bias (a constant over heads x
+    tokens x tokens) and the activation after it one binary primitive. The query scale stays
+    after its transpose (no linear to fold it into). Right at both batches, on jit code, and no
+    array allocated per warm forward."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(5)
+    inits = [onnx.numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("q", 0), ("k", 1))]
+    inits += [onnx.numpy_helper.from_array(rng.standard_normal((2, 6, 6)).astype(np.float32), "bias"),
+              onnx.numpy_helper.from_array(np.array(0.5, np.float32), "scale")]
+    node = helper.make_node
+    nodes = [node("Tanh", ["x"], ["t"]),
+             node("Gather", ["t", "q"], ["qh"], axis=2), node("Transpose", ["qh"], ["qt"], perm=[0, 2, 1, 3]),
+             node("Mul", ["qt", "scale"], ["qs"]),
+             node("Gather", ["t", "k"], ["kh"], axis=2), node("Transpose", ["kh"], ["kt"], perm=[0, 2, 3, 1]),
+             node("MatMul", ["qs", "kt"], ["s"]), node("Relu", ["s"], ["sr"]),
+             node("Add", ["sr", "bias"], ["b"]), node("Sigmoid", ["b"], ["g"]), node("Tanh", ["g"], ["y"])]
+    graph = helper.make_graph(nodes, "window", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 3, 2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 6, 6])], inits)
+    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]).SerializeToString())
+    engine = ENGINES["onednn"](model, 4)
+    kinds = [s.kind for s in engine.steps]
+    assert [s.attrs.get("index") is not None for s in engine.steps if s.kind == "dnnl_transpose"] == [True, True], kinds
+    assert kinds.count("dnnl_matmul") == 1 and [s.attrs["eltwises"] for s in engine.steps if s.kind == "dnnl_matmul"] != [()]
+    assert [s.operands[0].shape for s in engine.steps if s.kind == "dnnl_binary"] == [(2, 6, 6)], kinds
+    assert kinds.count("calls") == 3, kinds                                # the tanhs, the query scale
+    for batch in (1, 4):
+        x = model.random_input(batch, rng=batch)
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-5, atol=1e-6)
+    implementations = {p["implementation"] for p in engine.report()["primitives"]}
+    assert not [i for i in implementations if i.startswith("ref")], implementations
+    assert tracemalloc_peak(engine, model.random_input(4, rng=0)) < 4096
 
 
 def test_silu_and_a_difference_of_activations_stay_in_onednns_layout():

@@ -664,14 +664,19 @@ def _per_channel(model: Model, op: Op, params, channel_axis: int) -> np.ndarray 
 
 
 def binary_before_transpose(model: Model) -> Model:
-    """A ``transpose`` read only by a ``binary`` with a constant operand: the binary first, on
+    """A ``transpose`` of what ``fold_affine`` absorbs into (a conv's, a batchnorm's or a
+    linear's output), read only by a ``binary`` with a constant operand: the binary first, on
     the constant permuted back, then the transpose. ConvNeXt's layer scale multiplies the
     output of its channels-last MLP after the transpose back to channels-first; before it, the
-    product follows the MLP's last ``linear``, whose columns ``fold_affine`` then scales."""
+    product follows the MLP's last ``linear``, whose columns ``fold_affine`` then scales.
+    Elsewhere the order stays: Swin's query scale after the transpose of a slice of its
+    projection joins the quantize step after it, and the slice joins the transpose."""
     ops, readers = list(model.ops), _readers(model.ops)
     params, origin, shapes = dict(model.params), dict(model.origin), {}
+    writers = {op.output: op.kind for op in ops}
     for i, t in enumerate(ops):
-        if t.kind != "transpose" or t.output == model.output or len(readers.get(t.output, ())) != 1:
+        if t.kind != "transpose" or t.output == model.output or len(readers.get(t.output, ())) != 1 \
+                or writers.get(t.inputs[0]) not in ("conv", "batchnorm", "linear"):
             continue
         j = readers[t.output][0]
         b = ops[j]

@@ -476,17 +476,17 @@ def transpose_calls(out, x, *, perm) -> Calls:
     return [(np.copyto, (out, x.transpose(0, *map(_batch_axis, perm))))]
 
 
-def _index(index):
+def sample_index(index):
     """Per-sample (int | (start, stop, step)) entries as a NumPy index with the batch first."""
     return (slice(None), *(i if isinstance(i, int) else slice(*i) for i in index))
 
 
 def slice_eager(x, *, index):
-    return x[_index(index)].copy()
+    return x[sample_index(index)].copy()
 
 
 def slice_calls(out, x, *, index) -> Calls:
-    return [(np.copyto, (out, x[_index(index)]))]
+    return [(np.copyto, (out, x[sample_index(index)]))]
 
 
 def take_eager(x, *, axis, indices):

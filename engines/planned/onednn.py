@@ -33,7 +33,7 @@ import weakref
 import numpy as np
 
 from ..ir.conv import activation_of, conv_attrs, pool_window, split_pool
-from ..ir.ops import head_columns, qkv_heads
+from ..ir.ops import head_columns, qkv_heads, sample_index
 from ..importer.passes import fuse_conv_activation, fuse_conv_add, fuse_conv_fake_quant
 from ..kernels import candidates, on_one_thread, pool_threads, tuning_enabled
 from ..kernels.choice import gaining_rival
@@ -403,7 +403,9 @@ def _lower_slice(lw: Lowering, i: int, op) -> bool:
     src = lw.where[op.inputs[0]]
     index = op.attrs.get("index", ())
     shape = lw.model.shapes[op.inputs[0]]
-    if not eng.is_native(src) or len(index) != 3 or len(shape) != 3:
+    if not eng.is_native(src):
+        return _lower_slice_transposed(lw, op)
+    if len(index) != 3 or len(shape) != 3:
         return False
     (start, stop, step), *rest = index
     whole = all(tuple(r) == (0, n, 1) for r, n in zip(rest, shape[1:]))
@@ -411,6 +413,21 @@ def _lower_slice(lw: Lowering, i: int, op) -> bool:
         return False
     out = lw.where[op.output] = eng.new_native(lw, op.output, lw.model.shapes[op.output])
     lw.steps.append(FusedStep("dnnl_slice", out, (src,), attrs={"start": start, "channels": stop - start}))
+    return True
+
+
+def _lower_slice_transposed(lw: Lowering, op) -> bool:
+    """A part of a plain tensor that a transpose alone reads (Swin's q, k and v taken out of the
+    (windows, tokens, 3, heads, dim) projection, each then moved heads first): one reorder from
+    the input read through the part and the permutation (``dnnl_transpose`` with its ``index``),
+    where NumPy's copy and a reorder made two passes."""
+    move = lw.next_reader(op)
+    if move is None or move.kind != "transpose":
+        return False
+    lw.skip.add(lw.readers[op.output][0])
+    out = lw.where[move.output] = lw.buffer(move.output, lw.model.shapes[move.output])
+    lw.steps.append(FusedStep("dnnl_transpose", out, (lw.where[op.inputs[0]],),
+                              attrs={"perm": tuple(move.attrs["perm"]), "index": op.attrs["index"]}))
     return True
 
 
@@ -684,20 +701,22 @@ def _lower_binary(lw: Lowering, i: int, op) -> bool:
 
 def _lower_plain_binary(lw: Lowering, i: int, op, alg: int) -> bool:
     """A product, quotient or difference of two plain activations of the output's shape, or a
-    plain activation and a constant along its last axis (a bias, a layer scale), with the eltwise
-    ops after it (a quantized file's steps between ConvNeXt's channels-last linears): oneDNN's
-    binary primitive, the constant broadcast, those ops its post-ops: one pass where NumPy and a
-    chain step took two. Alone it stays NumPy's one pass; a sum of two stays ``add``'s."""
+    plain activation and a constant along its trailing axes (a bias, a layer scale, Swin's
+    relative position bias over heads x window x window), with the eltwise ops after it (a
+    quantized file's steps between ConvNeXt's channels-last linears): oneDNN's binary
+    primitive, the constant broadcast along the leading axes (its jit code), those ops its
+    post-ops: one pass where NumPy and a chain step took two. Alone it stays NumPy's one pass; a
+    sum of two stays ``add``'s."""
     eng, shapes = lw.engine, lw.model.shapes
     shape = shapes[op.output]
     if op.kind in SUM_KINDS or len(shape) > 4 or any(eng.is_native(lw.where[t]) for t in op.inputs):
         return False
     if op.params:
-        const = lw.model.params[op.params[0]]
-        if (len(op.inputs), len(op.params), op.attrs.get("width")) != (1, 1, shape[-1]) or const.shape != shape[-1:] \
+        const, trailing = lw.model.params[op.params[0]], _trailing(shape, op.attrs.get("width"))
+        if (len(op.inputs), len(op.params)) != (1, 1) or trailing is None or const.size != math.prod(trailing) \
                 or (op.attrs.get("swap") and alg not in (BINARY_ADD, BINARY_MUL)):
             return False
-        operands = (np.ascontiguousarray(const, dtype=np.float32),)
+        operands = (np.ascontiguousarray(const, dtype=np.float32).reshape(trailing),)
     elif len(op.inputs) == 2 and all(shapes[t] == shape for t in op.inputs) and not (op.attrs.get("width") or op.attrs.get("swap")):
         operands = ()
     else:
@@ -709,6 +728,14 @@ def _lower_plain_binary(lw: Lowering, i: int, op, alg: int) -> bool:
     lw.steps.append(FusedStep("dnnl_binary", out, tuple(lw.where[t] for t in op.inputs), operands=operands,
                               attrs={"alg": alg, "eltwises": chain}))
     return True
+
+
+def _trailing(shape: tuple, width: int | None) -> tuple | None:
+    """The trailing axes of ``shape`` that hold ``width`` elements, or None where none do."""
+    for k in range(1, len(shape) + 1):
+        if math.prod(shape[-k:]) >= (width or 0):
+            return tuple(shape[-k:]) if math.prod(shape[-k:]) == width else None
+    return None
 
 
 def _lower_reshape(lw: Lowering, i: int, op) -> bool:
@@ -961,10 +988,11 @@ def _bind_slice(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 
 def _bind_transpose(eng: OneDnnEngine, step, y, ins, scratch) -> list:
-    """A reorder from the input read through the permutation (its view's strided descriptor, on
-    the same bytes) to the plain output."""
-    src = eng.owned.strided(ins[0].transpose(0, *(a + 1 for a in step.attrs["perm"])))
-    return _one_input(eng, step, y, ins, _reorder_pd, src, eng.owned.strided(y))
+    """A reorder from the input, or its part ``index``, read through the permutation (its view's
+    strided descriptor, on the same bytes) to the plain output."""
+    x = ins[0][sample_index(step.attrs["index"])] if "index" in step.attrs else ins[0]
+    src = eng.owned.strided(x.transpose(0, *(a + 1 for a in step.attrs["perm"])))
+    return _one_input(eng, step, y, (x,), _reorder_pd, src, eng.owned.strided(y))
 
 
 def bind_concat(eng: OneDnnEngine, step, y, ins, scratch) -> list:
@@ -1006,8 +1034,9 @@ def bind_binary(eng: OneDnnEngine, step, y, ins, scratch, dst=None, chain=None) 
     are not the step's own (an 8-bit output: ``planned.int8``)."""
     batch, o = y.shape[0], eng.owned
     src0 = eng.md(step.reads[0], batch)
-    if step.operands:              # a constant along the last axis (``_lower_plain_binary``), broadcast
-        src1, b = o.md((1,) * (y.ndim - 1) + step.operands[0].shape, PLAIN[y.ndim]), step.operands[0]
+    if step.operands:              # a constant along the trailing axes (``_lower_plain_binary``), broadcast
+        b = step.operands[0]
+        src1 = o.md((1,) * (y.ndim - b.ndim) + b.shape, PLAIN[y.ndim])
     else:
         src1, b = eng.md(step.reads[1], batch), ins[1]
     dst = dst or (eng.md(step.out, batch), y)
