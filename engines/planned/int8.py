@@ -153,9 +153,12 @@ class Int8Engine(OneDnnEngine):
             return
         step = lw.steps[at]
         if op.kind == "linear":
+            took = i if step.kind == "linear" else lw.readers[op.output][0]     # the ReLU or residual sum it took in
+            epilogue, last = following_post_ops(lw, took)
+            if _requantized(lw, last):      # the linears after it quantize onto its grid themselves
+                epilogue = epilogue[:-len(fake_quant_chain(**last.attrs))]
             step = self._quantized_step(lw, step, _file_grid(lw, op.inputs[0]))
-            epilogue, last = following_post_ops(lw, i)
-            if last is not op:          # the quantize steps and bias after it: its post-ops, in its output
+            if last is not lw.ops[took]:    # the quantize steps and bias after it: its post-ops, in its output
                 lw.where[last.output] = step.out
                 step = replace(step, attrs={**step.attrs, "epilogue": epilogue})
             lw.steps[at] = step

@@ -422,8 +422,8 @@ def _lower_slice_transposed(lw: Lowering, op) -> bool:
     the input read through the part and the permutation (``dnnl_transpose`` with its ``index``),
     where NumPy's copy and a reorder made two passes."""
     move = lw.next_reader(op)
-    if move is None or move.kind != "transpose":
-        return False
+    if move is None or move.kind != "transpose" or any(not isinstance(e, int) and e[2] < 1 for e in op.attrs["index"]):
+        return False                    # (oneDNN takes no negative stride)
     lw.skip.add(lw.readers[op.output][0])
     out = lw.where[move.output] = lw.buffer(move.output, lw.model.shapes[move.output])
     lw.steps.append(FusedStep("dnnl_transpose", out, (lw.where[op.inputs[0]],),
