@@ -700,16 +700,16 @@ def _lower_binary(lw: Lowering, i: int, op) -> bool:
 
 
 def _lower_plain_binary(lw: Lowering, i: int, op, alg: int) -> bool:
-    """A sum, product, quotient or difference of two plain activations of the output's shape, or a
+    """A product, quotient or difference of two plain activations of the output's shape, or a
     plain activation and a constant along its trailing axes (a bias, a layer scale, Swin's
     relative position bias over heads x window x window), with the eltwise ops after it (a
     quantized file's steps between ConvNeXt's channels-last linears): oneDNN's binary
     primitive, the constant broadcast along the leading axes (its jit code), those ops its
-    post-ops: one pass where NumPy and a chain step took two (Swin's residual sums, each before a
-    quantize step). Alone it stays NumPy's one pass."""
+    post-ops: one pass where NumPy and a chain step took two. Alone it stays NumPy's one pass; a
+    sum of two stays ``add``'s."""
     eng, shapes = lw.engine, lw.model.shapes
     shape = shapes[op.output]
-    if len(shape) > 4 or any(eng.is_native(lw.where[t]) for t in op.inputs):
+    if op.kind in SUM_KINDS or len(shape) > 4 or any(eng.is_native(lw.where[t]) for t in op.inputs):
         return False
     if op.params:
         const, trailing = lw.model.params[op.params[0]], _trailing(shape, op.attrs.get("width"))
