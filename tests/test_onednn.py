@@ -675,3 +675,20 @@ def test_a_primitive_whose_call_fails_raises_when_bound(monkeypatch):
     monkeypatch.setattr(onednn.OneDnnEngine, "execute", without_output)
     with pytest.raises(native_onednn.DnnlError, match="execution failed"):
         engine.bind(1)
+
+
+@pytest.mark.parametrize("values, on_onednn", [(1 << 10, False), (1 << 15, True)])
+def test_a_lone_scalar_op_is_a_primitive_from_a_size_on(values, on_onednn):
+    """A scalar op no chain follows (a quantized file's x / sqrt 2, read by erf and by the product
+    after it) is NumPy's one pass on a small sample and a oneDNN chain step on a large one
+    (``LONE_SCALAR_MIN``); right either way."""
+    from engines.ir.models import Model, Op
+    ops = (Op("erf", ("x",), "a"), Op("binary", ("a",), "d", attrs={"fn": "div", "scalar": 1.4142135}),
+           Op("erf", ("d",), "e"), Op("binary", ("a", "e"), "y", attrs={"fn": "mul"}))
+    model = Model("lone-scalar", ops, {t: (values,) for t in ("x", "a", "d", "e", "y")}, {})
+    engine = ENGINES["onednn"](model, 2)
+    divides = [s for s in engine.steps if s.out == "d"]
+    assert [s.kind == "dnnl_binary" for s in divides] == [on_onednn], [(s.kind, s.reads, s.out) for s in engine.steps]
+    for batch in (1, 2):
+        x = model.random_input(batch, rng=batch)
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-5, atol=1e-6)

@@ -59,6 +59,12 @@ from .fused import BIND, FusedEngine, FusedStep, Lowering
 # on the two-thread pool, 0.655 ms on one (Intel Xeon; ONNX Runtime 0.53 ms). Longer forwards
 # would cost their timing more than any wake-up they pay.
 ONE_THREAD_FORWARD_S = 0.02
+# A scalar op that no chain follows runs as oneDNN's chain step from this many values a sample,
+# NumPy's one pass below. A lone x * 0.5 at b1 (AMD EPYC, the whole forward timed): 10.9 us on
+# either at 4 Ki values, 39.0 against 29.1 us at 16 Ki, 548 against 319 us at 256 Ki. A quantized
+# file's GELU divides by sqrt 2 a tensor that erf and the product both read: Swin-T's QDQ file ran
+# 1.05x faster at b8 and 1.06x at b1 so (interleaved); float Swin-T (its query scale) 1.01x.
+LONE_SCALAR_MIN = 1 << 14
 
 # oneDNN's concat builds its argument list on the heap at every execution and frees it before it
 # returns: 384 B + 32 B an argument (measured under memray, 17 to 21 arguments; DenseNet-121's
@@ -516,13 +522,14 @@ def _scalar_linear(op) -> tuple | None:
 def _lower_scalar(lw: Lowering, i: int, op) -> bool:
     """A scalar op followed by activations, quantize steps or more scalar ops (a quantized file's
     GELU: x / sqrt 2, then x + 1, x · 0.5, each before a quantize step): one chain step of their
-    post-ops (``_chain_step``); alone it stays NumPy's one pass."""
+    post-ops (``_chain_step``); alone, NumPy's one pass below ``LONE_SCALAR_MIN`` values a
+    sample, the chain step (on the pool) from there."""
     src = lw.where[op.inputs[0]]
     linear = _scalar_linear(op)
     if linear is None or len(lw.model.shapes[op.output]) > 4:
         return False
     chain, last = _following_eltwises(lw, i, (linear,))
-    if last is op:
+    if last is op and math.prod(lw.model.shapes[op.output]) < LONE_SCALAR_MIN:
         return False
     _chain_step(lw, op, src, last, chain)
     return True
