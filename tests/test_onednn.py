@@ -319,14 +319,10 @@ def test_a_transpose_of_plain_rows_is_onednns_reorder():
         tracemalloc.stop()
 
 
-def test_window_attention_is_reorders_a_batched_matmul_and_a_binary():
-    """Attention that is not the fused kind, as Swin writes it: q and k taken out of the
-    projection (Gather) and each transposed heads-first, one reorder each from the part read
-    through the permutation; the scores' product oneDNN's batched matmul with its ReLU as a
-    post-op, not NumPy's GEMM per matrix; the relative position bias (a constant over heads x
-    tokens x tokens) and the activation after it one binary primitive. The query scale stays
-    after its transpose (no linear to fold it into). Right at both batches, on jit code, and no
-    array allocated per warm forward."""
+def _window_attention():
+    """Swin-style attention in small: q and k gathered out of one (tokens, 3, heads, dim) tensor
+    and transposed heads first, the query scaled, their product and a ReLU, a constant over
+    heads x tokens x tokens added, a sigmoid, a tanh out."""
     from onnx import TensorProto, helper
     rng = np.random.default_rng(5)
     inits = [onnx.numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("q", 0), ("k", 1))]
@@ -341,7 +337,18 @@ def test_window_attention_is_reorders_a_batched_matmul_and_a_binary():
              node("Add", ["sr", "bias"], ["b"]), node("Sigmoid", ["b"], ["g"]), node("Tanh", ["g"], ["y"])]
     graph = helper.make_graph(nodes, "window", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 3, 2, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 6, 6])], inits)
-    model = load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]).SerializeToString())
+    return load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]).SerializeToString())
+
+
+def test_window_attention_is_reorders_a_batched_matmul_and_a_binary():
+    """Attention that is not the fused kind, as Swin writes it: q and k taken out of the
+    projection (Gather) and each transposed heads-first, one reorder each from the part read
+    through the permutation; the scores' product oneDNN's batched matmul with its ReLU as a
+    post-op, not NumPy's GEMM per matrix; the relative position bias (a constant over heads x
+    tokens x tokens) and the activation after it one binary primitive. The query scale stays
+    after its transpose (no linear to fold it into). Right at both batches, on jit code, and no
+    array allocated per warm forward."""
+    model = _window_attention()
     engine = ENGINES["onednn"](model, 4)
     kinds = [s.kind for s in engine.steps]
     assert [s.attrs.get("index") is not None for s in engine.steps if s.kind == "dnnl_transpose"] == [True, True], kinds
@@ -354,6 +361,20 @@ def test_window_attention_is_reorders_a_batched_matmul_and_a_binary():
     implementations = {p["implementation"] for p in engine.report()["primitives"]}
     assert not [i for i in implementations if i.startswith("ref")], implementations
     assert tracemalloc_peak(engine, model.random_input(4, rng=0)) < 4096
+
+
+def test_a_product_no_brgemm_takes_runs_on_numpy_then_its_post_ops(monkeypatch):
+    """Where oneDNN offers no brgemm kernel for a product, NumPy's matmul runs it and its post-ops
+    follow as one chain step of their own: still right."""
+    monkeypatch.setattr(onednn, "implementation", lambda dnnl, pd: "gemm:jit:f32")
+    model = _window_attention()
+    engine = ENGINES["onednn"](model, 4)
+    assert [s.kind for s in engine.steps].count("dnnl_matmul") == 1
+    for batch in (1, 4):
+        x = model.random_input(batch, rng=batch)
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-5, atol=1e-6)
+    ran = [p for p in engine.report()["primitives"] if p["kind"] == "matmul" and p["batch"] == 4]
+    assert len(ran) == 1 and ran[0]["step"] == "sr", ran        # the ReLU's chain step; NumPy ran the product
 
 
 def test_silu_and_a_difference_of_activations_stay_in_onednns_layout():

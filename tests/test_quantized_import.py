@@ -608,3 +608,21 @@ def test_products_and_their_quantize_steps_and_bias_are_one_onednn_primitive_eac
         assert len(products) == 2 and all(s.attrs["eltwises"] for s in products), [s.kind for s in eng.steps]
         _matches_the_files_arithmetic_on_jit_code(data, model, eng)
         assert tracemalloc_peak(eng, model.random_input(8, rng=0)) < 4096
+
+
+def test_a_projection_no_int8_kernel_takes_runs_in_float_then_its_post_ops(tmp_path, monkeypatch):
+    """Where oneDNN offers no brgemm kernel for an int8 projection, its dequantized weights run in
+    float32: on the input's grid (the file's quantize step, which the int8 product would have
+    applied), with the bias before the zero point went into it, then the quantize steps and bias
+    it took in as one chain step. The file's arithmetic still, named in report(), nothing
+    allocated per warm forward."""
+    import engines.planned.int8 as int8
+    data, model, _ = _on_int8(tmp_path, _attention())
+    monkeypatch.setattr(int8, "implementations", lambda dnnl, make_pd: [])
+    engine = ENGINES["int8"](model, 8)
+    for batch in (1, 8):
+        x = model.random_input(batch, rng=batch)
+        theirs = _file_semantics(data).run(None, {model.input: x})[0]
+        assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
+    assert engine.report()["float_products"] == ["64x32x32", "8x32x32"]
+    assert tracemalloc_peak(engine, model.random_input(8, rng=0)) < 4096

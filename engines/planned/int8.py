@@ -93,8 +93,15 @@ class QuantizedLinear:
         """The weights as float32 (k, n), q x scale: for a product no int8 kernel takes."""
         return self.weights.values().reshape(self.weights.shape[-2:]).astype(np.float32) * self.scales
 
-    def tiled_bias(self, rows: int) -> np.ndarray:
-        return np.ascontiguousarray(np.broadcast_to(self.bias, (rows, len(self.bias))))
+    def tiled_bias(self, rows: int, folded_grid: tuple | None = None) -> np.ndarray:
+        """The bias of the product in float32, (rows, n): the held one, or where it took in the
+        zero point of the source's ``folded_grid`` (``_zero_point_folded``) the bias before that,
+        as float activations carry their zero point themselves."""
+        bias = self.bias
+        if folded_grid:
+            sums = self.weights.values().reshape(self.weights.shape[-2:]).astype(np.int64).sum(axis=0)
+            bias = (bias + folded_grid[0] * folded_grid[1] * self.scales.astype(np.float64) * sums).astype(np.float32)
+        return np.ascontiguousarray(np.broadcast_to(bias, (rows, len(bias))))
 
 
 class Int8Engine(OneDnnEngine):
@@ -388,8 +395,13 @@ def _integer_chain(chain: tuple, grid: tuple) -> tuple:
     """A float step's post-ops when it writes ``grid``'s integers: x / scale + zero point last
     (oneDNN's store to 8 bits rounds half to even and saturates to the levels), in place of the
     grid's own step where the chain ends in it."""
-    step = fake_quant_chain(*grid[:2], grid[2], grid[2] + 255)
+    step = _grid_step(grid)
     return (chain[:-4] if chain[-4:] == step else chain) + ((LINEAR, 1.0 / grid[0], float(grid[1])),)
+
+
+def _grid_step(grid: tuple) -> tuple:
+    """The quantize step of ``grid`` (scale, zero point, lowest of its 256 levels) as post-ops."""
+    return fake_quant_chain(*grid[:2], grid[2], grid[2] + 255)
 
 
 def _takes_integers(lw: Lowering, op, tensor: str, sums: bool = False) -> bool:
@@ -662,11 +674,18 @@ def _matmul(eng: Int8Engine, step, q, y2, amax, ins) -> Matmul:
 def _float_linear(eng: Int8Engine, step, x2, y2, ins) -> list:
     """A product no int8 kernel of oneDNN takes here (its brgemm kernels only; the others allocate
     per call or are reference code): the same quantized weights, dequantized once, in a float32
-    NumPy product with the bias, residual and ReLU; named in ``report()["float_products"]``."""
+    NumPy product with the bias, residual and ReLU; named in ``report()["float_products"]``. On a
+    file's grid, the input's quantize step first (``_requantized`` left it to the int8 product),
+    into a copy made at binding (the input's buffer may hold what another op reads unquantized)."""
     (linear,), attrs = step.operands, step.attrs
     eng.float_products.add("x".join(map(str, (x2.shape[0], *linear.weights.shape[-2:]))))
+    calls = []
+    if attrs["grid"]:
+        on_grid = aligned_empty(x2.shape)
+        calls, x2 = chain_calls(eng, step, on_grid, _grid_step(attrs["grid"]), x2), on_grid
     w = linear.dequantized()
-    calls = [(np.matmul, (x2, w, y2))] + tiled_calls(np.add, y2, linear.tiled_bias(len(y2)))
+    bias = linear.tiled_bias(len(y2), attrs["grid"] if attrs["zero_point_folded"] else None)
+    calls += [(np.matmul, (x2, w, y2))] + tiled_calls(np.add, y2, bias)
     if attrs["residual"]:
         calls.append((np.add, (y2, rows2d(ins[1]), y2)))
     if attrs["relu"]:

@@ -607,13 +607,14 @@ def bound_post_ops(owned: Owned, chain: tuple, first: int, ndim: int) -> tuple[t
     return tuple(bound), args
 
 
-def chain_calls(eng: OneDnnEngine, step, y: np.ndarray, chain: tuple) -> list:
-    """``chain`` (``following_post_ops``) applied to ``y`` in place: oneDNN's binary max(y, y)
-    taking it as post-ops, as ``_chain_step``'s steps run."""
-    md = eng.owned.strided(y)
+def chain_calls(eng: OneDnnEngine, step, y: np.ndarray, chain: tuple, x: np.ndarray | None = None) -> list:
+    """``chain`` (``following_post_ops``) applied to ``x`` into ``y``, or to ``y`` in place:
+    oneDNN's binary max(x, x) taking it as post-ops, as ``_chain_step``'s steps run."""
+    x = y if x is None else x
+    src, dst = eng.owned.strided(x), eng.owned.strided(y)
     bound, args = bound_post_ops(eng.owned, chain, 0, y.ndim)
-    pd = eng.owned.binary_pd(BINARY_MAX, md, md, md, eng.owned.attr(eltwises=bound))
-    return [eng.execute(pd, {SRC: (md, y), SRC_1: (md, y), DST: (md, y), **args}, step)]
+    pd = eng.owned.binary_pd(BINARY_MAX, src, src, dst, eng.owned.attr(eltwises=bound))
+    return [eng.execute(pd, {SRC: (src, x), SRC_1: (src, x), DST: (dst, y), **args}, step)]
 
 
 def _output(lw: Lowering, op, src: str, native: bool) -> str:
