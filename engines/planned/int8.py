@@ -99,8 +99,8 @@ class QuantizedLinear:
         as float activations carry their zero point themselves."""
         bias = self.bias
         if folded_grid:
-            sums = self.weights.values().reshape(self.weights.shape[-2:]).astype(np.int64).sum(axis=0)
-            bias = (bias + folded_grid[0] * folded_grid[1] * self.scales.astype(np.float64) * sums).astype(np.float32)
+            q = self.weights.values().reshape(self.weights.shape[-2:])
+            bias = (bias + _zero_point_term(q, self.scales, folded_grid)).astype(np.float32)
         return np.ascontiguousarray(np.broadcast_to(bias, (rows, len(bias))))
 
 
@@ -495,8 +495,12 @@ def _zero_point_folded(bias: np.ndarray, q: np.ndarray, scales: np.ndarray, grid
     x scale x zp x its weight scale x its weights' sum (``q``: (k, out) s8). Exact only where every
     input value is a real one: no pad reads the level of 0. oneDNN's run-time source zero point
     costs a compensation pass per call, and a zero one still does."""
-    sums = q.astype(np.int64).sum(axis=0)
-    return bias.astype(np.float64) - grid[0] * grid[1] * scales.astype(np.float64) * sums
+    return bias.astype(np.float64) - _zero_point_term(q, scales, grid)
+
+
+def _zero_point_term(q: np.ndarray, scales: np.ndarray, grid: tuple) -> np.ndarray:
+    """x scale x zero point x each output channel's weight scale x its weights' sum, float64."""
+    return grid[0] * grid[1] * scales.astype(np.float64) * q.astype(np.int64).sum(axis=0)
 
 
 def _grid_operands(grid: tuple) -> tuple[np.ndarray, np.ndarray]:

@@ -593,14 +593,20 @@ def _constant_binary(lw: Lowering, op) -> BinaryPostOp | None:
     return BinaryPostOp(alg, np.ascontiguousarray(const, np.float32)) if const.shape == shape[-1:] else None
 
 
+def constant_md(owned: Owned, const: np.ndarray, ndim: int) -> P:
+    """The descriptor of a constant over the trailing axes of an ``ndim``-axis tensor, broadcast
+    along the leading ones."""
+    return owned.md((1,) * (ndim - const.ndim) + const.shape, PLAIN[ndim])
+
+
 def bound_post_ops(owned: Owned, chain: tuple, first: int, ndim: int) -> tuple[tuple, dict]:
-    """``chain`` as ``Owned.post_ops`` takes it, each ``BinaryPostOp``'s constant described as
-    broadcast along the last of ``ndim`` axes, and the execution arguments of those constants;
-    ``first``: the chain's first place among the primitive's post-ops."""
+    """``chain`` as ``Owned.post_ops`` takes it, each ``BinaryPostOp``'s constant described
+    (``constant_md``), and the execution arguments of those constants; ``first``: the chain's
+    first place among the primitive's post-ops."""
     bound, args = [], {}
     for at, op in enumerate(chain, first):
         if isinstance(op, BinaryPostOp):
-            md = owned.md((1,) * (ndim - 1) + op.operand.shape, PLAIN[ndim])
+            md = constant_md(owned, op.operand, ndim)
             args[post_op_arg(at)] = (md, op.operand)
             op = BinaryPostOp(op.alg, md)
         bound.append(op)
@@ -1044,7 +1050,7 @@ def bind_binary(eng: OneDnnEngine, step, y, ins, scratch, dst=None, chain=None) 
     src0 = eng.md(step.reads[0], batch)
     if step.operands:              # a constant along the trailing axes (``_lower_plain_binary``), broadcast
         b = step.operands[0]
-        src1 = o.md((1,) * (y.ndim - b.ndim) + b.shape, PLAIN[y.ndim])
+        src1 = constant_md(o, b, y.ndim)
     else:
         src1, b = eng.md(step.reads[1], batch), ins[1]
     dst = dst or (eng.md(step.out, batch), y)
