@@ -30,9 +30,12 @@ def run(path: Path, out: Path, batches: str, rounds: int, engines: str = ENGINES
     done = subprocess.run([sys.executable, "-m", "mlexec", "report", "--model", str(path), "--batches", batches,
                            "--engines", engines, "--rounds", str(rounds), "--recheck-rounds", "0",
                            "--out", str(folder)], capture_output=True, text=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    failed = folder / "failed.txt"           # a rerun that succeeds clears an earlier failure
     if done.returncode:
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "failed.txt").write_text(done.stdout[-2000:] + done.stderr[-4000:])
+        failed.write_text(done.stdout[-2000:] + done.stderr[-4000:])
+    else:
+        failed.unlink(missing_ok=True)
 
 
 def cell(rows: list[dict]) -> tuple[str, bool]:

@@ -92,3 +92,14 @@ def test_missing_package_raises_engine_unavailable(monkeypatch):
     for engine in ("onnxruntime", "torch", "torch-compile", "fused"):
         with pytest.raises(EngineUnavailable, match=r"pip install -e \.\[(peers|fast)\]"):
             ENGINES[engine](model, 2)
+
+
+@pytest.mark.parametrize("model_name", list(SMALL))
+def test_the_onnx_export_carries_the_least_ir_version_its_opset_needs(model_name):
+    """Not the onnx package's newest: onnxruntime 1.30 refuses IR 14, which onnx 1.23 writes by
+    default, so the peers failed to start beside an older onnxruntime."""
+    onnx = pytest.importorskip("onnx")
+    from engines.peers.onnxrt import OPSET, export
+    proto = export(MODELS[model_name](**SMALL[model_name]), onnx)
+    least = onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", OPSET)])
+    assert proto.ir_version == least < onnx.IR_VERSION

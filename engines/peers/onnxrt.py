@@ -101,7 +101,9 @@ def export(model: Model, onnx):
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", *model.shapes[name]])
 
     graph = helper.make_graph(nodes, model.name, [value_info(model.input)], [value_info(model.output)], inits)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    # The least IR version the opset needs, not the onnx package's newest: an older onnxruntime
+    # refuses a newer IR version ("Unsupported model IR version: 14, max supported IR version: 13").
+    proto = helper.make_model_gen_version(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     onnx.checker.check_model(proto)
     return proto
 
