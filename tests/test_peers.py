@@ -103,3 +103,23 @@ def test_the_onnx_export_carries_the_least_ir_version_its_opset_needs(model_name
     proto = export(MODELS[model_name](**SMALL[model_name]), onnx)
     least = onnx.helper.find_min_ir_version_for([onnx.helper.make_opsetid("", OPSET)])
     assert proto.ir_version == least < onnx.IR_VERSION
+
+
+def test_an_onnxruntime_older_than_the_file_makes_the_peer_unavailable_naming_both_versions(monkeypatch):
+    """onnxruntime 1.30 refused an IR 14 file ("Unsupported model IR version: 14, max supported IR
+    version: 13"): the peer is unavailable for that file, and says why, where the report crashed."""
+    ort = pytest.importorskip("onnxruntime")
+
+    def refusing(*args, **kwargs):
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : model.cc:202 onnxruntime::Model::Model "
+                           "Unsupported model IR version: 14, max supported IR version: 13")
+    monkeypatch.setattr(ort, "InferenceSession", refusing)
+    for engine in ("onnxruntime", "onnxruntime-int8"):
+        with pytest.raises(EngineUnavailable, match=r"reads ONNX IR versions up to 13 and this file is IR 14"):
+            ENGINES[engine](MODELS["mlp"](dim=32), 2)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("[ONNXRuntimeError] : 10 : INVALID_GRAPH : a broken graph")
+    monkeypatch.setattr(ort, "InferenceSession", failing)
+    with pytest.raises(RuntimeError, match="INVALID_GRAPH"):      # any other refusal is not hidden
+        ENGINES["onnxruntime"](MODELS["mlp"](dim=32), 2)

@@ -12,6 +12,7 @@ result is a fresh array, the caller's own.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -20,6 +21,8 @@ from ..ir.models import Model
 from ..native.threads import blas_threads
 
 OPSET = 20   # LayerNormalization (17) and Gelu with approximate="tanh" (20)
+# ONNX Runtime's refusal of a file newer than it reads: its installed version, not the file, is at fault
+_TOO_NEW = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
 
 
 def _import(engine: str = "onnxruntime"):
@@ -108,6 +111,21 @@ def export(model: Model, onnx):
     return proto
 
 
+def _session(ort, source: bytes, options, engine: str):
+    """ONNX Runtime's session on ``source``; ``EngineUnavailable`` where the installed onnxruntime
+    is older than the file's IR version (a file from a newer onnx package), any other refusal as
+    it is raised."""
+    try:
+        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:          # onnxruntime's Fail has no public import path
+        too_new = _TOO_NEW.search(str(exc))
+        if too_new is None:
+            raise
+        raise EngineUnavailable(
+            f"onnxruntime {ort.__version__} reads ONNX IR versions up to {too_new[2]} and this file is "
+            f"IR {too_new[1]}, so {engine} cannot run it here; pip install -U onnxruntime") from exc
+
+
 class OnnxRuntimeEngine(Engine):
     name = "onnxruntime"
     peer = True
@@ -123,7 +141,7 @@ class OnnxRuntimeEngine(Engine):
         self.threads = blas_threads()
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        self.session = _session(ort, source, options, self.name)
         self._input = self.session.get_inputs()[0].name
         self._outputs = [self.session.get_outputs()[0].name]
         # A file whose batch axis is fixed at 1 runs one sample at a time.
