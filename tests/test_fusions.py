@@ -64,11 +64,12 @@ def causal() -> np.ndarray:
     return np.triu(np.full((SEQ, SEQ), -np.inf, np.float32), 1)
 
 
-def sdpa(mask=None, guard: float | None = 0.0, scale: float = (DIM // HEADS) ** -0.25) -> bytes:
+def sdpa(mask=None, guard: float | None = 0.0, scale: float = (DIM // HEADS) ** -0.25, rotary: bool = False) -> bytes:
     """GPT-2's attention as the dynamo exporter writes SDPA: one qkv projection split three ways,
     q and k each scaled by head_dim^-1/4, an empty key cache joined to k (a one-input Concat), a
     constant mask added to the scores, the softmax, Where(IsNaN(p), guard, p), the context moved
-    back to (seq, dim)."""
+    back to (seq, dim). ``rotary``: q times a constant over (seq, head_dim) first, as a decoder's
+    rotary embedding, which ``fuse_attention`` does not follow."""
     head = DIM // HEADS
     nodes = [
         N("MatMul", ["x", "w"], ["qkv0"]), N("Add", ["qkv0", "b"], ["qkv"]),
@@ -76,12 +77,15 @@ def sdpa(mask=None, guard: float | None = 0.0, scale: float = (DIM // HEADS) ** 
         *[N("Reshape", [f"{t}0", "heads"], [f"{t}1"]) for t in "qkv"],
         N("Transpose", ["q1"], ["q"], perm=[0, 2, 1, 3]), N("Transpose", ["k1"], ["kT0"], perm=[0, 2, 3, 1]),
         N("Concat", ["kT0"], ["kT"], axis=3), N("Transpose", ["v1"], ["v"], perm=[0, 2, 1, 3]),
-        N("Mul", ["q", "s"], ["qs"]), N("Mul", ["kT", "s"], ["ks"]), N("MatMul", ["qs", "ks"], ["scores"]),
+        N("Mul", ["qr" if rotary else "q", "s"], ["qs"]), N("Mul", ["kT", "s"], ["ks"]), N("MatMul", ["qs", "ks"], ["scores"]),
     ]
     inits = {"w": _f32(RNG.standard_normal((DIM, 3 * DIM)) / math.sqrt(DIM)),
              "b": _f32(RNG.standard_normal(3 * DIM) * 0.1),
              "split": _i64(DIM, DIM, DIM), "heads": _i64(0, SEQ, HEADS, head), "back": _i64(0, SEQ, DIM),
              "s": _f32(scale)}
+    if rotary:
+        nodes.insert(-3, N("Mul", ["q", "rot"], ["qr"]))
+        inits["rot"] = _f32(np.cos(np.arange(SEQ * head).reshape(SEQ, head)))
     scores = "scores"
     if mask is not None:
         nodes.append(N("Add", ["scores", "mask"], ["masked"]))
@@ -128,6 +132,19 @@ def test_a_fully_masked_row_keeps_the_guard():
     mask[0] = -np.inf
     kinds = check(sdpa(mask))
     assert kinds == ["linear", "attn_scores", "binary", "softmax", "isnan", "where", "attn_context"], kinds
+
+
+@NAN_ROWS
+def test_a_guard_that_cannot_fire_goes_from_attention_left_generic():
+    """A decoder's attention (here q times a rotary-like constant) stays generic ops, and its
+    guard goes on the same rule as in the fused attention: with a causal mask, or none; with a
+    fully masked row it stays."""
+    assert "attn_scores" not in (kinds := check(sdpa(causal(), rotary=True)))
+    assert "isnan" not in kinds and "where" not in kinds and kinds.count("matmul") == 2, kinds
+    assert "isnan" not in check(sdpa(rotary=True))
+    row = causal()
+    row[0] = -np.inf
+    assert "isnan" in check(sdpa(row, rotary=True))
 
 
 def test_attention_that_almost_matches_stays_generic():
@@ -225,7 +242,7 @@ def test_gelu_in_tanh_form_with_another_constant_stays_generic():
 
 
 @NAN_ROWS
-@pytest.mark.parametrize("graph", ["causal", "guarded-row", "zeros", "gelu-first", "gelu-last", "t5", "adds"])
+@pytest.mark.parametrize("graph", ["causal", "guarded-row", "zeros", "gelu-first", "gelu-last", "t5", "adds", "rotary"])
 def test_each_fusion_keeps_the_float64_reference(graph):
     """The pass alone, on the generic ops: the same float64 output (the dropped guard and the
     dropped zero mask are exact on finite scores)."""
@@ -233,9 +250,9 @@ def test_each_fusion_keeps_the_float64_reference(graph):
     row[0] = -np.inf
     data = {"causal": sdpa(causal()), "guarded-row": sdpa(row), "zeros": sdpa(np.zeros((SEQ, SEQ), np.float32)),
             "gelu-first": tanh_gelu("half-first"), "gelu-last": tanh_gelu("half-last"), "t5": t5(),
-            "adds": constant_adds()}[graph]
+            "adds": constant_adds(), "rotary": sdpa(causal(), rotary=True)}[graph]
     raw = load_onnx(data, passes=False)
-    fused = passes.fuse_attention(passes.fuse_gelu_tanh(passes.fold_constant_adds(raw)))
+    fused = passes.drop_nan_guard(passes.fuse_attention(passes.fuse_gelu_tanh(passes.fold_constant_adds(raw))))
     assert len(fused.ops) < len(raw.ops)
     x = raw.random_input(3, rng=11)
     ref = raw.reference(x)

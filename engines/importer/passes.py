@@ -599,6 +599,28 @@ def fuse_attention(model: Model) -> Model:
     return _rewrite_attention(model, found) if found else model
 
 
+def drop_nan_guard(model: Model) -> Model:
+    """SDPA's guard Where(IsNaN(p), 0, p) after the softmax of an attention ``fuse_attention`` did
+    not take (a decoder's: rotary embeddings and repeated key/value heads lie between its
+    projections and its scores): dropped where no row can be all -inf, the same rule as there
+    (the scores a matmul, perhaps scaled, perhaps plus a constant mask leaving each row a finite
+    entry: ``_unguarded_rows``); the context then reads the softmax."""
+    ops, by_out, readers = model.ops, {op.output: op for op in model.ops}, _readers(model.ops)
+    to_softmax, dropped = {}, set()                    # a guard's output -> the softmax it guards
+    for soft in (op for op in ops if op.kind == "softmax"):
+        around = _around_softmax(soft, ops, by_out, readers)
+        if around is None or around.guard is None or around.guard[1].output == model.output:
+            continue
+        if around.mask is None or _unguarded_rows(model.params[around.mask.params[0]], model.shapes[soft.output][-1]):
+            isnan, where = around.guard
+            to_softmax[where.output] = soft.output
+            dropped |= {isnan.output, where.output}
+    if not to_softmax:
+        return model
+    return _rebuild(model, [replace(op, inputs=tuple(to_softmax.get(t, t) for t in op.inputs))
+                            for op in ops if op.output not in dropped])
+
+
 # --- convolutional networks -----------------------------------------------------------
 
 def _absorb(model: Model, merge) -> Model:
@@ -847,5 +869,5 @@ def fuse_conv_maxpool(model: Model) -> Model:
 
 # In order: fusions first, then what they left unread.
 PASSES = (drop_repeated_quantization, fold_constant_adds, fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm, fuse_attention,
-          fold_batchnorm, binary_before_transpose, fold_affine, fuse_silu, fuse_conv_add, fuse_conv_activation,
-          fuse_conv_maxpool, remove_dead)
+          drop_nan_guard, fold_batchnorm, binary_before_transpose, fold_affine, fuse_silu, fuse_conv_add,
+          fuse_conv_activation, fuse_conv_maxpool, remove_dead)
