@@ -11,7 +11,7 @@ torch exports of tests/test_onnx_import.py, and with ``--cnns`` the onnx package
 (random weights; ``--big`` adds AlexNet, VGG-19 and ZFNet-512).
 
 Per model: the IR op count after the passes, the fused kinds (``attn`` counts ``attn_scores``,
-``ln`` ``layernorm``, ``gelu`` ``gelu`` and ``gelu_erf``, ``conv+`` the convolutions that took a
+``ln`` ``layernorm``, ``rms`` ``rmsnorm``, ``gelu`` ``gelu`` and ``gelu_erf``, ``conv+`` the convolutions that took a
 batch norm, an affine, an activation, a residual add or a pool), the generic kinds left around a
 softmax and GPT-2's GELU (``matmul``, ``isnan``, ``where``, ``tanh``), and the import time:
 ``load_onnx(passes=False)`` plus the passes, the median over ``--rounds`` rounds.
@@ -40,7 +40,7 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FUSED = ("attn_scores", "layernorm", "gelu", "gelu_erf", "linear")
+FUSED = ("attn_scores", "layernorm", "rmsnorm", "gelu", "gelu_erf", "linear")
 CONV_KINDS = ("conv", "conv_add", "conv_maxpool")
 GENERIC = ("matmul", "isnan", "where", "tanh", "batchnorm")
 CNNS = ("densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet")
@@ -155,6 +155,8 @@ def fused(r: dict) -> str:
     k = r["kinds"]
     parts = [f"attn {k.get('attn_scores', 0)}", f"ln {k.get('layernorm', 0)}",
              f"gelu {k.get('gelu', 0) + k.get('gelu_erf', 0)}"]
+    if k.get("rmsnorm"):
+        parts.append(f"rms {k['rmsnorm']}")
     if r["conv_plus"]:
         parts.append(f"conv+ {r['conv_plus']}")
     left = [f"{g} {k[g]}" for g in GENERIC if k.get(g)]

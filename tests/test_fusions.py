@@ -5,8 +5,9 @@ at batch 1 and 4; a graph that almost matches stays generic and matches too.
 The patterns are those of Hugging Face exports (scripts/export_zoo.py): attention with a folded
 causal or padding mask and SDPA's NaN guard (GPT-2, BERT, DistilBERT), an export's mask of zeros
 (the dynamo exports of ViT and wav2vec 2.0), T5's unscaled attention with its position bias and
-padding mask added one after the other, GPT-2's GELU in tanh form, and ConvNeXt's layer scale
-after its transpose back to channels-first, SiLU (a Sigmoid times its input), and a residual sum after a conv (ResNet).
+padding mask added one after the other, GPT-2's GELU in tanh form, RMSNorm (T5's and the decoders'),
+and ConvNeXt's layer scale after its transpose back to channels-first, SiLU (a Sigmoid times its input), and a
+residual sum after a conv (ResNet).
 """
 import math
 
@@ -242,7 +243,8 @@ def test_gelu_in_tanh_form_with_another_constant_stays_generic():
 
 
 @NAN_ROWS
-@pytest.mark.parametrize("graph", ["causal", "guarded-row", "zeros", "gelu-first", "gelu-last", "t5", "adds", "rotary"])
+@pytest.mark.parametrize("graph", ["causal", "guarded-row", "zeros", "gelu-first", "gelu-last", "t5", "adds", "rotary",
+                                   "rmsnorm"])
 def test_each_fusion_keeps_the_float64_reference(graph):
     """The pass alone, on the generic ops: the same float64 output (the dropped guard and the
     dropped zero mask are exact on finite scores)."""
@@ -250,9 +252,10 @@ def test_each_fusion_keeps_the_float64_reference(graph):
     row[0] = -np.inf
     data = {"causal": sdpa(causal()), "guarded-row": sdpa(row), "zeros": sdpa(np.zeros((SEQ, SEQ), np.float32)),
             "gelu-first": tanh_gelu("half-first"), "gelu-last": tanh_gelu("half-last"), "t5": t5(),
-            "adds": constant_adds(), "rotary": sdpa(causal(), rotary=True)}[graph]
+            "adds": constant_adds(), "rotary": sdpa(causal(), rotary=True), "rmsnorm": rmsnorm("Div")}[graph]
     raw = load_onnx(data, passes=False)
-    fused = passes.drop_nan_guard(passes.fuse_attention(passes.fuse_gelu_tanh(passes.fold_constant_adds(raw))))
+    fused = passes.drop_nan_guard(passes.fuse_attention(passes.fuse_rmsnorm(passes.fuse_gelu_tanh(
+        passes.fold_constant_adds(raw)))))
     assert len(fused.ops) < len(raw.ops)
     x = raw.random_input(3, rng=11)
     ref = raw.reference(x)
@@ -306,6 +309,63 @@ def test_onednn_reads_channels_last_transposes_as_its_own_layout():
     kinds = [step.kind for step in engine.steps]
     assert len(engine.aliases) == 2 and "calls" not in kinds, kinds
     assert kinds.count("dnnl_reorder") == 2, kinds              # the input into the layout, the output back
+
+
+def rmsnorm(inverse: str = "Reciprocal", gamma: bool = True, squares_of: str = "x") -> bytes:
+    """RMSNorm as exporters write it: x * 1/sqrt(mean(x²) + eps) over the last axis, then times
+    gamma; the inverse a ``Reciprocal`` (Llama's dynamo export) or ``1 / ...`` (T5's TorchScript
+    export). ``squares_of`` another tensor than x: not RMSNorm."""
+    nodes = [N("Mul", ["x", "x2"], ["x3"])] if squares_of == "x3" else []
+    nodes += [N("Pow", [squares_of, "two"], ["sq"]),
+             N("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1), N("Add", ["ms", "eps"], ["v"]),
+             N("Sqrt", ["v"], ["root"]),
+             N("Reciprocal", ["root"], ["r"]) if inverse == "Reciprocal" else N("Div", ["one", "root"], ["r"]),
+             N("Mul", ["x", "r"], ["n" if gamma else "y"])]
+    if gamma:
+        nodes.append(N("Mul", ["n", "g"], ["y"]))
+    inits = {"two": _f32(2.0), "eps": _f32(1e-6), "one": _f32(1.0), "g": _f32(RNG.standard_normal(DIM)),
+             "x2": _f32(RNG.standard_normal(DIM))}
+    read = {t for node in nodes for t in node.input}
+    return build(nodes, {k: v for k, v in inits.items() if k in read})
+
+
+@pytest.mark.parametrize("inverse", ["Reciprocal", "Div"])
+@pytest.mark.parametrize("gamma", [True, False])
+def test_rmsnorm_as_exported_is_one_rmsnorm(inverse, gamma):
+    assert check(rmsnorm(inverse, gamma)) == ["rmsnorm"]
+
+
+def test_a_mean_of_another_tensors_squares_stays_generic():
+    kinds = check(rmsnorm(squares_of="x3"))
+    assert "rmsnorm" not in kinds and "reduce_mean" in kinds, kinds
+
+
+def test_onednn_runs_rmsnorm_as_a_layer_normalization_given_its_statistics():
+    """Three calls: the squares, their row means on one BLAS thread, then oneDNN's layer
+    normalization given those as the variance and a mean of zeros, on jit code, with no array
+    allocated per warm forward; the torch peer runs the kind too."""
+    import tracemalloc
+    data = rmsnorm()
+    model, session = load_onnx(data), ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    try:
+        engine = ENGINES["onednn"](model, 4)
+    except Exception as exc:                                    # noqa: BLE001 - the extra is optional
+        pytest.skip(f"onednn engine unavailable: {exc}")
+    assert [step.kind for step in engine.steps] == ["dnnl_rmsnorm"]
+    x = model.random_input(4, rng=5)
+    engine.forward(x)
+    tracemalloc.start()
+    y = engine.forward(x)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4096, peak
+    assert np.abs(y - session.run(None, {"x": x})[0]).max() < 1e-5
+    assert {p["implementation"] for p in engine.report()["primitives"]} == {"jit:uni"}
+    try:
+        torch_engine = ENGINES["torch"](model, 4)
+    except Exception as exc:                                    # noqa: BLE001 - the extra is optional
+        pytest.skip(f"torch engine unavailable: {exc}")
+    assert np.abs(torch_engine.forward(x) - session.run(None, {"x": x})[0]).max() < 1e-5
 
 
 def silu_after_conv(other_operand: bool = False) -> bytes:

@@ -307,6 +307,73 @@ def fuse_layernorm(model: Model) -> Model:
     return _rebuild(model, ops, origin=origin) if len(ops) < len(model.ops) else model
 
 
+class _RmsScaled(NamedTuple):
+    """mul = x * 1/sqrt(mean(x²) + eps), and the ops that compute the factor."""
+    x: str
+    eps: float
+    ops: tuple[Op, ...]
+
+
+def _inverse_root(op: Op | None) -> bool:
+    """A Reciprocal, or 1 / a tensor."""
+    return op is not None and (op.kind == "reciprocal" or (
+        op.kind == "binary" and op.attrs.get("fn") == "div" and op.attrs.get("swap")
+        and op.attrs.get("scalar") is not None and math.isclose(op.attrs["scalar"], 1.0, rel_tol=1e-6)))
+
+
+def _rms_scaled(mul: Op, by_out) -> _RmsScaled | None:
+    """x * r where r = 1/sqrt(mean(x²) + eps) over the last axis (x² a Pow 2 or x * x), r perhaps
+    broadcast by an expand; either operand order."""
+    if mul.kind != "binary" or mul.attrs.get("fn") != "mul" or len(mul.inputs) != 2 or mul.params:
+        return None
+    for x, r in (mul.inputs, mul.inputs[::-1]):
+        spread = _producer(by_out, r, "expand")
+        inv = by_out.get(spread.inputs[0] if spread else r)
+        root = _producer(by_out, inv.inputs[0], "sqrt") if _inverse_root(inv) else None
+        plus = root and _binary(by_out, root.inputs[0], "add")
+        mean = plus and plus.attrs.get("scalar") is not None and _producer(by_out, plus.inputs[0], "reduce_mean")
+        sq = mean and by_out.get(mean.inputs[0])
+        if sq and ((_scalar_is(sq, "pow", 2.0) and sq.inputs == (x,))
+                   or (sq.kind == "binary" and sq.attrs.get("fn") == "mul" and sq.inputs == (x, x) and not sq.params)):
+            return _RmsScaled(x, plus.attrs["scalar"], tuple(o for o in (sq, mean, plus, root, inv, spread) if o))
+    return None
+
+
+def _gamma_scale(users: list[Op], t: str, width: int) -> Op | None:
+    """The one reader of ``t``, if it multiplies it by a constant vector of the row's width."""
+    if len(users) != 1:
+        return None
+    (op,) = users
+    ok = op.kind == "binary" and op.attrs.get("fn") == "mul" and op.attrs.get("width") == width and op.inputs == (t,)
+    return op if ok else None
+
+
+def fuse_rmsnorm(model: Model) -> Model:
+    """RMSNorm as exporters decompose it, over the last axis (T5's LayerNorm; Llama's, Qwen2's,
+    Mistral's RMSNorm): y = x * 1/sqrt(mean(x²) + eps) (a Reciprocal or 1 / ..., broadcast or
+    not), then, where it alone reads it, times gamma, a constant vector of the row's width:
+    one ``rmsnorm`` (gamma all ones where there is none)."""
+    ops, params, origin = list(model.ops), dict(model.params), dict(model.origin)
+    by_out, readers = {op.output: op for op in ops}, _readers(ops)
+    for mul in [op for op in ops if op.kind == "binary" and op.attrs.get("fn") == "mul" and len(op.inputs) == 2]:
+        found = _rms_scaled(mul, by_out)
+        if found is None:
+            continue
+        width = model.shapes[mul.output][-1]
+        scale = _gamma_scale([ops[i] for i in readers.get(mul.output, ())], mul.output, width)
+        last = scale or mul
+        chain = [*found.ops, mul] if scale else list(found.ops)
+        inner = {op.output for op in chain}
+        if _escapes(inner, inner, ops, readers, model, last):
+            continue                    # an intermediate is read outside the pattern
+        gamma = _new_param(params, last.output + ".gamma", params[scale.params[0]].reshape(width) if scale else np.ones(width))
+        ops = [op for op in ops if op.output not in inner]
+        ops[ops.index(last)] = Op("rmsnorm", (found.x,), last.output, (gamma,), {"eps": found.eps})
+        origin[last.output] = sum((model.origin.get(op.output, ()) for op in (*chain, last)), ())
+        by_out, readers = {op.output: op for op in ops}, _readers(ops)
+    return _rebuild(model, ops, params, origin) if len(ops) < len(model.ops) else model
+
+
 MOVES = ("reshape", "transpose", "slice", "take")     # kinds that only move elements
 
 
@@ -868,6 +935,6 @@ def fuse_conv_maxpool(model: Model) -> Model:
 
 
 # In order: fusions first, then what they left unread.
-PASSES = (drop_repeated_quantization, fold_constant_adds, fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm, fuse_attention,
-          drop_nan_guard, fold_batchnorm, binary_before_transpose, fold_affine, fuse_silu, fuse_conv_add,
-          fuse_conv_activation, fuse_conv_maxpool, remove_dead)
+PASSES = (drop_repeated_quantization, fold_constant_adds, fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm,
+          fuse_rmsnorm, fuse_attention, drop_nan_guard, fold_batchnorm, binary_before_transpose, fold_affine, fuse_silu,
+          fuse_conv_add, fuse_conv_activation, fuse_conv_maxpool, remove_dead)

@@ -147,6 +147,36 @@ def standardize_calls(y, x, tmp, stat, eps, matvec) -> Calls:
             (np.multiply, (y, tmp, y))]
 
 
+# --- rmsnorm over the last axis (T5's LayerNorm; Llama's, Qwen2's, Mistral's RMSNorm) ------
+
+def rmsnorm_eager(x, gamma, *, eps):
+    return x / np.sqrt(np.square(x).mean(axis=-1, keepdims=True) + eps) * gamma
+
+
+def rmsnorm_prepare(gamma, max_rows):
+    return tile(gamma.reshape(-1), max_rows), mean_column(gamma.size)
+
+
+def rmsnorm_calls(out, x, gamma_t, mean_col, tmp, stat, *, eps) -> Calls:
+    y = rows2d(out)
+    return mean_square_calls(rows2d(x), rows2d(tmp), rows2d(stat), matvec_calls(mean_col)) \
+        + rescale_calls(y, rows2d(x), rows2d(tmp), rows2d(stat), eps) + tiled_calls(np.multiply, y, gamma_t)
+
+
+def mean_square_calls(x, tmp, stat, matvec) -> Calls:
+    """Calls for stat = mean(x²) over rows, the squares in tmp."""
+    return [(np.multiply, (x, x, tmp)), *matvec(tmp, stat)]
+
+
+def rescale_calls(y, x, tmp, stat, eps) -> Calls:
+    """Calls for y = x / sqrt(stat + eps), stat (rows, 1) spread over tmp first (as
+    ``standardize_calls``: no ufunc buffer, none on a one-element array); y may be x."""
+    at = tmp if stat.size == 1 else stat
+    spread = [(np.copyto, (tmp, stat))]
+    scale = [(np.add, (at, eps, at)), (np.sqrt, (at, at)), (np.reciprocal, (at, at))]
+    return [*(spread + scale if at is tmp else scale + spread), (np.multiply, (x, tmp, y))]
+
+
 def rowwise_scratch(in_shapes, **_attrs):
     shape = in_shapes[0]
     return shape, shape[:-1] + (1,)
@@ -786,6 +816,8 @@ OPS: dict[str, OpKind] = {
     "layernorm": OpKind(layernorm_eager, layernorm_calls, prepare=layernorm_prepare,
                         scratch=rowwise_scratch, inplace=(0,), flops_per_element=8,
                         eager_temps=1, eager_row_stats=3, eager_broadcast=True),
+    "rmsnorm": OpKind(rmsnorm_eager, rmsnorm_calls, prepare=rmsnorm_prepare, scratch=rowwise_scratch,
+                      inplace=(0,), flops_per_element=5, eager_temps=1, eager_row_stats=3, eager_broadcast=True),
     "hardmax": OpKind(hardmax_eager, hardmax_calls),
     "stride_zeros": OpKind(stride_zeros_eager, stride_zeros_calls, flops_per_element=0),
     "softmax": OpKind(softmax_eager, softmax_calls, scratch=rowwise_scratch, inplace=(0,),

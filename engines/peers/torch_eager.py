@@ -95,7 +95,8 @@ def _generic_functions(torch, F):
     return {
         "binary": binary,
         "exp": torch.exp, "sqrt": torch.sqrt, "tanh": torch.tanh, "neg": torch.neg, "erf": torch.erf,
-        "sigmoid": torch.sigmoid,
+        "sigmoid": torch.sigmoid, "silu": F.silu, "reciprocal": torch.reciprocal,
+        "rmsnorm": lambda x, g, *, eps: x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps) * g,
         "clip": lambda x, *, lo=None, hi=None: torch.clamp(x, lo, hi),
         "gelu_erf": F.gelu,
         "expand": lambda x, *, aligned, shape: x.reshape(x.shape[0], *aligned).expand(x.shape[0], *shape),
