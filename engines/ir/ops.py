@@ -133,18 +133,11 @@ def matvec_calls(col: np.ndarray):
 def standardize_calls(y, x, tmp, stat, eps, matvec) -> Calls:
     """Calls for y = (x - mean) / sqrt(var + eps) over rows; ``matvec(a, out)`` gives the calls
     for out = a @ (1/width column), so an engine can put the row means on its own BLAS."""
-    # A ufunc on a one-element array allocates (NumPy 2.4: 0.8-1.1 KiB a call): one row's statistic
-    # (a LayerNorm after global pooling, at batch 1) is spread over its row before it is scaled.
-    at = tmp if stat.size == 1 else stat
-    spread = [(np.copyto, (tmp, stat))]         # broadcast without the ufunc buffer
-    scale = [(np.add, (at, eps, at)), (np.sqrt, (at, at)), (np.reciprocal, (at, at))]
     return [*matvec(x, stat),                   # mean, as a matvec: no reduction state
-            *spread,
+            (np.copyto, (tmp, stat)),           # broadcast without the ufunc buffer
             (np.subtract, (x, tmp, y)),         # centred (y may alias x)
-            (np.multiply, (y, y, tmp)),
-            *matvec(tmp, stat),                 # variance
-            *(spread + scale if at is tmp else scale + spread),
-            (np.multiply, (y, tmp, y))]
+            *mean_square_calls(y, tmp, stat, matvec),     # variance
+            *rescale_calls(y, y, tmp, stat, eps)]
 
 
 # --- rmsnorm over the last axis (T5's LayerNorm; Llama's, Qwen2's, Mistral's RMSNorm) ------
@@ -169,8 +162,10 @@ def mean_square_calls(x, tmp, stat, matvec) -> Calls:
 
 
 def rescale_calls(y, x, tmp, stat, eps) -> Calls:
-    """Calls for y = x / sqrt(stat + eps), stat (rows, 1) spread over tmp first (as
-    ``standardize_calls``: no ufunc buffer, none on a one-element array); y may be x."""
+    """Calls for y = x / sqrt(stat + eps), stat (rows, 1) spread over tmp (a broadcast without
+    NumPy's ufunc buffer); y may be x."""
+    # A ufunc on a one-element array allocates (NumPy 2.4: 0.8-1.1 KiB a call): one row's statistic
+    # (a LayerNorm after global pooling, at batch 1) is spread over its row before it is scaled.
     at = tmp if stat.size == 1 else stat
     spread = [(np.copyto, (tmp, stat))]
     scale = [(np.add, (at, eps, at)), (np.sqrt, (at, at)), (np.reciprocal, (at, at))]

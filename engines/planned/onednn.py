@@ -32,6 +32,7 @@ import weakref
 
 import numpy as np
 
+from ..ir.calls import rows2d
 from ..ir.conv import activation_of, conv_attrs, pool_window, split_pool
 from ..ir.ops import head_columns, mean_column, mean_square_calls, qkv_heads, sample_index
 from ..importer.passes import fuse_conv_activation, fuse_conv_add, fuse_conv_fake_quant
@@ -1096,7 +1097,7 @@ def _bind_layernorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 def _bind_rmsnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     gamma, col = step.operands
-    x2, y2, tmp, stat = (a.reshape(-1, a.shape[-1]) for a in (ins[0], y, *scratch))
+    x2, y2, tmp, stat = (rows2d(a) for a in (ins[0], y, *scratch))
     rows, o = len(x2), eng.owned
     src, dst, stats, per_column = o.strided(x2), o.strided(y2), o.md((rows,), PLAIN[1]), o.md(gamma.shape, PLAIN[1])
     pd = o.layernorm_pd(src, dst, step.attrs["eps"], GLOBAL_STATS | USE_SCALE, o.attr())
