@@ -5,7 +5,8 @@ at batch 1 and 4; a graph that almost matches stays generic and matches too.
 The patterns are those of Hugging Face exports (scripts/export_zoo.py): attention with a folded
 causal or padding mask and SDPA's NaN guard (GPT-2, BERT, DistilBERT), an export's mask of zeros
 (the dynamo exports of ViT and wav2vec 2.0), T5's unscaled attention with its position bias and
-padding mask added one after the other, GPT-2's GELU in tanh form, RMSNorm (T5's and the decoders'),
+padding mask added one after the other, GPT-2's GELU in tanh form, RMSNorm (T5's and the decoders') and
+the decoders' rotary embedding,
 and ConvNeXt's layer scale after its transpose back to channels-first, SiLU (a Sigmoid times its input), and a
 residual sum after a conv (ResNet).
 """
@@ -200,6 +201,26 @@ def test_t5_attention_is_the_fused_attention_with_scale_1(adds):
     assert [op.attrs for op in model.ops if op.kind == "attn_scores"] == [{"heads": HEADS, "scale": 1.0}]
 
 
+def test_t5_attention_allocates_nothing_on_onednn_at_batch_4():
+    """The position bias (heads, seq, seq) added to the scores of a batch: oneDNN's product does
+    not take it as a post-op (a broadcast along the first axis runs its reference code), and the
+    add after it is one NumPy add per sample, where one broadcast add allocated NumPy's buffers
+    (17 KiB a call at T5's exported size)."""
+    import tracemalloc
+    model = load_onnx(t5())
+    try:
+        engine = ENGINES["onednn"](model, 4)
+    except Exception as exc:                                    # noqa: BLE001 - the extra is optional
+        pytest.skip(f"onednn engine unavailable: {exc}")
+    x = model.random_input(4, rng=3)
+    engine.forward(x)
+    tracemalloc.start()
+    engine.forward(x)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1024, peak
+
+
 def constant_adds(read_twice: bool = False) -> bytes:
     """x + a row vector + a (seq, dim) block; ``read_twice``: the first sum is also an output's term."""
     nodes = [N("Add", ["x", "row"], ["a"]), N("Add", ["a", "block"], ["b" if read_twice else "y"])]
@@ -244,7 +265,7 @@ def test_gelu_in_tanh_form_with_another_constant_stays_generic():
 
 @NAN_ROWS
 @pytest.mark.parametrize("graph", ["causal", "guarded-row", "zeros", "gelu-first", "gelu-last", "t5", "adds", "rotary",
-                                   "rmsnorm"])
+                                   "rmsnorm", "rotary-embedding"])
 def test_each_fusion_keeps_the_float64_reference(graph):
     """The pass alone, on the generic ops: the same float64 output (the dropped guard and the
     dropped zero mask are exact on finite scores)."""
@@ -252,10 +273,10 @@ def test_each_fusion_keeps_the_float64_reference(graph):
     row[0] = -np.inf
     data = {"causal": sdpa(causal()), "guarded-row": sdpa(row), "zeros": sdpa(np.zeros((SEQ, SEQ), np.float32)),
             "gelu-first": tanh_gelu("half-first"), "gelu-last": tanh_gelu("half-last"), "t5": t5(),
-            "adds": constant_adds(), "rotary": sdpa(causal(), rotary=True), "rmsnorm": rmsnorm("Div")}[graph]
+            "adds": constant_adds(), "rotary": sdpa(causal(), rotary=True), "rmsnorm": rmsnorm("Div"), "rotary-embedding": rotary_embedding()}[graph]
     raw = load_onnx(data, passes=False)
-    fused = passes.drop_nan_guard(passes.fuse_attention(passes.fuse_rmsnorm(passes.fuse_gelu_tanh(
-        passes.fold_constant_adds(raw)))))
+    fused = passes.drop_nan_guard(passes.fuse_attention(passes.fuse_rotary(passes.fuse_rmsnorm(passes.fuse_gelu_tanh(
+        passes.fold_constant_adds(raw))))))
     assert len(fused.ops) < len(raw.ops)
     x = raw.random_input(3, rng=11)
     ref = raw.reference(x)
@@ -343,7 +364,7 @@ def test_a_mean_of_another_tensors_squares_stays_generic():
 def test_onednn_runs_rmsnorm_as_a_layer_normalization_given_its_statistics():
     """Three calls: the squares, their row means on one BLAS thread, then oneDNN's layer
     normalization given those as the variance and a mean of zeros, on jit code, with no array
-    allocated per warm forward; the torch peer runs the kind too."""
+    allocated per warm forward."""
     import tracemalloc
     data = rmsnorm()
     model, session = load_onnx(data), ort.InferenceSession(data, providers=["CPUExecutionProvider"])
@@ -361,11 +382,55 @@ def test_onednn_runs_rmsnorm_as_a_layer_normalization_given_its_statistics():
     assert peak < 4096, peak
     assert np.abs(y - session.run(None, {"x": x})[0]).max() < 1e-5
     assert {p["implementation"] for p in engine.report()["primitives"]} == {"jit:uni"}
+
+
+def rotary_embedding(halves: str = "rotated") -> bytes:
+    """A decoder's rotary embedding of x (positions x head_dim) as the dynamo exporter writes it:
+    x * cos + concat(-x2, x1) * sin, the halves cut by Slices. ``halves="kept"``: concat(x1, -x2),
+    which is not rotate_half."""
+    h = DIM // 2
+    parts = ["neg", "lo"] if halves == "rotated" else ["lo", "neg"]
+    nodes = [N("Slice", ["x", "zero", "half", "last"], ["lo"]), N("Slice", ["x", "half", "end", "last"], ["hi"]),
+             N("Neg", ["hi"], ["neg"]), N("Concat", parts, ["rot"], axis=-1),
+             N("Mul", ["x", "cos"], ["xc"]), N("Mul", ["rot", "sin"], ["rs"]), N("Add", ["xc", "rs"], ["y"])]
+    angles = np.arange(SEQ)[:, None] * np.arange(DIM)[None, :] / DIM
+    inits = {"zero": _i64(0), "half": _i64(h), "end": _i64(DIM), "last": _i64(2),
+             "cos": _f32(np.cos(angles)), "sin": _f32(np.sin(angles))}
+    return build(nodes, inits)
+
+
+def test_a_rotary_embedding_is_one_rotary():
+    assert check(rotary_embedding()) == ["rotary"]
+
+
+def test_halves_joined_in_their_own_order_stay_generic():
+    kinds = check(rotary_embedding("kept"))
+    assert "rotary" not in kinds and "concat" in kinds, kinds
+
+
+def test_rotary_and_rmsnorm_run_on_the_torch_peer_without_allocating_on_the_planned_engines():
+    """The two decoder kinds: the torch peer maps them; arena and onednn allocate no array per warm
+    forward (the halves are swapped by copies: NumPy's ufuncs buffer strided operands)."""
+    import tracemalloc
+    pytest.importorskip("torch", reason="the torch peer needs the peers extra")
+    from engines.native import onednn
     try:
-        torch_engine = ENGINES["torch"](model, 4)
+        onednn.library()
     except Exception as exc:                                    # noqa: BLE001 - the extra is optional
-        pytest.skip(f"torch engine unavailable: {exc}")
-    assert np.abs(torch_engine.forward(x) - session.run(None, {"x": x})[0]).max() < 1e-5
+        pytest.skip(f"oneDNN is not installed here: {exc}")
+    for data in (rotary_embedding(), rmsnorm()):
+        model, session = load_onnx(data), ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        x = model.random_input(4, rng=9)
+        expected = session.run(None, {"x": x})[0]
+        for name in ("arena", "onednn", "torch"):
+            engine = ENGINES[name](model, 4)
+            engine.forward(x)
+            tracemalloc.start()
+            y = engine.forward(x)
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            assert np.abs(y - expected).max() < 1e-5, name
+            assert name == "torch" or peak < 4096, (name, peak)
 
 
 def silu_after_conv(other_operand: bool = False) -> bytes:

@@ -374,6 +374,67 @@ def fuse_rmsnorm(model: Model) -> Model:
     return _rebuild(model, ops, params, origin) if len(ops) < len(model.ops) else model
 
 
+def _half(op: Op | None, x: str, shape: tuple, first: bool) -> bool:
+    """Whether ``op`` slices x's first (or second) half along its last axis, all else whole."""
+    if op is None or op.kind != "slice" or op.inputs != (x,):
+        return False
+    *rest, last = op.attrs["index"]
+    h = shape[-1] // 2
+    return (shape[-1] % 2 == 0 and tuple(last) == ((0, h, 1) if first else (h, shape[-1], 1))
+            and all(tuple(r) == (0, n, 1) for r, n in zip(rest, shape[:-1])))
+
+
+def _rotated(cat: Op | None, by_out, model: Model) -> tuple[str, tuple[Op, ...]] | None:
+    """(x, the ops) where ``cat`` = rotate_half(x) = concat(-x2, x1) on the last axis."""
+    if cat is None or cat.kind != "concat" or len(cat.inputs) != 2 or cat.attrs.get("order") != "tt":
+        return None
+    neg, lo = _producer(by_out, cat.inputs[0], "neg"), by_out.get(cat.inputs[1])
+    hi = neg and by_out.get(neg.inputs[0])
+    x = lo.inputs[0] if lo is not None and lo.inputs else None
+    shape = model.shapes.get(x)
+    if shape is None or cat.attrs["axis"] != len(shape) - 1 or not (_half(lo, x, shape, True) and _half(hi, x, shape, False)):
+        return None
+    return x, (hi, neg, lo, cat)
+
+
+def _rotary_terms(add: Op, by_out, model: Model):
+    """((x, the rotation's ops), x * cos, rotate_half(x) * sin) summed by ``add``, either order;
+    cos and sin constants of one width."""
+    for a, b in (add.inputs, add.inputs[::-1]):
+        mc, ms = _binary(by_out, a, "mul"), _binary(by_out, b, "mul")
+        rot = ms and len(ms.params) == 1 and len(ms.inputs) == 1 and _rotated(by_out.get(ms.inputs[0]), by_out, model)
+        if rot and mc.params and mc.inputs == (rot[0],) and mc.attrs.get("width") == ms.attrs.get("width") is not None:
+            return rot, mc, ms
+    return None
+
+
+def fuse_rotary(model: Model) -> Model:
+    """Rotary position embedding as the decoders' exports write it (Llama, Qwen2, Mistral):
+    x * cos + rotate_half(x) * sin, rotate_half(x) = concat(-x2, x1) on the last axis, cos and
+    sin constants over the trailing axes: one ``rotary`` op, sin stored with its first half
+    negated (the halves swapped then times it)."""
+    ops, params, origin = list(model.ops), dict(model.params), dict(model.origin)
+    by_out, readers = {op.output: op for op in ops}, _readers(ops)
+    for add in [op for op in ops if op.kind == "add" and len(op.inputs) == 2]:
+        found = _rotary_terms(add, by_out, model)
+        if found is None:
+            continue
+        (x, moves), mc, ms = found
+        d, width = model.shapes[x][-1], mc.attrs["width"]
+        chain = [*moves, mc, ms]
+        inner = {op.output for op in chain}
+        if width % d or _escapes(inner, inner, ops, readers, model, add):
+            continue
+        signed = np.array(params[ms.params[0]], dtype=np.float32).reshape(-1, d)
+        signed[:, :d // 2] *= -1
+        sin = _new_param(params, add.output + ".sin", signed.reshape(-1))
+        ops = [op for op in ops if op.output not in inner]
+        ops[ops.index(add)] = Op("rotary", (x,), add.output, (mc.params[0], sin), {})
+        origin[add.output] = sum((model.origin.get(op.output, ()) for op in (*chain, add)), ())
+        by_out, readers = {op.output: op for op in ops}, _readers(ops)
+    return _rebuild(model, ops, params, origin) if len(ops) < len(model.ops) else model
+
+
 MOVES = ("reshape", "transpose", "slice", "take")     # kinds that only move elements
 
 
@@ -936,5 +997,5 @@ def fuse_conv_maxpool(model: Model) -> Model:
 
 # In order: fusions first, then what they left unread.
 PASSES = (drop_repeated_quantization, fold_constant_adds, fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm,
-          fuse_rmsnorm, fuse_attention, drop_nan_guard, fold_batchnorm, binary_before_transpose, fold_affine, fuse_silu,
+          fuse_rmsnorm, fuse_rotary, fuse_attention, drop_nan_guard, fold_batchnorm, binary_before_transpose, fold_affine, fuse_silu,
           fuse_conv_add, fuse_conv_activation, fuse_conv_maxpool, remove_dead)

@@ -172,6 +172,35 @@ def rescale_calls(y, x, tmp, stat, eps) -> Calls:
     return [*(spread + scale if at is tmp else scale + spread), (np.multiply, (x, tmp, y))]
 
 
+# --- rotary position embedding over the last axis (Llama's, Qwen2's, Mistral's q and k) --------
+
+def _halves_swapped(x):
+    h = x.shape[-1] // 2
+    return np.concatenate((x[..., h:], x[..., :h]), axis=-1)
+
+
+def rotary_eager(x, cos, sin_signed):
+    """x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1): ``sin_signed`` is sin with its
+    first half negated, so the second term is the halves swapped times it. cos and sin cover the
+    trailing axes of their size (positions x head_dim), the same for every leading row."""
+    rows = x.reshape(-1, cos.size)
+    y = rows * cos.reshape(-1)
+    y += _halves_swapped(x).reshape(rows.shape) * sin_signed.reshape(-1)
+    return y.reshape(x.shape)
+
+
+def rotary_calls(out, x, cos_t, sin_t, tmp) -> Calls:
+    """tmp = x with its halves swapped (two copies between half views: NumPy's ufuncs buffer
+    strided operands, 96 KiB a call, its copies do not), tmp *= the signed sin, y = x * cos,
+    y += tmp; the constants pre-tiled over rows (``binary_prepare``)."""
+    d, width = x.shape[-1], cos_t.shape[-1]
+    h = d // 2
+    x2, t2 = x.reshape(-1, d), tmp.reshape(-1, d)
+    xs, ys, ts = (a.reshape(-1, width) for a in (x, out, tmp))
+    return [(np.copyto, (t2[:, :h], x2[:, h:])), (np.copyto, (t2[:, h:], x2[:, :h])),
+            *tiled_calls(np.multiply, ts, sin_t), *tiled_calls(np.multiply, ys, cos_t, xs), (np.add, (ys, ts, ys))]
+
+
 def rowwise_scratch(in_shapes, **_attrs):
     shape = in_shapes[0]
     return shape, shape[:-1] + (1,)
@@ -813,6 +842,8 @@ OPS: dict[str, OpKind] = {
                         eager_temps=1, eager_row_stats=3, eager_broadcast=True),
     "rmsnorm": OpKind(rmsnorm_eager, rmsnorm_calls, prepare=rmsnorm_prepare, scratch=rowwise_scratch,
                       inplace=(0,), flops_per_element=5, eager_temps=1, eager_row_stats=3, eager_broadcast=True),
+    "rotary": OpKind(rotary_eager, rotary_calls, prepare=binary_prepare, scratch=lambda ins, **_: (ins[0],),
+                     flops_per_element=3, eager_temps=2, eager_broadcast=True),
     "hardmax": OpKind(hardmax_eager, hardmax_calls),
     "stride_zeros": OpKind(stride_zeros_eager, stride_zeros_calls, flops_per_element=0),
     "softmax": OpKind(softmax_eager, softmax_calls, scratch=rowwise_scratch, inplace=(0,),

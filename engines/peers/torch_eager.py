@@ -97,6 +97,8 @@ def _generic_functions(torch, F):
         "exp": torch.exp, "sqrt": torch.sqrt, "tanh": torch.tanh, "neg": torch.neg, "erf": torch.erf,
         "sigmoid": torch.sigmoid, "silu": F.silu, "reciprocal": torch.reciprocal,
         "rmsnorm": lambda x, g, *, eps: x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps) * g,
+        "rotary": lambda x, cos, sin: (x.reshape(-1, cos.numel()) * cos + torch.cat(
+            x.chunk(2, dim=-1)[::-1], dim=-1).reshape(-1, cos.numel()) * sin).reshape(x.shape),
         "clip": lambda x, *, lo=None, hi=None: torch.clamp(x, lo, hi),
         "gelu_erf": F.gelu,
         "expand": lambda x, *, aligned, shape: x.reshape(x.shape[0], *aligned).expand(x.shape[0], *shape),

@@ -15,7 +15,9 @@ from ..base import Engine
 
 class NaiveEngine(Engine):
     name = "naive"
-    peak_slack_bytes = 2048       # measured: 1,104 B above the eager bound
+    # measured (memray): 1,104 B above the eager bound on the zoo; on T5's encoder export 2.7 KiB,
+    # the 1-1.5 KiB of array headers and views each op holds beyond its arrays, twice over at its peak
+    peak_slack_bytes = 4096
 
     def forward_peak_bytes(self, batch: int) -> int:
         return self.model.eager_peak_bytes(batch)

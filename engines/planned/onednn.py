@@ -1140,10 +1140,19 @@ def _batched_matmul(eng: OneDnnEngine, step, a: np.ndarray, b: np.ndarray, out: 
     else:
         calls, chain_inside = eng.batched_matmul_calls(a, b, out), False
     if add is not None and not add_inside:
-        calls.append((np.add, (out, add, out)))
+        calls += _broadcast_add_calls(out, add)
     if chain and not chain_inside:
         calls += chain_calls(eng, step, out, chain)
     return calls
+
+
+def _broadcast_add_calls(out: np.ndarray, add: np.ndarray) -> list:
+    """out += add, ``add`` broadcast along leading axes of ``out``: one NumPy add per block that
+    needs no broadcast (an in-place add with a broadcast operand allocates NumPy's buffers: 17 KiB
+    a call on T5's (4, 4, 16, 16) scores and position bias)."""
+    lead = max((k + 1 for k, (a, o) in enumerate(zip(add.shape, out.shape)) if a != o), default=0)
+    blocks = [(ix, tuple(i if a > 1 else 0 for i, a in zip(ix, add.shape))) for ix in np.ndindex(out.shape[:lead])]
+    return [(np.add, (out[ix], add[ia], out[ix])) for ix, ia in blocks]
 
 
 def _bind_matmul(eng: OneDnnEngine, step, y, ins, scratch) -> list:
