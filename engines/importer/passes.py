@@ -366,7 +366,8 @@ def fuse_rmsnorm(model: Model) -> Model:
         inner = {op.output for op in chain}
         if _escapes(inner, inner, ops, readers, model, last):
             continue                    # an intermediate is read outside the pattern
-        gamma = _new_param(params, last.output + ".gamma", params[scale.params[0]].reshape(width) if scale else np.ones(width))
+        given = params[scale.params[0]].reshape(width) if scale else np.ones(width)
+        gamma = _new_param(params, last.output + ".gamma", given)
         ops = [op for op in ops if op.output not in inner]
         ops[ops.index(last)] = Op("rmsnorm", (found.x,), last.output, (gamma,), {"eps": found.eps})
         origin[last.output] = sum((model.origin.get(op.output, ()) for op in (*chain, last)), ())
@@ -392,7 +393,8 @@ def _rotated(cat: Op | None, by_out, model: Model) -> tuple[str, tuple[Op, ...]]
     hi = neg and by_out.get(neg.inputs[0])
     x = lo.inputs[0] if lo is not None and lo.inputs else None
     shape = model.shapes.get(x)
-    if shape is None or cat.attrs["axis"] != len(shape) - 1 or not (_half(lo, x, shape, True) and _half(hi, x, shape, False)):
+    halves = shape is not None and _half(lo, x, shape, True) and _half(hi, x, shape, False)
+    if not halves or cat.attrs["axis"] != len(shape) - 1:
         return None
     return x, (hi, neg, lo, cat)
 

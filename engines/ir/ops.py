@@ -843,7 +843,7 @@ OPS: dict[str, OpKind] = {
     "rmsnorm": OpKind(rmsnorm_eager, rmsnorm_calls, prepare=rmsnorm_prepare, scratch=rowwise_scratch,
                       inplace=(0,), flops_per_element=5, eager_temps=1, eager_row_stats=3, eager_broadcast=True),
     "rotary": OpKind(rotary_eager, rotary_calls, prepare=binary_prepare, scratch=lambda ins, **_: (ins[0],),
-                     flops_per_element=3, eager_temps=2, eager_broadcast=True),
+                     inplace=(0,), flops_per_element=3, eager_temps=2, eager_broadcast=True),
     "hardmax": OpKind(hardmax_eager, hardmax_calls),
     "stride_zeros": OpKind(stride_zeros_eager, stride_zeros_calls, flops_per_element=0),
     "softmax": OpKind(softmax_eager, softmax_calls, scratch=rowwise_scratch, inplace=(0,),

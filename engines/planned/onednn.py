@@ -931,7 +931,8 @@ def _lower_attn_context(lw: Lowering, i: int, op) -> bool:
 
 
 _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
-               "maxpool": _lower_pool, "averagepool": _lower_pool, "layernorm": _lower_layernorm, "rmsnorm": _lower_rmsnorm, "lrn": _lower_pool, "concat": _lower_concat,
+               "maxpool": _lower_pool, "averagepool": _lower_pool, "layernorm": _lower_layernorm, "lrn": _lower_pool, "concat": _lower_concat,
+               "rmsnorm": _lower_rmsnorm,
                "reshape": _lower_reshape, "batchnorm": _lower_batchnorm, "globalaveragepool": _lower_global_pool,
                "expand": _lower_channel_scale, "slice": _lower_slice, "add": _lower_binary, "sum": _lower_binary,
                "binary": _lower_binary,
