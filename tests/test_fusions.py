@@ -408,6 +408,26 @@ def test_halves_joined_in_their_own_order_stay_generic():
     assert "rotary" not in kinds and "concat" in kinds, kinds
 
 
+@pytest.mark.parametrize("kind", ["rotary", "rmsnorm"])
+def test_the_decoder_kinds_calls_equal_their_eager_form_out_of_place_and_in_place(kind):
+    """Both kinds may write over their input (``OpKind.inplace``): rotary copies x's halves out
+    before it writes; the row blocks of pre-tiled constants, more than one here."""
+    from engines.ir.ops import OPS
+    op, rng = OPS[kind], np.random.default_rng(4)
+    x = rng.standard_normal((3, 4, 5, 8)).astype(np.float32)
+    sizes = (40, 40) if kind == "rotary" else (8,)             # cos and sin over (5, 8); gamma over 8
+    params = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    attrs = {} if kind == "rotary" else {"eps": 1e-6}
+    expected = op.eager(x.astype(np.float64), *(p.astype(np.float64) for p in params), **attrs)
+    scratch = [np.empty((3, *shape), np.float32) for shape in op.scratch_shapes([x.shape[1:]])]
+    for in_place in (False, True):
+        source = x.copy()
+        target = source if in_place else np.empty_like(x)
+        for fn, args in op.calls(target, source, *op.operands(params, 2), *scratch, **attrs):
+            fn(*args)
+        assert np.abs(target - expected).max() < 1e-5, in_place
+
+
 def test_rotary_and_rmsnorm_run_on_the_torch_peer_without_allocating_on_the_planned_engines():
     """The two decoder kinds: the torch peer maps them; arena and onednn allocate no array per warm
     forward (the halves are swapped by copies: NumPy's ufuncs buffer strided operands)."""
