@@ -246,6 +246,12 @@ def _escapes(names, inner: set[str], ops, readers, model: Model, *allowed: Op) -
                                         for t in names for i in readers.get(t, ()))
 
 
+def _squares(op: Op, t: str) -> bool:
+    """Whether ``op`` squares ``t``: Pow 2, or t * t."""
+    return (_scalar_is(op, "pow", 2.0) and op.inputs == (t,)) or \
+        (op.kind == "binary" and op.attrs.get("fn") == "mul" and op.inputs == (t, t) and not op.params)
+
+
 class _Standardized(NamedTuple):
     """div = (x - mean(x)) / sqrt(mean(d²) + eps), and the ops that compute it before the divide."""
     x: str
@@ -262,10 +268,8 @@ def _standardized(div: Op, by_out) -> _Standardized | None:
     sub = _binary(by_out, d, "sub")
     if not (sq and sub and len(sub.inputs) == 2):
         return None
-    squares = (_scalar_is(sq, "pow", 2.0) and sq.inputs == (d,)) or \
-        (sq.kind == "binary" and sq.attrs.get("fn") == "mul" and sq.inputs == (d, d))
     x, mean = sub.inputs[0], _producer(by_out, _unexpanded(by_out, sub.inputs[1]), "reduce_mean")
-    if not (squares and mean and mean.inputs == (x,)):
+    if not (_squares(sq, d) and mean and mean.inputs == (x,)):
         return None
     return _Standardized(x, plus.attrs["scalar"],
                          (mean, by_out[sub.inputs[1]], sub, sq, var, plus, root, by_out[div.inputs[1]]))
@@ -333,8 +337,7 @@ def _rms_scaled(mul: Op, by_out) -> _RmsScaled | None:
         plus = root and _binary(by_out, root.inputs[0], "add")
         mean = plus and plus.attrs.get("scalar") is not None and _producer(by_out, plus.inputs[0], "reduce_mean")
         sq = mean and by_out.get(mean.inputs[0])
-        if sq and ((_scalar_is(sq, "pow", 2.0) and sq.inputs == (x,))
-                   or (sq.kind == "binary" and sq.attrs.get("fn") == "mul" and sq.inputs == (x, x) and not sq.params)):
+        if sq and _squares(sq, x):
             return _RmsScaled(x, plus.attrs["scalar"], tuple(o for o in (sq, mean, plus, root, inv, spread) if o))
     return None
 
@@ -732,16 +735,16 @@ def fuse_attention(model: Model) -> Model:
 def drop_nan_guard(model: Model) -> Model:
     """SDPA's guard Where(IsNaN(p), 0, p) after the softmax of an attention ``fuse_attention`` did
     not take (a decoder's: rotary embeddings and repeated key/value heads lie between its
-    projections and its scores): dropped where no row can be all -inf, the same rule as there
-    (the scores a matmul, perhaps scaled, perhaps plus a constant mask leaving each row a finite
-    entry: ``_unguarded_rows``); the context then reads the softmax."""
+    projections and its scores): dropped where no row can be all -inf, by the same rule as there
+    (``_mask_and_guard``: the scores a matmul, perhaps scaled, perhaps plus a constant mask
+    leaving each row a finite entry); the context then reads the softmax."""
     ops, by_out, readers = model.ops, {op.output: op for op in model.ops}, _readers(model.ops)
     to_softmax, dropped = {}, set()                    # a guard's output -> the softmax it guards
     for soft in (op for op in ops if op.kind == "softmax"):
         around = _around_softmax(soft, ops, by_out, readers)
         if around is None or around.guard is None or around.guard[1].output == model.output:
             continue
-        if around.mask is None or _unguarded_rows(model.params[around.mask.params[0]], model.shapes[soft.output][-1]):
+        if _mask_and_guard(around, model, model.shapes[soft.output][-1])[1] is None:     # fuse_attention's rule
             isnan, where = around.guard
             to_softmax[where.output] = soft.output
             dropped |= {isnan.output, where.output}
