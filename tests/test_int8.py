@@ -51,7 +51,7 @@ def test_weights_quantized_per_output_channel_and_held_as_one_byte():
     assert np.max(np.abs(q * scales.astype(np.float64) - w)) <= scales.max() / 2 * (1 + 1e-6)
     for linear in engine.quantized_linears:
         assert linear.weights.plain is None                    # the plain copy was dropped
-        assert [a.dtype for _, a in linear.weights.layouts] == [np.int8]
+        assert [a.dtype for _, a, _ in linear.weights.layouts] == [np.int8]
     floats = make_engine("onednn", model, 4).weight_bytes
     assert engine.weight_bytes < floats / 4 + 8 * 2 * 256 + 4096     # a quarter, plus scales and biases
 

@@ -22,6 +22,20 @@ ATTR_SCALES = 4096                              # DNNL_ARG_ATTR_SCALES
 ATTR_ZERO_POINTS = 8192                         # DNNL_ARG_ATTR_ZERO_POINTS
 PER_COLUMN = 1 << 1                             # scale mask: one scale per index of dim 1 (out channel)
 PER_ROW = 1 << 0                                # one per index of dim 0 (a row of activations)
+# dnnl_cpu_isa_t (dnnl_types.h): the bits every ISA with int8 dot products has, AVX-512's VNNI (and
+# AMX above it: 0x67, 0xe7, 0x1ef, 0xfef, ...) or AVX2's (0xf, 0x1f)
+AVX512_VNNI_BITS, AVX2_VNNI_BITS = 0x67, 0xF
+
+
+def int8_dot_product(dnnl: Dnnl) -> bool:
+    """Whether oneDNN's int8 kernels here multiply with dot-product instructions (VNNI, AMX),
+    summing four u8 x s8 products in 32 bits. Without them (AVX2 alone: AMD EPYC 7003, older Xeons)
+    they pair two products in a saturating 16-bit sum (``vpmaddubsw``): u8 activations above 127
+    then overflow it (255 x 127 x 2 > 32767; measured here: a 64-term sum of 255 x 127 came out
+    half of its value), and s8 ones run with weights halved (oneDNN's scale adjustment: ~1 % of
+    the sum). ``ONEDNN_MAX_CPU_ISA=AVX2`` makes any x86 CPU answer False."""
+    isa = dnnl.lib.dnnl_get_effective_cpu_isa()
+    return isa & AVX512_VNNI_BITS == AVX512_VNNI_BITS or isa & AVX2_VNNI_BITS == AVX2_VNNI_BITS
 
 
 class TypedOwned(Owned):
@@ -79,7 +93,7 @@ class QuantizedWeights:
         self.owned = TypedOwned(dnnl)
         self.plain: np.ndarray | None = plain
         self.shape = plain.shape
-        self.layouts: list[tuple[P, np.ndarray]] = []       # (md, the weights in that layout)
+        self.layouts: list[tuple[P, np.ndarray, object]] = []   # (md, the weights in it, view of the plain)
         weakref.finalize(self, self.owned.release)
 
     @property
@@ -87,21 +101,22 @@ class QuantizedWeights:
         held = sum(a.nbytes for _, a in self.layouts)
         return held + (0 if self.plain is None else self.plain.nbytes)
 
-    def take(self, pd, keep: bool = True) -> tuple[P, np.ndarray]:
-        """(md, array): the weights in the layout the primitive of ``pd`` takes; a layout made for
-        a trial (``keep`` False) is not held."""
+    def take(self, pd, keep: bool = True, view=lambda plain: plain) -> tuple[P, np.ndarray]:
+        """(md, array): the weights in the layout the primitive of ``pd`` takes, its dimensions those
+        of ``view(plain)`` (a matmul's (1, k, n) as they are; a 1x1 conv's (n, k, 1, 1), transposed);
+        a layout made for a trial (``keep`` False) is not held."""
         dnnl, o = self.owned.dnnl, self.owned
         want = dnnl.lib.dnnl_primitive_desc_query_md(pd, Q_WEIGHTS, 0)
-        for md, array in self.layouts:
+        for md, array, _ in self.layouts:
             if dnnl.lib.dnnl_memory_desc_equal(md, want):
                 return md, array
-        plain = self._plain()
+        plain = view(self._plain())
         array = aligned_empty(-(-dnnl.lib.dnnl_memory_desc_get_size(want) // 4)).view(np.int8)
         md = o.clone(want)
         plain_md = o.strided(plain)
         dnnl.run_now(o, o.reorder_pd(plain_md, md, o.attr()), {SRC: (plain_md, plain), DST: (md, array)})
         if keep:
-            self.layouts.append((md, array))
+            self.layouts.append((md, array, view))
         return md, array
 
     def values(self) -> np.ndarray:
@@ -114,11 +129,11 @@ class QuantizedWeights:
         VNNI's with s8 compensation: unimplemented in 3.2), from and to plain in every one."""
         if self.plain is not None:
             return self.plain
-        md, array = self.layouts[0]
+        md, array, view = self.layouts[0]
         plain = np.empty(self.shape, np.int8)
         o = self.owned
-        plain_md = o.strided(plain)
-        o.dnnl.run_now(o, o.reorder_pd(md, plain_md, o.attr()), {SRC: (md, array), DST: (plain_md, plain)})
+        plain_md = o.strided(view(plain))
+        o.dnnl.run_now(o, o.reorder_pd(md, plain_md, o.attr()), {SRC: (md, array), DST: (plain_md, view(plain))})
         return plain
 
     def settle(self) -> None:
@@ -148,4 +163,4 @@ def quantize_columns(w: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray
 
 
 __all__ = ["ATTR_SCALES", "ATTR_ZERO_POINTS", "PER_COLUMN", "PER_ROW", "QuantizedWeights", "S8", "S32", "TypedOwned", "U8",
-           "implementation", "implementations", "post_op_arg", "quantize_columns", "with_implementation"]
+           "implementation", "implementations", "int8_dot_product", "post_op_arg", "quantize_columns", "with_implementation"]

@@ -16,6 +16,8 @@ import ctypes
 import os
 import sys
 
+from .cpu import vendor_and_flags
+
 ENV = "OPENBLAS_CORETYPE"
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}   # what SkylakeX's kernels use
 CHOICE = "not chosen yet"
@@ -26,23 +28,12 @@ def decide(vendor: str, flags: set[str]) -> str | None:
     return "SkylakeX" if vendor == "AuthenticAMD" and AVX512 <= flags else None
 
 
-def _cpu() -> tuple[str, set[str]]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            text = f.read()
-    except OSError:
-        return "", set()
-    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    return fields.get("vendor_id", ""), set(fields.get("flags", "").split())
-
-
 def choose() -> str:
     """Set ``OPENBLAS_CORETYPE`` for this CPU where that helps; returns what was done (``CHOICE``)."""
     global CHOICE
     if ENV in os.environ:
         CHOICE = f"{ENV}={os.environ[ENV]} (set in the environment)"
-    elif (core := decide(*_cpu())) is None:
+    elif (core := decide(*vendor_and_flags())) is None:
         CHOICE = "OpenBLAS's own choice"
     elif "numpy" in sys.modules:
         CHOICE = f"OpenBLAS's own choice ({core} would be chosen, but NumPy was imported before engines)"
