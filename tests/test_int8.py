@@ -143,19 +143,27 @@ def test_every_linear_is_an_integer_primitive_and_no_reference_code(name, kwargs
     assert not any(p["implementation"].startswith("ref") for p in quantizing), quantizing
 
 
-def test_onednn_runs_s8_weights_and_8_bit_activations():
-    """oneDNN's own log of the matmuls a forward runs: 8-bit sources and weights, f32 out."""
+@pytest.mark.parametrize("isa", [None, "AVX2"])
+def test_onednn_runs_s8_weights_and_8_bit_activations(isa):
+    """oneDNN's own log of the products a forward runs: 8-bit sources and weights, f32 out, none
+    in float. ``ONEDNN_MAX_CPU_ISA=AVX2`` makes any x86 CPU one without int8 dot products, where
+    the linears run as 1x1 int8 convolutions (``ConvForm``); elsewhere they are matmuls."""
     make_engine("int8", MODELS["mlp"](dim=16), 1)             # skips without oneDNN
     code = ("from engines import ENGINES, MODELS\n"
             "m = MODELS['mlp'](dim=256)\n"
             "e = ENGINES['int8'](m, 4)\n"
-            "e.forward(m.random_input(4, 0))\n")
-    env = {**subprocess_env(), "ONEDNN_VERBOSE": "1"}
+            "e.forward(m.random_input(4, 0))\n"
+            "print('float products:', e.report()['float_products'])\n")
+    env = {**subprocess_env(), "ONEDNN_VERBOSE": "1", **({"ONEDNN_MAX_CPU_ISA": isa} if isa else {})}
     log = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=120, check=True).stdout
-    matmuls = [line for line in log.splitlines() if line.startswith("onednn_verbose,exec,cpu,matmul")]
-    assert matmuls and all("wei_s8" in line and "dst_f32" in line for line in matmuls)
-    assert {("src_u8" in line) for line in matmuls} == {True, False}      # fc1 s8, fc2 (after ReLU) u8
+    products = [line for line in log.splitlines()
+                if line.startswith(("onednn_verbose,exec,cpu,matmul", "onednn_verbose,exec,cpu,convolution"))]
+    assert products and all("wei_s8" in line and "dst_f32" in line for line in products)
+    assert {("src_u8" in line) for line in products} == {True, False}      # fc1 s8, fc2 (after ReLU) u8
+    assert "float products: []" in log
+    if isa:
+        assert all(",convolution," in line and "jit_uni_int8" in line for line in products), products
 
 
 def test_without_onednn_it_says_which_extra(no_onednn):

@@ -17,6 +17,8 @@ from engines.ir.models import MODELS, QUANTIZED_ABS_TOL  # noqa: E402
 from engines.native.onednn import BINARY_MUL  # noqa: E402
 from engines.native.onednn_int8 import quantize_columns  # noqa: E402
 from engines.peers.onnxrt import export  # noqa: E402
+from engines.peers.onnxrt_int8 import reduce_range  # noqa: E402
+from engines.planned.int8 import saturating  # noqa: E402
 from tests.conformance import float_engines  # noqa: E402
 from tests.test_zero_alloc import tracemalloc_peak  # noqa: E402
 
@@ -72,11 +74,14 @@ def files(tmp_path_factory) -> dict[str, bytes]:
     for name, proto in _float_files().items():
         src = d / f"{name}.onnx"
         onnx.save(proto, src)
-        quantize_dynamic(src, d / f"{name}-dynamic.onnx", weight_type=QuantType.QInt8)
+        # 7-bit weights where the CPU has no int8 dot products, as the peer quantizes: there ONNX
+        # Runtime's own u8 x s8 kernels saturate at full range (0.49 from the float engines)
+        narrow = reduce_range()
+        quantize_dynamic(src, d / f"{name}-dynamic.onnx", weight_type=QuantType.QInt8, reduce_range=narrow)
         quantize_static(src, d / f"{name}-qdq.onnx", _Calibration(proto), quant_format=QuantFormat.QDQ,
-                        per_channel=True)
+                        per_channel=True, reduce_range=narrow)
         quantize_static(src, d / f"{name}-qop.onnx", _Calibration(proto), quant_format=QuantFormat.QOperator,
-                        per_channel=True)
+                        per_channel=True, reduce_range=narrow)
         for kind in ("dynamic", "qdq", "qop"):
             out[f"{name}-{kind}"] = (d / f"{name}-{kind}.onnx").read_bytes()
     return out
@@ -226,12 +231,19 @@ def test_int8_runs_a_qdq_file_on_its_own_scales_and_zero_points(name, files):
         convs = [s for s in engine.steps if s.kind == "int8_conv"]
         assert [bool(s.attrs.get("dst_grid")) for s in convs] == [False, False, True, False]
         assert [s.attrs["integer_input"] for s in convs] == [False, False, True, True]
-        assert [s.attrs["zero_point_folded"] for s in convs] == [False, False, False, True]     # the 1x1 one
+        # the 1x1 one, where its grid has a zero point (s8 grids are u8 ones where pairs saturate)
+        assert [s.attrs["zero_point_folded"] for s in convs] == [i == 3 and s.attrs["grid"][1] != 0
+                                                                  for i, s in enumerate(convs)]
         assert [bool(s.attrs.get("dst_grid")) for s in engine.steps if s.kind == "dnnl_binary"] == [True, False]
+    step = model.ops[-1].attrs["scale"]
+    # Where pairs saturate, ONNX Runtime's QLinearConv (the QOperator file) rounds its requantized
+    # outputs its own way there: 5 of 80 outputs one step apart at batch 8, AMD EPYC 7003 (AVX2)
+    exact = 0.9 if name == "cnn-qop" and saturating() else 0.99
     for batch in (1, 8):
         x = model.random_input(batch, rng=batch)
         theirs = _file_semantics(files[name]).run(None, {model.input: x})[0]
-        assert np.mean(engine.forward(x) == theirs) >= 0.99, f"batch {batch}"
+        got = engine.forward(x)
+        assert np.mean(got == theirs) >= exact and np.abs(got - theirs).max() <= 1.001 * step, f"batch {batch}"
 
 
 def _initializers(seed: int, shapes: dict) -> list:
@@ -257,7 +269,7 @@ def _on_int8(tmp_path, proto, **quantize_options):
     bytes, its model, and the int8 engine built from it at batch 8."""
     onnx.save(proto, tmp_path / "f.onnx")
     quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", _Calibration(proto), quant_format=QuantFormat.QDQ,
-                    per_channel=True, **quantize_options)
+                    per_channel=True, **{"reduce_range": reduce_range(), **quantize_options})
     data = (tmp_path / "q.onnx").read_bytes()
     model = load_onnx(data)
     try:
@@ -552,7 +564,8 @@ def test_int8_quantizes_a_tensor_once_for_all_its_convs_and_a_product_writes_int
     proto = _branching_cnn()
     src, out = tmp_path / "branching.onnx", tmp_path / "branching-qdq.onnx"
     onnx.save(proto, src)
-    quantize_static(src, out, _Calibration(proto), quant_format=QuantFormat.QDQ, per_channel=True)
+    quantize_static(src, out, _Calibration(proto), quant_format=QuantFormat.QDQ, per_channel=True,
+                    reduce_range=reduce_range())
     model = load_onnx(out.read_bytes())
     try:
         engine = ENGINES["int8"](model, 8)

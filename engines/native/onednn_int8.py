@@ -98,7 +98,7 @@ class QuantizedWeights:
 
     @property
     def nbytes(self) -> int:
-        held = sum(a.nbytes for _, a in self.layouts)
+        held = sum(a.nbytes for _, a, _ in self.layouts)
         return held + (0 if self.plain is None else self.plain.nbytes)
 
     def take(self, pd, keep: bool = True, view=lambda plain: plain) -> tuple[P, np.ndarray]:

@@ -32,6 +32,7 @@ Nothing is allocated per forward. Needs oneDNN's CPU library (the ``onednn`` ext
 """
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from dataclasses import dataclass, replace
@@ -46,22 +47,28 @@ from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..ir.ops import U8_LEVELS    # a ReLU's output as u8: [0, 255], twice the resolution
 from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MAX, BINARY_MUL, CLIP, DST, LINEAR, MULTIPLE_SRC, PLAIN,
                               REDUCTION_MAX, REDUCTION_MIN, RELU, SRC, SRC_1, WEIGHTS, library)
-from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementations, post_op_arg,
-                                  quantize_columns, with_implementation)
+from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementation,
+                                  implementations,
+                                  int8_dot_product, post_op_arg, quantize_columns, with_implementation)
 from ..kernels import on_one_thread, pool_threads, tuning_enabled
 from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
 from .fused import FusedStep, Lowering
 from .onednn import (SUM_KINDS, OneDnnEngine, bind_binary as bind_float_binary, bind_concat as bind_float_concat,
+                     bind_conv as bind_float_conv,
                      bind_pool as bind_float_pool, binary_of_activations, bound_post_ops, chain_calls, eltwises,
                      fake_quant_chain, following_post_ops, pool_call)
 
 LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly representable
+NARROW_LEVELS = 64              # s8 weights beside a file's u8 grid where pairs saturate (weight_levels)
 TINY = np.float32(1e-30)        # an all-zero row's scale: its values quantize to 0 without a 0/0
 ONE_THREAD = "openmp-threads"   # the pool a small linear's matmul runs on at one thread
 # oneDNN's int8 matmul implementations a linear may run on: its brgemm kernels on AMX tiles and on
 # AVX-512 VNNI, which work in the user scratchpad (its gemm:jit allocates per call, its ref is slow)
 BRGEMM = ("brg:avx512_core_amx", "brg:avx512_core_vnni")
+# Where the CPU has no int8 dot products (``saturating``), the 1x1 int8 convolutions a linear runs
+# as instead (``ConvForm``): oneDNN's jit ones, which work in the user scratchpad
+CONV_FORM = ("jit_uni_int8_1x1:avx2", "jit_uni_int8:avx2")
 AMX_ROWS = 16                   # an AMX tile's rows
 ONE_THREAD_MAX_WORK = 1 << 22   # multiply-adds up to which a matmul runs on one thread untuned
 LINEAR_KINDS = ("linear", "linear_relu", "linear_add")
@@ -216,11 +223,11 @@ class Int8Engine(OneDnnEngine):
         scale, one each per sample."""
         w32, b32 = step.operands
         win, group, _ = conv_attrs(step.attrs["conv"])
-        q, scales = quantize_columns(w32.reshape(w32.shape[0], -1).T, LEVELS)
+        grid = _file_grid(lw, op.inputs[0])
+        q, scales = quantize_columns(w32.reshape(w32.shape[0], -1).T, weight_levels(grid))
         plain = np.ascontiguousarray(q.T).reshape(w32.shape)
         if group > 1:                                   # oneDNN's grouped weights: (g, oc / g, ic / g, kh, kw)
             plain = plain.reshape(group, w32.shape[0] // group, *w32.shape[1:])
-        grid = _file_grid(lw, op.inputs[0])
         unpadded = max(win.pads[:2] + win.end_pads(*lw.model.shapes[op.inputs[0]][-2:])) == 0
         folded = bool(grid and grid[1] and unpadded)
         bias = _zero_point_folded(b32, q, scales, grid) if folded else b32
@@ -250,7 +257,7 @@ class Int8Engine(OneDnnEngine):
         channel; scratch for the activations' 8-bit copy (4 per float slot), their row minima and
         their row scales. ``grid``: a quantized file's step its input lies on (``_file_grid``)."""
         w32, b32 = step.operands[:2]
-        q, scales = quantize_columns(w32, LEVELS)
+        q, scales = quantize_columns(w32, weight_levels(grid))
         folded = bool(grid and grid[1])                 # a product has no pads: always exact, always done
         bias = _zero_point_folded(b32, q, scales, grid) if folded else b32
         linear = QuantizedLinear(QuantizedWeights(self.dnnl, _one(q)), scales, np.ascontiguousarray(bias, np.float32))
@@ -273,6 +280,7 @@ class Int8Engine(OneDnnEngine):
         self.typed = TypedOwned(self.dnnl)     # this engine's (or worker's) int8 primitives
         self.matmul_keys: set[tuple] = set()    # the matmul shapes this engine bound (its report)
         self.float_products: set[str] = set()   # "rows x k x n" that no int8 kernel takes: run in float
+        self.dequantized_convs: dict[int, np.ndarray] = {}    # the convs among them: id(QuantizedLinear) -> float weights
         weakref.finalize(self, self.typed.release)
 
     def variant(self, key: tuple, brgemm: list[str], trial) -> Variant:
@@ -323,8 +331,21 @@ def _file_grid(lw: Lowering, tensor: str) -> tuple[float, int, int] | None:
 
 
 def _fake_quant_grid(a: dict) -> tuple[float, int, int] | None:
-    """A quantization step's (scale, zero point, lowest level) where its levels are 8-bit ones."""
-    return (a["scale"], a["zero_point"], a["lo"]) if (a["lo"], a["hi"]) in ((0, 255), (-128, 127)) else None
+    """A quantization step's (scale, zero point, lowest level) where its levels are 8-bit ones. An
+    s8 grid is the u8 one 128 levels up where pairs saturate (``saturating``): the same values,
+    which oneDNN multiplies there as they are, while it halves the weights of an s8 source."""
+    if (a["lo"], a["hi"]) not in ((0, 255), (-128, 127)):
+        return None
+    if a["lo"] < 0 and saturating():
+        return a["scale"], a["zero_point"] + 128, 0
+    return a["scale"], a["zero_point"], a["lo"]
+
+
+def weight_levels(grid: tuple | None) -> int:
+    """The levels of a product's s8 weights: 127, or where its input is a file's u8 grid and u8 x s8
+    pairs saturate (``saturating``) 64, ONNX Runtime's ``reduce_range`` (255 x 64 x 2 fits 16 bits).
+    A file quantized so for such a CPU keeps its integers; another is requantized."""
+    return NARROW_LEVELS if grid and grid[2] == 0 and saturating() else LEVELS
 
 
 def _integer_writer(lw: Lowering, buffer: str, tensor: str, grid: tuple | None) -> int | None:
@@ -527,8 +548,17 @@ def _non_negative(lw: Lowering, buffer: str) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=None)
+def saturating() -> bool:
+    """Whether oneDNN's int8 kernels here sum u8 x s8 products in pairs in 16 bits, saturating
+    (``onednn_int8.int8_dot_product``: AVX2 without VNNI). There u8 activations take 127 levels,
+    not 255 (127 x 127 x 2 fits 16 bits: the sums are exact), weights beside a file's u8 grid 64
+    (``weight_levels``), and linears run as 1x1 convolutions (``ConvForm``)."""
+    return not int8_dot_product(library())
+
+
 def levels_of(q: np.ndarray) -> int:
-    return U8_LEVELS if q.dtype == np.uint8 else LEVELS
+    return U8_LEVELS if q.dtype == np.uint8 and not saturating() else LEVELS
 
 
 def quantize_calls(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, lo: np.ndarray, amax: np.ndarray,
@@ -736,6 +766,11 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
         lo, amax = lo[:1], amax[:1]                    # one scale for the whole batch
     mm = _matmul(eng, step, q, y2, amax, ins)
     brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
+    after = []
+    if not brgemm and saturating():
+        mm = _conv_form(eng, q, y2, linear)
+        brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in CONV_FORM]
+        after = _rescale_calls(eng, step, y2, amax, ins)
     if not brgemm:          # e.g. ONNX's 1 x 25 x 25 test products: no brgemm kernel takes them
         return _float_linear(eng, step, x2, y2, ins)
     quantize = (_scaled_cast(eng, step, x2, q, amax, False, zero_point) if attrs["grid"]
@@ -748,7 +783,74 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     def make():
         pd = mm.pd(variant)
         return [eng.execute(pd, mm.arguments(pd, linear.weights), step)]
-    return quantize + _on_variant(variant, make)
+    return quantize + _on_variant(variant, make) + after
+
+
+def _plain_as_conv(plain: np.ndarray) -> np.ndarray:
+    """A linear's plain (1, k, n) s8 weights as a 1x1 conv's (n, k, 1, 1): the same bytes."""
+    k, n = plain.shape[-2:]
+    return np.lib.stride_tricks.as_strided(plain, (n, k, 1, 1), (1, n, n * k, n * k))
+
+
+@dataclass(frozen=True)
+class ConvForm:
+    """One int8 linear as oneDNN's 1x1 int8 convolution over its rows, where the CPU has no int8
+    dot products (``saturating``): there oneDNN's int8 matmul is ``gemm:jit`` (1 x 4096 x 4096 in
+    69 ms against 2.2 ms for NumPy's float product, AMD EPYC 7003 with AVX2, and it allocates per
+    call) while its 1x1 int8 conv ran the mlp's d4096 pair in 1.5 ms. The rows (rows, k) are the
+    pixels of an NHWC (1, k, 1, rows) image: the same bytes. The conv writes the products times the
+    weight scales, nothing more: with a per-row operand or a bias as a post-op oneDNN took its
+    reference code (100-1000x slower); ``_rescale_calls`` applies them after. ``pd``/``arguments``
+    as ``Matmul``'s."""
+    owned: TypedOwned
+    src: object
+    dst: object
+    attr: object
+    args: dict
+    k: int
+    n: int
+
+    def pd(self, variant: Variant | None):
+        o = self.owned
+        pd = o.conv_pd(self.src, o.typed((self.n, self.k, 1, 1), ANY, np.int8), None, self.dst,
+                       (1, 1), (0, 0), (0, 0), (0, 0), self.attr)
+        return pd if variant is None else with_implementation(o.dnnl, pd, variant.implementation)
+
+    def arguments(self, pd, weights: QuantizedWeights, keep: bool = True) -> dict:
+        return {**self.args, WEIGHTS: weights.take(pd, keep, _plain_as_conv)}
+
+
+def _pixels(a: np.ndarray) -> np.ndarray:
+    """Rows (rows, c) as the pixels of an NHWC image (1, c, 1, rows): the same bytes."""
+    rows, c = a.shape
+    step, item = a.strides
+    return np.lib.stride_tricks.as_strided(a, (1, c, 1, rows), (rows * step, item, rows * step, step))
+
+
+def _conv_form(eng: Int8Engine, q: np.ndarray, y2: np.ndarray, linear: QuantizedLinear) -> ConvForm:
+    o, n = eng.typed, len(linear.scales)
+    src, dst = o.strided(_pixels(q)), o.strided(_pixels(y2))
+    args = {SRC: (src, _pixels(q)), DST: (dst, _pixels(y2)),
+            ATTR_SCALES | WEIGHTS: (o.typed((n,), PLAIN[1], np.float32), linear.scales)}
+    return ConvForm(o, src, dst, o.quantized_attr({WEIGHTS: PER_OUT_CHANNEL}, []), args, q.shape[1], n)
+
+
+def _rescale_calls(eng: Int8Engine, step, y2: np.ndarray, amax: np.ndarray, ins) -> list:
+    """y2 *= the row scales (or the tensor's, or the file's), then the bias, a residual, the ReLU
+    and the epilogue, as one oneDNN binary primitive and its post-ops, in place (``ConvForm``)."""
+    (linear,), attrs, o = step.operands, step.attrs, eng.typed
+    scale = _grid_operands(attrs["grid"])[0].reshape(1, 1) if attrs["grid"] else amax
+    binaries = [(BINARY_ADD, linear.bias.reshape(1, -1))]
+    if attrs["residual"]:
+        binaries.append((BINARY_ADD, rows2d(ins[1])))
+    described = [(alg, o.strided(a), a) for alg, a in binaries]
+    relu = ((RELU, 0.0, 0.0),) if attrs["relu"] else ()
+    epilogue, more = bound_post_ops(o, attrs.get("epilogue", ()), len(described) + len(relu), 2)
+    attr = o.quantized_attr({}, [(alg, md) for alg, md, _ in described], relu + epilogue)
+    y_md, s_md = o.strided(y2), o.strided(scale)
+    args = {SRC: (y_md, y2), SRC_1: (s_md, scale), DST: (y_md, y2), **more,
+            **{post_op_arg(i): (md, a) for i, (_, md, a) in enumerate(described)}}
+    return [eng.execute(o.binary_pd(BINARY_MUL, y_md, s_md, y_md, attr), args, replace(step, kind="int8_rescale"))]
 
 
 def _dense(buffer: np.ndarray, batch: int, size: int, dtype) -> np.ndarray:
@@ -808,6 +910,8 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     attr = o.quantized_attr(scales, [], eltwises(conv), sum_=attrs["residual"], zero_points=zero_points or None)
     pd = o.conv_pd(src, o.typed(w_dims, ANY, np.int8), b_md, dst, win.strides, tuple(d - 1 for d in win.dilations),
                    win.pads[:2], win.end_pads(*hw), attr)
+    if implementation(eng.dnnl, pd).startswith("ref") and not (attrs["grid"] or attrs.get("dst_grid")):
+        return _float_conv(eng, step, y, ins, scratch)
     weights = linear.weights.take(pd)
     scale_md, one_scale = o.typed((len(linear.scales),), PLAIN[1], np.float32), o.typed((1,), PLAIN[1], np.float32)
     for i in range(0, batch, n):          # one call per sample, each on its own scale; on a grid, one call
@@ -816,6 +920,21 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
                                       ATTR_SCALES | SRC: (one_scale, amax[i]),
                                       ATTR_SCALES | WEIGHTS: (scale_md, linear.scales), **more}, step))
     return calls
+
+
+def _float_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
+    """A conv oneDNN has only reference int8 code for here (without int8 dot products, AVX2: its
+    jit kernels take grouped convs only of whole vectors of channels, and ShuffleNet's have 6 or
+    34 a group), bound as onednn's float conv on the same quantized weights, dequantized once;
+    named in ``report()["float_products"]``."""
+    (linear,) = step.operands
+    w = eng.dequantized_convs.get(id(linear))
+    if w is None:
+        out_ch = len(linear.scales)
+        w = linear.weights.values().reshape(out_ch, -1).astype(np.float32) * linear.scales[:, None]
+        w = eng.dequantized_convs[id(linear)] = w.reshape(out_ch, -1, *step.attrs["conv"]["kernel_shape"])
+    eng.float_products.add(f"conv {step.out}")
+    return bind_float_conv(eng, replace(step, kind="dnnl_conv", operands=(w, linear.bias)), y, ins, scratch)
 
 
 def _bind_quantize(eng: Int8Engine, step, y, ins, scratch) -> list:

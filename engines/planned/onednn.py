@@ -956,7 +956,7 @@ def pool_call(eng: OneDnnEngine, step, attrs, src_md, src: np.ndarray, dst_md, d
     return eng.execute(pd, {SRC: (src_md, src), DST: (dst_md, dst)}, step)
 
 
-def _bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+def bind_conv(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     batch, attrs, o = y.shape[0], step.attrs, eng.owned
     w, b = step.operands
     win, group, _ = conv_attrs(attrs["conv"])
@@ -1225,7 +1225,7 @@ def _bind_attention(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     return calls
 
 
-OneDnnEngine.binders = {**BIND, "dnnl_conv": _bind_conv, "dnnl_pool": bind_pool, "dnnl_reorder": _bind_reorder,
+OneDnnEngine.binders = {**BIND, "dnnl_conv": bind_conv, "dnnl_pool": bind_pool, "dnnl_reorder": _bind_reorder,
                         "dnnl_concat": bind_concat, "dnnl_slice": _bind_slice, "dnnl_shuffle": _bind_shuffle,
                         "dnnl_transpose": _bind_transpose, "dnnl_matmul": _bind_matmul,
                         "dnnl_eltwise": _bind_eltwise,
