@@ -19,7 +19,7 @@ def test_avx512_on_amd_asks_for_skylakex_and_nothing_else_does():
 def _choice(env_core: str | None, numpy_first: bool) -> tuple[str, str]:
     code = ("import sys, os\n" + ("import numpy\n" if numpy_first else "")
             + "from engines.native import openblas\n"
-            + "openblas._cpu = lambda: ('AuthenticAMD', %r)\n" % ZEN4
+            + "openblas.vendor_and_flags = lambda: ('AuthenticAMD', %r)\n" % ZEN4
             + "os.environ.pop('OPENBLAS_CORETYPE', None) if %r is None else None\n" % env_core
             + "print(openblas.choose()); print(os.environ.get('OPENBLAS_CORETYPE'))")
     env = subprocess_env()
