@@ -793,22 +793,14 @@ def _plain_as_conv(plain: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class ConvForm:
+class ConvForm(Matmul):
     """One int8 linear as oneDNN's 1x1 int8 convolution over its rows, where the CPU has no int8
     dot products (``saturating``): there oneDNN's int8 matmul is ``gemm:jit`` (1 x 4096 x 4096 in
     69 ms against 2.2 ms for NumPy's float product, AMD EPYC 7003 with AVX2, and it allocates per
     call) while its 1x1 int8 conv ran the mlp's d4096 pair in 1.5 ms. The rows (rows, k) are the
     pixels of an NHWC (1, k, 1, rows) image: the same bytes. The conv writes the products times the
     weight scales, nothing more: with a per-row operand or a bias as a post-op oneDNN took its
-    reference code (100-1000x slower); ``_rescale_calls`` applies them after. ``pd``/``arguments``
-    as ``Matmul``'s."""
-    owned: TypedOwned
-    src: object
-    dst: object
-    attr: object
-    args: dict
-    k: int
-    n: int
+    reference code (100-1000x slower); ``_rescale_calls`` applies them after. No bias operand."""
 
     def pd(self, variant: Variant | None):
         o = self.owned
@@ -832,7 +824,7 @@ def _conv_form(eng: Int8Engine, q: np.ndarray, y2: np.ndarray, linear: Quantized
     src, dst = o.strided(_pixels(q)), o.strided(_pixels(y2))
     args = {SRC: (src, _pixels(q)), DST: (dst, _pixels(y2)),
             ATTR_SCALES | WEIGHTS: (o.typed((n,), PLAIN[1], np.float32), linear.scales)}
-    return ConvForm(o, src, dst, o.quantized_attr({WEIGHTS: PER_OUT_CHANNEL}, []), args, q.shape[1], n)
+    return ConvForm(o, src, dst, None, o.quantized_attr({WEIGHTS: PER_OUT_CHANNEL}, []), args, q.shape[1], n)
 
 
 def _rescale_calls(eng: Int8Engine, step, y2: np.ndarray, amax: np.ndarray, ins) -> list:
