@@ -874,12 +874,9 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
         q2 = _dense(ins[0] if attrs["integer_input"] else scratch[0], batch, x2.shape[1], dtype)
         if not attrs["integer_input"]:
             calls = _scaled_cast(eng, step, x2, q2, scale, False, zero_point)
-    else:
+    else:                                              # its quantize calls once the conv is known to run
         q2 = scratch[0].view(dtype)[:, :x2.shape[1]]
         amax = scratch[2]
-        calls = quantize_calls(eng, step, x2, q2, scratch[1], amax, True)
-    if attrs["residual"] and step.reads[1] != step.out:
-        calls.append((np.copyto, (y, ins[1])))
     n = batch if attrs["grid"] else 1
     native = eng.is_native(step.reads[0])
     src = o.typed((n, attrs["channels"], *hw), eng.dnnl.layout if native else PLAIN[4], q2.dtype)
@@ -902,8 +899,12 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     attr = o.quantized_attr(scales, [], eltwises(conv), sum_=attrs["residual"], zero_points=zero_points or None)
     pd = o.conv_pd(src, o.typed(w_dims, ANY, np.int8), b_md, dst, win.strides, tuple(d - 1 for d in win.dilations),
                    win.pads[:2], win.end_pads(*hw), attr)
-    if implementation(eng.dnnl, pd).startswith("ref") and not (attrs["grid"] or attrs.get("dst_grid")):
-        return _float_conv(eng, step, y, ins, scratch)
+    if not attrs["grid"]:
+        if implementation(eng.dnnl, pd).startswith("ref") and not attrs.get("dst_grid"):
+            return _float_conv(eng, step, y, ins, scratch)
+        calls = quantize_calls(eng, step, x2, q2, scratch[1], amax, True)
+    if attrs["residual"] and step.reads[1] != step.out:
+        calls.append((np.copyto, (y, ins[1])))
     weights = linear.weights.take(pd)
     scale_md, one_scale = o.typed((len(linear.scales),), PLAIN[1], np.float32), o.typed((1,), PLAIN[1], np.float32)
     for i in range(0, batch, n):          # one call per sample, each on its own scale; on a grid, one call
