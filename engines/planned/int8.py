@@ -19,7 +19,9 @@ tiles or AVX-512 VNNI), written as f32 with the weight scales applied in the pri
 each output block is written, post-ops: the row scales (a binary multiply by a (rows, 1) column),
 the bias, a residual and the activation. No s32 array exists in engine memory. Each matmul shape
 runs on the brgemm implementation (AMX or VNNI) and the threads (OpenMP's pool or one) measured
-fastest here at build time (``MLEXEC_TUNE=0``: a fixed rule).
+fastest here at build time (``MLEXEC_TUNE=0``: a fixed rule). On a CPU with neither (AVX2 alone,
+``saturating``) a linear is a 1x1 int8 convolution over its rows, u8 activations take 127 levels
+and weights beside a file's u8 grid 64, so that no 16-bit pair sum overflows (docs/int8.md).
 
 What stays float32, and why: layernorm's standardize, softmax, gelu, attention's per-head
 products (activation x activation, both made at run time: quantizing both per call costs passes
