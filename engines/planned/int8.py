@@ -768,11 +768,10 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
         lo, amax = lo[:1], amax[:1]                    # one scale for the whole batch
     mm = _matmul(eng, step, q, y2, amax, ins)
     brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
-    after = []
-    if not brgemm and saturating():
+    conv_form = not brgemm and saturating()
+    if conv_form:
         mm = _conv_form(eng, q, y2, linear)
         brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in CONV_FORM]
-        after = _rescale_calls(eng, step, y2, amax, ins)
     if not brgemm:          # e.g. ONNX's 1 x 25 x 25 test products: no brgemm kernel takes them
         return _float_linear(eng, step, x2, y2, ins)
     quantize = (_scaled_cast(eng, step, x2, q, amax, False, zero_point) if attrs["grid"]
@@ -785,7 +784,8 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     def make():
         pd = mm.pd(variant)
         return [eng.execute(pd, mm.arguments(pd, linear.weights), step)]
-    return quantize + _on_variant(variant, make) + after
+    product = _on_variant(variant, make)
+    return quantize + product + (_rescale_calls(eng, step, y2, amax, ins) if conv_form else [])
 
 
 def _plain_as_conv(plain: np.ndarray) -> np.ndarray:
@@ -823,17 +823,19 @@ def _pixels(a: np.ndarray) -> np.ndarray:
 
 def _conv_form(eng: Int8Engine, q: np.ndarray, y2: np.ndarray, linear: QuantizedLinear) -> ConvForm:
     o, n = eng.typed, len(linear.scales)
-    src, dst = o.strided(_pixels(q)), o.strided(_pixels(y2))
-    args = {SRC: (src, _pixels(q)), DST: (dst, _pixels(y2)),
+    pixels, out = _pixels(q), _pixels(y2)
+    src, dst = o.strided(pixels), o.strided(out)
+    args = {SRC: (src, pixels), DST: (dst, out),
             ATTR_SCALES | WEIGHTS: (o.typed((n,), PLAIN[1], np.float32), linear.scales)}
     return ConvForm(o, src, dst, None, o.quantized_attr({WEIGHTS: PER_OUT_CHANNEL}, []), args, q.shape[1], n)
 
 
 def _rescale_calls(eng: Int8Engine, step, y2: np.ndarray, amax: np.ndarray, ins) -> list:
-    """y2 *= the row scales (or the tensor's, or the file's), then the bias, a residual, the ReLU
-    and the epilogue, as one oneDNN binary primitive and its post-ops, in place (``ConvForm``)."""
+    """y2 *= ``amax``, the row scales (rows, 1) or the tensor's or the file's one scale, then the
+    bias, a residual, the ReLU and the epilogue, as one oneDNN binary primitive and its post-ops,
+    in place (``ConvForm``)."""
     (linear,), attrs, o = step.operands, step.attrs, eng.typed
-    scale = _grid_operands(attrs["grid"])[0].reshape(1, 1) if attrs["grid"] else amax
+    scale = amax.reshape(-1, 1)
     binaries = [(BINARY_ADD, linear.bias.reshape(1, -1))]
     if attrs["residual"]:
         binaries.append((BINARY_ADD, rows2d(ins[1])))
