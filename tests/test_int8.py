@@ -121,7 +121,9 @@ def test_a_small_s8_input_is_scaled_by_its_largest_magnitude_to_the_same_result(
 
 def test_an_all_zero_row_quantizes_to_zero():
     """An all-zero row (a padding token's) gives a finite output within the bar of the float64
-    reference, and leaves the other row as it is alone."""
+    reference, and leaves the other row as it is alone: equal up to the order of rounding of
+    the scales (one row's product takes its scale inside the primitive where the CPU has no
+    int8 dot products, ``_conv_takes_all``)."""
     model = MODELS["mlp"](dim=256, seed=4)
     engine = make_engine("int8", model, 2)
     x = model.random_input(2, 3)
@@ -129,7 +131,8 @@ def test_an_all_zero_row_quantizes_to_zero():
     out = np.array(engine.forward(x))
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out[0], model.reference(x[:1])[0], atol=engine.abs_tol)
-    np.testing.assert_array_equal(out[1:], np.array(engine.forward(np.ascontiguousarray(x[1:]))))
+    alone = np.array(engine.forward(np.ascontiguousarray(x[1:])))
+    np.testing.assert_allclose(out[1:], alone, rtol=0, atol=1e-5 * np.abs(alone).max())
 
 
 @pytest.mark.parametrize("name, kwargs", [("mlp", dict(dim=256)), ("transformer", dict(dim=32, seq=8, heads=4))])

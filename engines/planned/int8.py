@@ -47,7 +47,7 @@ from ..importer.passes import grid_of
 from ..ir.conv import conv_attrs
 from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..ir.ops import U8_LEVELS    # a ReLU's output as u8: [0, 255], twice the resolution
-from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MAX, BINARY_MUL, CLIP, DST, LINEAR, MULTIPLE_SRC, PLAIN,
+from ..native.onednn import (ANY, BIAS, BinaryPostOp, BINARY_ADD, BINARY_MAX, BINARY_MUL, CLIP, DST, LINEAR, MULTIPLE_SRC, PLAIN,
                               REDUCTION_MAX, REDUCTION_MIN, RELU, SRC, SRC_1, WEIGHTS, library)
 from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementation,
                                   implementations,
@@ -769,9 +769,13 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     mm = _matmul(eng, step, q, y2, amax, ins)
     brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
     conv_form = not brgemm and saturating()
+    rescale = conv_form
     if conv_form:
-        mm = _conv_form(eng, q, y2, linear)
-        brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in CONV_FORM]
+        for rescale in (False, True) if _conv_takes_all(step, x2, eng.row_scales) else (True,):
+            mm = _conv_form(eng, step, q, y2, amax, ins, rescale)
+            brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in CONV_FORM]
+            if brgemm:
+                break
     if not brgemm:          # e.g. ONNX's 1 x 25 x 25 test products: no brgemm kernel takes them
         return _float_linear(eng, step, x2, y2, ins)
     quantize = (_scaled_cast(eng, step, x2, q, amax, False, zero_point) if attrs["grid"]
@@ -785,7 +789,7 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
         pd = mm.pd(variant)
         return [eng.execute(pd, mm.arguments(pd, linear.weights), step)]
     product = _on_variant(variant, make)
-    return quantize + product + (_rescale_calls(eng, step, y2, amax, ins) if conv_form else [])
+    return quantize + product + (_rescale_calls(eng, step, y2, amax, ins) if rescale else [])
 
 
 def _plain_as_conv(plain: np.ndarray) -> np.ndarray:
@@ -806,7 +810,7 @@ class ConvForm(Matmul):
 
     def pd(self, variant: Variant | None):
         o = self.owned
-        pd = o.conv_pd(self.src, o.typed((self.n, self.k, 1, 1), ANY, np.int8), None, self.dst,
+        pd = o.conv_pd(self.src, o.typed((self.n, self.k, 1, 1), ANY, np.int8), self.bias_md, self.dst,
                        (1, 1), (0, 0), (0, 0), (0, 0), self.attr)
         return pd if variant is None else with_implementation(o.dnnl, pd, variant.implementation)
 
@@ -821,13 +825,41 @@ def _pixels(a: np.ndarray) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(a, (1, c, 1, rows), (rows * step, item, rows * step, step))
 
 
-def _conv_form(eng: Int8Engine, q: np.ndarray, y2: np.ndarray, linear: QuantizedLinear) -> ConvForm:
-    o, n = eng.typed, len(linear.scales)
+def _conv_takes_all(step, x2: np.ndarray, row_scales: bool) -> bool:
+    """Whether a linear's ``ConvForm`` can take its source scale, bias, residual, ReLU and epilogue
+    itself: one scale for all its rows (a file's grid, a tensor's scale, or one row) and no
+    constant in the epilogue (a per-column constant would need the conv's channel axis)."""
+    attrs = step.attrs
+    one_scale = bool(attrs["grid"]) or not row_scales or x2.shape[0] == 1
+    return one_scale and not any(isinstance(op, BinaryPostOp) for op in attrs.get("epilogue", ()))
+
+
+def _conv_form(eng: Int8Engine, step, q: np.ndarray, y2: np.ndarray, amax: np.ndarray, ins,
+               rescale: bool) -> ConvForm:
+    """The linear as a ``ConvForm``: writing the products times the weight scales, for
+    ``_rescale_calls`` to finish (``rescale``), or, with one source scale (``_conv_takes_all``),
+    the whole step: the scales, the bias, a residual, the ReLU and the epilogue in the primitive
+    (mlp b1 d1024, AVX2 AMD EPYC: 75.8 against 88.9 us a forward)."""
+    (linear,), attrs, o = step.operands, step.attrs, eng.typed
+    n = len(linear.scales)
     pixels, out = _pixels(q), _pixels(y2)
     src, dst = o.strided(pixels), o.strided(out)
     args = {SRC: (src, pixels), DST: (dst, out),
             ATTR_SCALES | WEIGHTS: (o.typed((n,), PLAIN[1], np.float32), linear.scales)}
-    return ConvForm(o, src, dst, None, o.quantized_attr({WEIGHTS: PER_OUT_CHANNEL}, []), args, q.shape[1], n)
+    if rescale:
+        return ConvForm(o, src, dst, None, o.quantized_attr({WEIGHTS: PER_OUT_CHANNEL}, []), args, q.shape[1], n)
+    bias_md = o.strided(linear.bias)
+    args[BIAS] = (bias_md, linear.bias)
+    args[ATTR_SCALES | SRC] = (o.typed((1,), PLAIN[1], np.float32), amax.reshape(1))
+    described = []
+    if attrs["residual"]:
+        residual = _pixels(rows2d(ins[1]))
+        described.append((o.strided(residual), residual))
+    args.update({post_op_arg(i): d for i, d in enumerate(described)})
+    relu = ((RELU, 0.0, 0.0),) if attrs["relu"] else ()
+    attr = o.quantized_attr({SRC: 0, WEIGHTS: PER_OUT_CHANNEL}, [(BINARY_ADD, md) for md, _ in described],
+                            relu + tuple(attrs.get("epilogue", ())))
+    return ConvForm(o, src, dst, bias_md, attr, args, q.shape[1], n)
 
 
 def _rescale_calls(eng: Int8Engine, step, y2: np.ndarray, amax: np.ndarray, ins) -> list:
