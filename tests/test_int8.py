@@ -146,6 +146,18 @@ def test_every_linear_is_an_integer_primitive_and_no_reference_code(name, kwargs
     assert not any(p["implementation"].startswith("ref") for p in quantizing), quantizing
 
 
+def test_the_report_lists_each_linear_once_per_batch_bound():
+    """Each batch bound adds its primitives once, under its own batch, though the int8 products
+    run on views whose leading axis is 1; binding a batch again replaces its entries."""
+    model = MODELS["mlp"](dim=64)
+    engine = make_engine("int8", model, 4)
+    for batch in (1, 4, 4, 1):
+        engine.forward(model.random_input(batch, 0))
+    linears = sum(op.kind == "linear" for op in model.ops)
+    products = [p["batch"] for p in engine.report()["primitives"] if p["kind"] == "int8_linear"]
+    assert sorted(products) == [1] * linears + [4] * linears
+
+
 @pytest.mark.parametrize("isa", [None, "AVX2"])
 def test_onednn_runs_s8_weights_and_8_bit_activations(isa):
     """oneDNN's own log of the products a forward runs: 8-bit sources and weights, f32 out, none

@@ -255,12 +255,14 @@ class OneDnnEngine(FusedEngine):
         self._scratchpad_mems: list[tuple[P, int]] = []   # (memory, bytes) of this engine's primitives
         self._first_runs: list[tuple] = []                 # checked calls of the primitives being bound
         self._primitives: list[dict] = []
+        self._binding = 0                                  # the batch being bound
 
     def bind(self, batch: int):
         """fused's ``bind``, then every primitive bound run once with its status checked (a failed
         one raises here), the forward's calls unchecked."""
         self._primitives = [p for p in self._primitives if p["batch"] != batch]
         self._first_runs.clear()
+        self._binding = batch                      # what ``execute`` records: views hide it
         bound = super().bind(batch)
         need = max((n for _, n in self._scratchpad_mems), default=0)
         if need > self._scratchpad.nbytes:
@@ -277,8 +279,7 @@ class OneDnnEngine(FusedEngine):
         scratchpad on the engine's, its status unchecked (``bind`` checks its first run). The
         implementation oneDNN chose goes into ``report()``."""
         lib = self.dnnl.lib
-        batch = next(iter(args.values()))[1].shape[0]
-        self._primitives.append({"step": step.out, "kind": step.kind.removeprefix("dnnl_"), "batch": batch,
+        self._primitives.append({"step": step.out, "kind": step.kind.removeprefix("dnnl_"), "batch": self._binding,
                                  "implementation": implementation(self.dnnl, pd)})
         call, pad = self.dnnl.call(self.owned, pd, args, None)
         self._scratchpad_mems.append((pad, lib.dnnl_memory_desc_get_size(self.dnnl.scratchpad_md(pd))))
