@@ -83,10 +83,12 @@ ATTENTION_MIN_ROWS = 16
 
 class OneDnnEngine(FusedEngine):
     name = "onednn"
-    # The linears on oneDNN's matmul, on the OpenMP pool that runs the convolutions, or on one
-    # thread: a second pool (OpenBLAS's, MKL's) alternating with OpenMP's waits on its spinning
-    # workers (engines.kernels)
-    kernel_candidates = candidates("onednn-primitives")
+    # The linears on oneDNN's matmul or MKL's GEMMs (where the mkl extra is installed), both on
+    # the OpenMP pool that runs the convolutions, or on one thread: a second pool (OpenBLAS's)
+    # alternating with OpenMP's waits on its spinning workers (engines.kernels). MKL's matter where
+    # oneDNN's matmul allocates (AVX2 alone: its gemm:jit): AMD EPYC 7003, ConvNeXt-T b8 0.57x ->
+    # 0.86x ONNX Runtime, Swin-T b1 0.59x -> 0.81x (docs/importing.md)
+    kernel_candidates = candidates("onednn-primitives", "mkl")
 
     def __init__(self, model, max_batch: int):
         self.dnnl = library()
