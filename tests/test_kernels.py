@@ -149,6 +149,17 @@ def test_an_engine_is_offered_one_multi_thread_pool(engine, pool):
     assert any(kernels.KERNELS[k].one_thread for k in offered)
 
 
+def test_onednn_offers_mkl_on_the_pool_only_for_large_products():
+    """MKL's multi-thread GEMMs share oneDNN's OpenMP pool, and are offered from
+    MKL_POOL_MIN_WORK multiply-adds; below, its one-thread ones only."""
+    from engines.planned.onednn import MKL_POOL_MIN_WORK
+    engine = ENGINES["onednn"]
+    small = engine.offered_kernels(engine, kernels.Gemm(16, 64, 192))
+    large = engine.offered_kernels(engine, kernels.Gemm(-(-MKL_POOL_MIN_WORK // (96 * 384)), 96, 384))
+    assert {"mkl-gemm", "mkl-packed"} <= set(large) and not {"mkl-gemm", "mkl-packed"} & set(small)
+    assert {"mkl-gemm-1t", "onednn-matmul"} <= set(small) and set(small) < set(large) == set(engine.kernel_candidates)
+
+
 def test_libraries_on_two_pools_are_refused():
     with pytest.raises(ValueError, match="one thread pool"):
         kernels.candidates("numpy", "mkl")
@@ -392,7 +403,7 @@ def test_tuned_engine_is_right_and_reports_every_linear(engine, tuned):
     assert all(r["how"] == "cached" or r["how"].startswith("measured") for r in report), report
     for r in report:                 # the engine's own default is measured too; a kernel whose ``fits``
         gemm = kernels.Gemm(*map(int, r["gemm"].split("x")))     # rejects the shape is not offered
-        offered = {c for c in {*eng.kernel_candidates, r["default"]} if c not in kernels.unavailable()
+        offered = {c for c in {*eng.offered_kernels(gemm), r["default"]} if c not in kernels.unavailable()
                    and (kernels.KERNELS[c].fits is None or kernels.KERNELS[c].fits(gemm))}
         assert r["kernel"] in offered and set(r["candidates_us"]) == offered
 

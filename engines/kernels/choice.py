@@ -165,8 +165,8 @@ class Linears:
     batch, binds it again with each rival ``forced`` for one GEMM shape, and hands the forwards'
     calls to ``judge``, which keeps the fastest (``BoundEngine.bind_judged``)."""
 
-    def __init__(self, candidates: tuple[str, ...], default: Callable[[Gemm], str]):
-        self.candidates = candidates
+    def __init__(self, candidates: tuple[str, ...] | Callable[[Gemm], tuple[str, ...]], default: Callable[[Gemm], str]):
+        self.candidates = candidates if callable(candidates) else lambda gemm: candidates    # per GEMM shape
         self.default = default
         self.states: dict[tuple[str, int], object] = {}     # (library, id(weight)) -> prepared state
         self.choices: dict[str, Choice] = {}                 # gemm key -> choice
@@ -179,7 +179,7 @@ class Linears:
     def calls(self, x2, y2, w, b, b_tiled, residual) -> list:
         gemm = Gemm(y2.shape[0], *w.shape, transposed=not w.flags.c_contiguous, residual=residual is not None)
         unit = x2.strides[1] == y2.strides[1] == x2.itemsize
-        candidates = self.candidates if unit else ("numpy",)
+        candidates = self.candidates(gemm) if unit else ("numpy",)
         choice = choose(gemm, candidates, self.default(gemm) if unit else "numpy")
         self.choices.setdefault(gemm.key, choice)      # a second linear of that shape: the memo, 0 s
         # (once judged in the forward, the memo holds the verdict: choose returns it)

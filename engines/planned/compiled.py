@@ -81,6 +81,7 @@ class BoundEngine(Engine):
     """
     returns_view = True
     zero_alloc = True
+    kernel_candidates: tuple[str, ...] = ()      # what its linears may run on (``engines.kernels``)
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
@@ -91,6 +92,10 @@ class BoundEngine(Engine):
     def bind(self, batch: int) -> Bound:
         """Every call of a forward at ``batch``, bound to this engine's buffers; kept for later calls."""
         raise NotImplementedError
+
+    def offered_kernels(self, gemm) -> tuple[str, ...]:
+        """The kernels a linear of ``gemm``'s shape may run on: the class's ``kernel_candidates``."""
+        return self.kernel_candidates
 
     def own_memory(self) -> None:
         """Allocate this engine's own activation buffers (``worker`` calls it on a copy)."""
@@ -199,7 +204,7 @@ class CompiledEngine(BoundEngine):
                       if t not in self._root}
         self.own_memory()
         # Kernel choices and their per-weight state are shared with workers.
-        self.linears = Linears(self.kernel_candidates, lambda gemm: "numpy")
+        self.linears = Linears(self.offered_kernels, lambda gemm: "numpy")
         self.bind_judged(max_batch)              # chooses every linear's kernel now
 
     def own_memory(self) -> None:

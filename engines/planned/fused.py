@@ -364,7 +364,7 @@ class FusedEngine(BoundEngine):
         self.weight_bytes = sum(a.nbytes for step in self.steps for a in step.operands if isinstance(a, np.ndarray))
         self.own_memory()
         # Kernel choices and their per-weight state (MKL's packs) are shared with workers.
-        self.linears = Linears(self.kernel_candidates, self.default_kernel)
+        self.linears = Linears(self.offered_kernels, self.default_kernel)
         self.bind_judged(self.max_batch)  # chooses every linear's kernel now (engines.kernels)
 
     def own_memory(self) -> None:

@@ -38,7 +38,7 @@ from ..ir.ops import head_columns, mean_column, mean_square_calls, qkv_heads, sa
 from ..importer.passes import fuse_conv_activation, fuse_conv_add, fuse_conv_fake_quant
 from ..kernels import candidates, on_one_thread, pool_threads, tuning_enabled
 from ..kernels.choice import gaining_rival
-from ..kernels.table import one_thread, run_calls
+from ..kernels.table import KERNELS, one_thread, run_calls
 from ..kernels.timing import PARK_S, measure_forwards
 from ..errors import EngineUnavailable
 from ..memory import aligned_empty
@@ -77,6 +77,7 @@ CONCAT_BYTES, CONCAT_ARG_BYTES = 384, 32
 # them. Blocks of one core's L2 (1 MiB) ran 0.90-0.98x the whole scores at seq 512-1024 (more,
 # smaller products); 8 MiB ran level with them, in a quarter of the AMD EPYC's L3
 # (docs/results/2026-11-26-amd-epyc-attention-blocks.md).
+MKL_POOL_MIN_WORK = 1 << 24     # multiply-adds from which MKL's GEMMs on the pool are offered
 ATTENTION_BLOCK_BYTES = 8 << 20
 ATTENTION_MIN_ROWS = 16
 
@@ -85,9 +86,7 @@ class OneDnnEngine(FusedEngine):
     name = "onednn"
     # The linears on oneDNN's matmul or MKL's GEMMs (where the mkl extra is installed), both on
     # the OpenMP pool that runs the convolutions, or on one thread: a second pool (OpenBLAS's)
-    # alternating with OpenMP's waits on its spinning workers (engines.kernels). MKL's matter where
-    # oneDNN's matmul allocates (AVX2 alone: its gemm:jit): AMD EPYC 7003, ConvNeXt-T b8 0.57x ->
-    # 0.86x ONNX Runtime, Swin-T b1 0.59x -> 0.81x (docs/importing.md)
+    # alternating with OpenMP's waits on its spinning workers (engines.kernels)
     kernel_candidates = candidates("onednn-primitives", "mkl")
 
     def __init__(self, model, max_batch: int):
@@ -117,6 +116,16 @@ class OneDnnEngine(FusedEngine):
     def peak_slack_bytes(self) -> int:
         args = [len(step.reads) + 2 for step in self.steps if step.kind == "dnnl_concat"]   # + dst, scratchpad
         return FusedEngine.peak_slack_bytes + (CONCAT_BYTES + CONCAT_ARG_BYTES * max(args) if args else 0)
+
+    def offered_kernels(self, gemm) -> tuple[str, ...]:
+        """MKL's GEMMs on the pool only from ``MKL_POOL_MIN_WORK`` multiply-adds: they matter where
+        oneDNN's matmul allocates (AVX2 alone: its gemm:jit) and the linears would otherwise run on
+        one thread (AMD EPYC 7003, in one process: ConvNeXt-T b8 0.57x -> 0.86x ONNX Runtime,
+        Swin-T b1 0.59x -> 0.81x); offered on every product there, the tiny transformers ran 5-15 %
+        slower (docs/importing.md)."""
+        if gemm.rows * gemm.k * gemm.n >= MKL_POOL_MIN_WORK:
+            return self.kernel_candidates
+        return tuple(k for k in self.kernel_candidates if KERNELS[k].library != "mkl" or KERNELS[k].one_thread)
 
     def default_kernel(self, gemm) -> str:
         """Without tuning: oneDNN's matmul, where it allocates nothing per call; else SciPy's
