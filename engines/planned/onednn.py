@@ -72,12 +72,14 @@ LONE_SCALAR_MIN = 1 << 14
 # concats of 25 tensors, 1,248 B). Not an array: it is added to the memory pass's slack.
 CONCAT_BYTES, CONCAT_ARG_BYTES = 384, 32
 
+# Multiply-adds from which a linear is offered MKL's GEMMs on the pool (``offered_kernels``)
+MKL_POOL_MIN_WORK = 1 << 24
+
 # Attention runs in blocks of query rows whose scores, for the whole batch, take at most this
 # many bytes (``_lower_attention``); a block is at least ATTENTION_MIN_ROWS rows, a multiple of
 # them. Blocks of one core's L2 (1 MiB) ran 0.90-0.98x the whole scores at seq 512-1024 (more,
 # smaller products); 8 MiB ran level with them, in a quarter of the AMD EPYC's L3
 # (docs/results/2026-11-26-amd-epyc-attention-blocks.md).
-MKL_POOL_MIN_WORK = 1 << 24     # multiply-adds from which MKL's GEMMs on the pool are offered
 ATTENTION_BLOCK_BYTES = 8 << 20
 ATTENTION_MIN_ROWS = 16
 
