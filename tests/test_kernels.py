@@ -350,7 +350,7 @@ def test_a_candidate_dropped_early_is_cached_and_reported_as_not_measured(tuned,
     monkeypatch.setattr(kernels.timing, "measure", lambda *a, **k: {"numpy": 1e-6, "scipy": float("inf")})
     kernels.choose(kernels.Gemm(4, 32, 32), ("numpy", "scipy"), "scipy")
     monkeypatch.setattr(kernels.choice, "_MEMO", {})
-    linears = kernels.Linears(("numpy", "scipy"), lambda gemm: "scipy")
+    linears = kernels.Linears(lambda gemm: ("numpy", "scipy"), lambda gemm: "scipy")
     x, w, b, b_tiled, res, _ = operands(4, 32, 32, False, False)
     linears.calls(x, aligned(np.zeros((4, 32))), w, b, b_tiled, res)
     (entry,) = linears.report()

@@ -165,9 +165,8 @@ class Linears:
     batch, binds it again with each rival ``forced`` for one GEMM shape, and hands the forwards'
     calls to ``judge``, which keeps the fastest (``BoundEngine.bind_judged``)."""
 
-    def __init__(self, candidates: tuple[str, ...] | Callable[[Gemm], tuple[str, ...]],
-                 default: Callable[[Gemm], str]):
-        self.candidates = candidates if callable(candidates) else lambda gemm: candidates    # per GEMM shape
+    def __init__(self, candidates: Callable[[Gemm], tuple[str, ...]], default: Callable[[Gemm], str]):
+        self.candidates = candidates        # what a GEMM of that shape may run on (an engine's offered_kernels)
         self.default = default
         self.states: dict[tuple[str, int], object] = {}     # (library, id(weight)) -> prepared state
         self.choices: dict[str, Choice] = {}                 # gemm key -> choice

@@ -698,13 +698,20 @@ def _matmul(eng: Int8Engine, step, q, y2, amax, ins) -> Matmul:
         args[ATTR_SCALES | SRC] = (o.typed((1,), PLAIN[1], np.float32), amax.reshape(1))
     if attrs["residual"]:
         binaries.append((BINARY_ADD, _one(rows2d(ins[1]))))
-    described = [(alg, o.strided(a), a) for alg, a in binaries]
-    args.update({post_op_arg(i): (md, a) for i, (_, md, a) in enumerate(described)})
-    relu = ((RELU, 0.0, 0.0),) if attrs["relu"] else ()
-    epilogue, more = bound_post_ops(o, attrs.get("epilogue", ()), len(described) + len(relu), 3)
+    described, chain, more = _post_ops(o, attrs, binaries, 3)
     args.update(more)
-    attr = o.quantized_attr(scales, [(alg, md) for alg, md, _ in described], relu + epilogue)
-    return Matmul(o, src, dst, bias_md, attr, args, k, n)
+    return Matmul(o, src, dst, bias_md, o.quantized_attr(scales, described, chain), args, k, n)
+
+
+def _post_ops(o: TypedOwned, attrs: dict, binaries: list, ndim: int) -> tuple[list, tuple, dict]:
+    """A step's post-ops on an ``ndim``-axis output: the binary ones ``binaries`` ((algorithm,
+    array)), then its ReLU and its epilogue; as ``quantized_attr`` takes them (binaries, eltwise
+    chain) and with their execution arguments."""
+    described = [(alg, o.strided(a), a) for alg, a in binaries]
+    args = {post_op_arg(i): (md, a) for i, (_, md, a) in enumerate(described)}
+    relu = ((RELU, 0.0, 0.0),) if attrs["relu"] else ()
+    epilogue, more = bound_post_ops(o, attrs.get("epilogue", ()), len(described) + len(relu), ndim)
+    return [(alg, md) for alg, md, _ in described], relu + epilogue, {**args, **more}
 
 
 def _float_linear(eng: Int8Engine, step, x2, y2, ins) -> list:
@@ -851,14 +858,10 @@ def _conv_form(eng: Int8Engine, step, q: np.ndarray, y2: np.ndarray, amax: np.nd
     bias_md = o.strided(linear.bias)
     args[BIAS] = (bias_md, linear.bias)
     args[ATTR_SCALES | SRC] = (o.typed((1,), PLAIN[1], np.float32), amax.reshape(1))
-    described = []
-    if attrs["residual"]:
-        residual = _pixels(rows2d(ins[1]))
-        described.append((o.strided(residual), residual))
-    args.update({post_op_arg(i): d for i, d in enumerate(described)})
-    relu = ((RELU, 0.0, 0.0),) if attrs["relu"] else ()
-    attr = o.quantized_attr({SRC: 0, WEIGHTS: PER_OUT_CHANNEL}, [(BINARY_ADD, md) for md, _ in described],
-                            relu + tuple(attrs.get("epilogue", ())))
+    residual = [(BINARY_ADD, _pixels(rows2d(ins[1])))] if attrs["residual"] else []
+    described, chain, more = _post_ops(o, attrs, residual, 4)
+    args.update(more)
+    attr = o.quantized_attr({SRC: 0, WEIGHTS: PER_OUT_CHANNEL}, described, chain)
     return ConvForm(o, src, dst, bias_md, attr, args, q.shape[1], n)
 
 
@@ -871,13 +874,10 @@ def _rescale_calls(eng: Int8Engine, step, y2: np.ndarray, amax: np.ndarray, ins)
     binaries = [(BINARY_ADD, linear.bias.reshape(1, -1))]
     if attrs["residual"]:
         binaries.append((BINARY_ADD, rows2d(ins[1])))
-    described = [(alg, o.strided(a), a) for alg, a in binaries]
-    relu = ((RELU, 0.0, 0.0),) if attrs["relu"] else ()
-    epilogue, more = bound_post_ops(o, attrs.get("epilogue", ()), len(described) + len(relu), 2)
-    attr = o.quantized_attr({}, [(alg, md) for alg, md, _ in described], relu + epilogue)
+    described, chain, more = _post_ops(o, attrs, binaries, 2)
+    attr = o.quantized_attr({}, described, chain)
     y_md, s_md = o.strided(y2), o.strided(scale)
-    args = {SRC: (y_md, y2), SRC_1: (s_md, scale), DST: (y_md, y2), **more,
-            **{post_op_arg(i): (md, a) for i, (_, md, a) in enumerate(described)}}
+    args = {SRC: (y_md, y2), SRC_1: (s_md, scale), DST: (y_md, y2), **more}
     return [eng.execute(o.binary_pd(BINARY_MUL, y_md, s_md, y_md, attr), args, replace(step, kind="int8_rescale"))]
 
 
