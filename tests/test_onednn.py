@@ -690,10 +690,11 @@ def test_scalar_ops_between_quantize_steps_join_their_chain():
     np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
 
 
-def test_a_layernorm_no_linear_takes_in_is_onednns_layer_normalization():
-    """A layernorm whose output no linear reads alone (after it: a quantize step, a transpose, the
-    model's end) is oneDNN's layer normalization (jit, gamma and beta its scale and shift), right
-    at every batch, allocating nothing per warm forward; one a linear reads stays folded into it."""
+def test_every_layernorm_of_a_plain_tensor_is_onednns_layer_normalization():
+    """A layernorm is oneDNN's layer normalization (jit), right at every batch, allocating nothing
+    per warm forward: where no linear reads it alone (after it: a quantize step, a transpose, the
+    model's end), gamma and beta its scale and shift; where one does, folded into that linear and
+    the primitive standardizing only (it was nine NumPy calls)."""
     from engines.ir.models import Model, Op
     from tests.test_zero_alloc import tracemalloc_peak
     rng = np.random.default_rng(0)
@@ -704,7 +705,8 @@ def test_a_layernorm_no_linear_takes_in_is_onednns_layer_normalization():
     model = Model("layernorms", ops, {t: (6, 40) for t in ("x", "n", "r", "m", "y")}, params)
     engine = ENGINES["onednn"](model, 3)
     kinds = [s.kind for s in engine.steps]
-    assert kinds.count("dnnl_layernorm") == 1 and "standardize" in kinds, kinds
+    assert kinds.count("dnnl_layernorm") == 2 and "standardize" not in kinds, kinds
+    assert [len(s.operands) for s in engine.steps if s.kind == "dnnl_layernorm"] == [2, 0]
     assert all(p["implementation"].startswith("jit") for p in engine.report()["primitives"] if p["kind"] == "layernorm")
     for batch in (1, 3):
         x = model.random_input(batch, rng=batch) * 3 + 1
@@ -741,3 +743,58 @@ def test_a_lone_scalar_op_is_a_primitive_from_a_size_on(values, on_onednn):
     for batch in (1, 2):
         x = model.random_input(batch, rng=batch)
         np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-5, atol=1e-6)
+
+
+def _gelu_models():
+    """The zoo's transformer (its GELU in place on a linear's output) and a GELU of the model's
+    input read again after it (not in place)."""
+    from engines import MODELS as ZOO
+    from engines.ir.models import Model, Op
+    ops = (Op("gelu", ("x",), "g"), Op("add", ("g", "x"), "y"))
+    return [ZOO["transformer"](dim=64, seq=8, heads=4, seed=1), Model("gelu-input", ops, {t: (5, 24) for t in "xgy"}, {})]
+
+
+@pytest.mark.parametrize("model", _gelu_models(), ids=lambda m: m.name)
+@pytest.mark.parametrize("avx512", [False, True])
+def test_gelu_tanh_without_avx512_is_x_times_x_with_post_ops(monkeypatch, model, avx512):
+    """Without AVX-512, GELU's tanh form is oneDNN's binary x * x with ``GELU_TANH_CHAIN`` as its
+    post-ops (oneDNN 3.2's own gelu_tanh ran 4x slower on AVX2), with it oneDNN's own: right at
+    every batch, in place or not, and where tanh saturates (inputs scaled by 8)."""
+    made, real = [], onednn._gelu_tanh_calls
+    monkeypatch.setattr(onednn, "avx512", lambda dnnl: avx512)
+    monkeypatch.setattr(onednn, "_gelu_tanh_calls", lambda *a: made.append(a[1].out) or real(*a))
+    engine = ENGINES["onednn"](model, 3)
+    assert any(s.kind == "dnnl_eltwise" and s.attrs["activation"] == "gelu" for s in engine.steps)
+    for batch in (1, 3):
+        x = model.random_input(batch, rng=batch) * 8
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
+    assert bool(made) != avx512, made
+    assert tracemalloc_peak(engine, model.random_input(3, rng=0)) <= 4096
+
+
+@pytest.mark.parametrize("out_shape, add_shape", [((8, 4, 16, 16), (1, 1, 16, 16)), ((8, 4, 16, 16), (8, 1, 1, 16)),
+                                                  ((4, 4, 16, 16), (1, 4, 16, 16)), ((3, 2, 5, 7), (7,))])
+def test_a_broadcast_add_after_a_product_is_one_onednn_call(out_shape, add_shape):
+    """out += add broadcast along any axes (a mask over attention's scores, where no brgemm matmul
+    takes it as a post-op: AVX2) is one oneDNN binary call, exact, allocating nothing; it was one
+    NumPy add per block (512 for the (8, 1, 1, 16) mask). A strided block of a per-head mask,
+    which oneDNN takes only in its reference code, still gets NumPy's adds."""
+    from engines.kernels.table import run_calls
+    from engines.planned.fused import FusedStep
+    engine, rng = ENGINES["onednn"](_gelu_models()[1], 1), np.random.default_rng(0)
+    out, add = rng.standard_normal(out_shape).astype(np.float32), rng.standard_normal(add_shape).astype(np.float32)
+    expected, step = out + add, FusedStep("dnnl_attention", "scores", ())
+    calls = onednn._add_calls(engine, step, out, add)
+    assert len(calls) == 1 and engine.report()["primitives"][-1]["implementation"].startswith("jit")
+    run_calls(calls)
+    np.testing.assert_array_equal(out, expected)
+    import tracemalloc
+    tracemalloc.start()
+    run_calls(calls)
+    assert tracemalloc.get_traced_memory()[1] <= 1024
+    tracemalloc.stop()
+    mask = rng.standard_normal((1, 4, 16, 16)).astype(np.float32)[:, :, 4:8]      # a block of its rows
+    out = rng.standard_normal((2, 4, 4, 16)).astype(np.float32)
+    expected = out + mask
+    run_calls(onednn._add_calls(engine, step, out, mask))
+    np.testing.assert_array_equal(out, expected)

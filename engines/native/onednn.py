@@ -56,6 +56,7 @@ MEAN, VARIANCE, SCALE, SHIFT = 49, 50, 51, 52
 GLOBAL_STATS, USE_SCALE, USE_SHIFT, NORM_RELU = 0x1, 0x2, 0x4, 0x8
 BINARY_ADD, BINARY_MUL, BINARY_MAX, BINARY_DIV, BINARY_SUB = 0x1FFF0, 0x1FFF1, 0x1FFF2, 0x1FFF4, 0x1FFF5
 Q_IMPL, Q_WEIGHTS, Q_DST, Q_SCRATCHPAD = 8, 131, 133, 136
+AVX512_CORE_BITS = 0x27                        # dnnl_cpu_isa_avx512_core: what every AVX-512 ISA has
 USER_SCRATCHPAD = 1
 Dims = ctypes.c_int64 * 12                             # DNNL_MAX_NDIMS
 P = ctypes.c_void_p
@@ -147,6 +148,12 @@ class Dnnl:
                       (PLAIN[4], 1))
         owned.release()
         return layout
+
+
+def avx512(dnnl: Dnnl) -> bool:
+    """Whether oneDNN's kernels here are its AVX-512 ones (``ONEDNN_MAX_CPU_ISA=AVX2`` makes any
+    x86 CPU answer False)."""
+    return dnnl.lib.dnnl_get_effective_cpu_isa() & AVX512_CORE_BITS == AVX512_CORE_BITS
 
 
 def implementation(dnnl: Dnnl, pd) -> str:

@@ -49,7 +49,7 @@ from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_DIV, BINARY_MAX, BINA
                              POST_OP_SRC1, BinaryPostOp,
                              RELU, ROUND, SCALE, SHIFT, SRC, SRC_1, SWISH, USE_SCALE, USE_SHIFT, VARIANCE, WEIGHTS,
                              Weights,
-                             implementation, library, matmul_fits, post_op_arg)
+                             avx512, implementation, library, matmul_fits, post_op_arg)
 from .compiled import seeded
 from .fused import BIND, FusedEngine, FusedStep, Lowering
 
@@ -471,15 +471,20 @@ def _lower_batchnorm(lw: Lowering, i: int, op) -> bool:
 
 
 def _lower_layernorm(lw: Lowering, i: int, op) -> bool:
-    """A layernorm over a plain tensor's last axis that no linear reads alone (there fused folds
-    gamma and beta into the linear): oneDNN's layer normalization, gamma and beta its scale and
-    shift, one call where NumPy's took 12 (ConvNeXt's channels-last blocks between a quantized
-    file's steps)."""
+    """A layernorm over a plain tensor's last axis: oneDNN's layer normalization, one call where
+    NumPy's took 9-12 (GPT-2's exports, b8: 30 us each, 3.4 with oneDNN; AMD EPYC 7003). Where a
+    linear alone reads it, gamma and beta fold into that linear as fused folds them and the
+    primitive standardizes only; else they are its scale and shift (ConvNeXt's channels-last
+    blocks between a quantized file's steps)."""
     src, nxt = lw.where[op.inputs[0]], lw.next_reader(op)
-    if (nxt is not None and nxt.kind == "linear") or lw.engine.is_native(src) or len(lw.model.shapes[op.output]) > 4:
+    if lw.engine.is_native(src) or len(lw.model.shapes[op.output]) > 4:
         return False
     gamma_beta = tuple(np.ascontiguousarray(lw.model.params[p], dtype=np.float32) for p in op.params)
-    out = lw.where[op.output] = _output(lw, op, src, False)
+    if nxt is not None and nxt.kind == "linear":
+        lw.folded_ln[op.output], gamma_beta = gamma_beta, ()
+        out = lw.output(op.output, lw.model.shapes[op.output])
+    else:
+        out = lw.where[op.output] = _output(lw, op, src, False)
     lw.steps.append(FusedStep("dnnl_layernorm", out, (src,), operands=gamma_beta, attrs={"eps": float(op.attrs["eps"])}))
     return True
 
@@ -1068,8 +1073,30 @@ def _bind_shuffle(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 def _bind_eltwise(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     (alg, alpha, beta), *rest = eltwises(step.attrs)              # one primitive, the rest its post-ops
+    if alg == GELU_TANH and not avx512(eng.dnnl) and not eng.is_native(step.reads[0]):
+        return _gelu_tanh_calls(eng, step, y, ins, tuple(rest))
     return _one_input(eng, step, y, ins,
                       lambda o, src, dst: o.eltwise_pd(alg, src, dst, alpha, beta, o.attr(eltwises=tuple(rest))))
+
+
+# GELU's tanh form, 0.5x(1 + tanh(c(x + 0.044715x^3))) with c = sqrt(2/pi), is x * logistic(2c(x +
+# 0.044715x^3)): after x * x, these post-ops (the second operand of each product x itself)
+GELU_TANH_CHAIN = ((LINEAR, 2 * math.sqrt(2 / math.pi) * 0.044715, 2 * math.sqrt(2 / math.pi)),
+                   BinaryPostOp(BINARY_MUL, None), (LOGISTIC, 0.0, 0.0), BinaryPostOp(BINARY_MUL, None))
+
+
+def _gelu_tanh_calls(eng: OneDnnEngine, step, y, ins, rest: tuple) -> list:
+    """GELU's tanh form without AVX-512: oneDNN's binary x * x and ``GELU_TANH_CHAIN`` as post-ops,
+    then the step's further ones: one pass, as exact, where oneDNN 3.2's own gelu_tanh on AVX2 took
+    158 us for 128 x 256 on one thread against 38 (1.3 ms of a 6.3 ms (1576, 3072) one; AMD EPYC
+    7003). On AVX-512 its own stays: not measured slower there."""
+    batch, o, x = y.shape[0], eng.owned, ins[0]
+    src, dst = eng.md(step.reads[0], batch), eng.md(step.out, batch)
+    more, args = bound_post_ops(o, rest, len(GELU_TANH_CHAIN), y.ndim)
+    chain = tuple(BinaryPostOp(op.alg, src) if isinstance(op, BinaryPostOp) else op for op in GELU_TANH_CHAIN)
+    args.update({post_op_arg(at): (src, x) for at, op in enumerate(chain) if isinstance(op, BinaryPostOp)})
+    pd = o.binary_pd(BINARY_MUL, src, src, dst, o.attr(eltwises=chain + more))
+    return [eng.execute(pd, {SRC: (src, x), SRC_1: (src, x), DST: (dst, y), **args}, step)]
 
 
 def _bind_softmax(eng: OneDnnEngine, step, y, ins, scratch) -> list:
@@ -1103,6 +1130,11 @@ def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 
 
 def _bind_layernorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    """oneDNN's layer normalization, with gamma and beta as its scale and shift where the step
+    holds them (none: folded into the linear that reads it)."""
+    if not step.operands:
+        return _one_input(eng, step, y, ins, lambda o, src, dst: o.layernorm_pd(src, dst, step.attrs["eps"], 0,
+                                                                                o.attr()))
     gamma, beta = step.operands
     per_column = eng.owned.md(gamma.shape, PLAIN[1])
     return _one_input(eng, step, y, ins, lambda o, src, dst: o.layernorm_pd(src, dst, step.attrs["eps"],
@@ -1137,9 +1169,10 @@ def _batched_matmul(eng: OneDnnEngine, step, a: np.ndarray, b: np.ndarray, out: 
                     chain: tuple = ()) -> list:
     """out = a @ b (+ add, broadcast), then the eltwise post-ops ``chain``, over the leading axes
     on oneDNN's brgemm kernels (any strides they take), the add a post-op where they take it (not
-    a broadcast along the first axis: oneDNN runs that in ref:any, 3 ms for 8 µs of work), else a
-    NumPy add after; where they take neither, the engine's NumPy product on one thread, then the
-    chain as its own primitive."""
+    a broadcast along the first axis: oneDNN runs that in ref:any, 3 ms for 8 µs of work), else
+    after it (``_add_calls``, the chain its post-ops); where they take neither (AVX2 alone), the
+    engine's NumPy product on one thread, then the add and the chain, or the chain alone, as one
+    primitive."""
     o = eng.owned
     src, w, dst = o.strided(a), o.strided(b), o.strided(out)
     for add_inside in ((True, False) if add is not None else (False,)):
@@ -1155,19 +1188,28 @@ def _batched_matmul(eng: OneDnnEngine, step, a: np.ndarray, b: np.ndarray, out: 
     else:
         calls, chain_inside = eng.batched_matmul_calls(a, b, out), False
     if add is not None and not add_inside:
-        calls += _broadcast_add_calls(out, add)
-    if chain and not chain_inside:
+        calls += _add_calls(eng, step, out, add, chain if not chain_inside else ())
+    elif chain and not chain_inside:
         calls += chain_calls(eng, step, out, chain)
     return calls
 
 
-def _broadcast_add_calls(out: np.ndarray, add: np.ndarray) -> list:
-    """out += add, ``add`` broadcast along leading axes of ``out``: one NumPy add per block that
-    needs no broadcast (an in-place add with a broadcast operand allocates NumPy's buffers: 17 KiB
-    a call on T5's (4, 4, 16, 16) scores and position bias)."""
-    lead = max((k + 1 for k, (a, o) in enumerate(zip(add.shape, out.shape)) if a != o), default=0)
+def _add_calls(eng: OneDnnEngine, step, out: np.ndarray, add: np.ndarray, chain: tuple = ()) -> list:
+    """out += add, ``add`` broadcast along any axes of ``out``, then the eltwise post-ops
+    ``chain``: oneDNN's binary primitive in place, one jit call where NumPy's add with a broadcast
+    operand allocates its buffers and one add per block without one took 512 calls for a (8, 1,
+    1, 16) mask over (8, 4, 16, 16) scores: 326 us against 7.7 (AMD EPYC 7003). Where oneDNN has
+    only its reference code (a block of a per-head mask's rows, strided), those NumPy adds."""
+    o, add = eng.owned, add.reshape((1,) * (out.ndim - add.ndim) + add.shape)
+    dst, src1 = o.strided(out), o.strided(add)
+    bound, args = bound_post_ops(o, chain, 0, out.ndim)
+    pd = o.binary_pd(BINARY_ADD, dst, src1, dst, o.attr(eltwises=bound))
+    if implementation(eng.dnnl, pd).startswith("jit"):
+        return [eng.execute(pd, {SRC: (dst, out), SRC_1: (src1, add), DST: (dst, out), **args}, step)]
+    lead = max((k + 1 for k, (a, b) in enumerate(zip(add.shape, out.shape)) if a != b), default=0)
     blocks = [(ix, tuple(i if a > 1 else 0 for i, a in zip(ix, add.shape))) for ix in np.ndindex(out.shape[:lead])]
-    return [(np.add, (out[ix], add[ia], out[ix])) for ix, ia in blocks]
+    calls = [(np.add, (out[ix], add[ia], out[ix])) for ix, ia in blocks]
+    return calls + (chain_calls(eng, step, out, chain) if chain else [])
 
 
 def _bind_matmul(eng: OneDnnEngine, step, y, ins, scratch) -> list:
