@@ -1088,8 +1088,8 @@ GELU_TANH_CHAIN = ((LINEAR, 2 * math.sqrt(2 / math.pi) * 0.044715, 2 * math.sqrt
 def _gelu_tanh_calls(eng: OneDnnEngine, step, y, ins, rest: tuple) -> list:
     """GELU's tanh form without AVX-512: oneDNN's binary x * x and ``GELU_TANH_CHAIN`` as post-ops,
     then the step's further ones: one pass, as exact, where oneDNN 3.2's own gelu_tanh on AVX2 took
-    158 us for 128 x 256 on one thread against 38 (1.3 ms of a 6.3 ms (1576, 3072) one; AMD EPYC
-    7003). On AVX-512 its own stays: not measured slower there."""
+    158 us for 128 x 256 on one thread against 38, and 22.2 ms against 6.3 for 1576 x 3072 (AMD
+    EPYC 7003). On AVX-512 oneDNN's own stays (not measured there)."""
     batch, o, x = y.shape[0], eng.owned, ins[0]
     src, dst = eng.md(step.reads[0], batch), eng.md(step.out, batch)
     more, args = bound_post_ops(o, rest, len(GELU_TANH_CHAIN), y.ndim)
@@ -1170,9 +1170,8 @@ def _batched_matmul(eng: OneDnnEngine, step, a: np.ndarray, b: np.ndarray, out: 
     """out = a @ b (+ add, broadcast), then the eltwise post-ops ``chain``, over the leading axes
     on oneDNN's brgemm kernels (any strides they take), the add a post-op where they take it (not
     a broadcast along the first axis: oneDNN runs that in ref:any, 3 ms for 8 µs of work), else
-    after it (``_add_calls``, the chain its post-ops); where they take neither (AVX2 alone), the
-    engine's NumPy product on one thread, then the add and the chain, or the chain alone, as one
-    primitive."""
+    after it (``_add_calls``); where they take neither (AVX2 alone), the engine's NumPy product on
+    one thread, then the add, then the chain as its own primitive."""
     o = eng.owned
     src, w, dst = o.strided(a), o.strided(b), o.strided(out)
     for add_inside in ((True, False) if add is not None else (False,)):
@@ -1188,28 +1187,26 @@ def _batched_matmul(eng: OneDnnEngine, step, a: np.ndarray, b: np.ndarray, out: 
     else:
         calls, chain_inside = eng.batched_matmul_calls(a, b, out), False
     if add is not None and not add_inside:
-        calls += _add_calls(eng, step, out, add, chain if not chain_inside else ())
-    elif chain and not chain_inside:
+        calls += _add_calls(eng, step, out, add)
+    if chain and not chain_inside:
         calls += chain_calls(eng, step, out, chain)
     return calls
 
 
-def _add_calls(eng: OneDnnEngine, step, out: np.ndarray, add: np.ndarray, chain: tuple = ()) -> list:
-    """out += add, ``add`` broadcast along any axes of ``out``, then the eltwise post-ops
-    ``chain``: oneDNN's binary primitive in place, one jit call where NumPy's add with a broadcast
-    operand allocates its buffers and one add per block without one took 512 calls for a (8, 1,
-    1, 16) mask over (8, 4, 16, 16) scores: 326 us against 7.7 (AMD EPYC 7003). Where oneDNN has
-    only its reference code (a block of a per-head mask's rows, strided), those NumPy adds."""
+def _add_calls(eng: OneDnnEngine, step, out: np.ndarray, add: np.ndarray) -> list:
+    """out += add, ``add`` broadcast along any axes of ``out``: oneDNN's binary primitive in place,
+    one jit call, where NumPy's add with a broadcast operand allocates its buffers, and one NumPy
+    add per block without one took 512 calls for a (8, 1, 1, 16) mask over (8, 4, 16, 16) scores:
+    326 us against 7.7 (AMD EPYC 7003). Where oneDNN has only its reference code (a block of a
+    per-head mask's rows, strided), those NumPy adds."""
     o, add = eng.owned, add.reshape((1,) * (out.ndim - add.ndim) + add.shape)
     dst, src1 = o.strided(out), o.strided(add)
-    bound, args = bound_post_ops(o, chain, 0, out.ndim)
-    pd = o.binary_pd(BINARY_ADD, dst, src1, dst, o.attr(eltwises=bound))
+    pd = o.binary_pd(BINARY_ADD, dst, src1, dst, o.attr())
     if implementation(eng.dnnl, pd).startswith("jit"):
-        return [eng.execute(pd, {SRC: (dst, out), SRC_1: (src1, add), DST: (dst, out), **args}, step)]
+        return [eng.execute(pd, {SRC: (dst, out), SRC_1: (src1, add), DST: (dst, out)}, step)]
     lead = max((k + 1 for k, (a, b) in enumerate(zip(add.shape, out.shape)) if a != b), default=0)
     blocks = [(ix, tuple(i if a > 1 else 0 for i, a in zip(ix, add.shape))) for ix in np.ndindex(out.shape[:lead])]
-    calls = [(np.add, (out[ix], add[ia], out[ix])) for ix, ia in blocks]
-    return calls + (chain_calls(eng, step, out, chain) if chain else [])
+    return [(np.add, (out[ix], add[ia], out[ix])) for ix, ia in blocks]
 
 
 def _bind_matmul(eng: OneDnnEngine, step, y, ins, scratch) -> list:
