@@ -757,7 +757,7 @@ def _gelu_models():
 @pytest.mark.parametrize("model", _gelu_models(), ids=lambda m: m.name)
 @pytest.mark.parametrize("avx512", [False, True])
 def test_gelu_tanh_without_avx512_is_x_times_x_with_post_ops(monkeypatch, model, avx512):
-    """Without AVX-512, GELU's tanh form is oneDNN's binary x * x with ``GELU_TANH_CHAIN`` as its
+    """Without AVX-512, GELU's tanh form is oneDNN's binary x * x with ``gelu_tanh_chain`` as its
     post-ops (oneDNN 3.2's own gelu_tanh ran 4x slower on AVX2), with it oneDNN's own: right at
     every batch, in place or not, and where tanh saturates (inputs scaled by 8)."""
     made, real = [], onednn._gelu_tanh_calls

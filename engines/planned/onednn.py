@@ -1079,21 +1079,22 @@ def _bind_eltwise(eng: OneDnnEngine, step, y, ins, scratch) -> list:
                       lambda o, src, dst: o.eltwise_pd(alg, src, dst, alpha, beta, o.attr(eltwises=tuple(rest))))
 
 
-# GELU's tanh form, 0.5x(1 + tanh(c(x + 0.044715x^3))) with c = sqrt(2/pi), is x * logistic(2c(x +
-# 0.044715x^3)): after x * x, these post-ops (the second operand of each product x itself)
-GELU_TANH_CHAIN = ((LINEAR, 2 * math.sqrt(2 / math.pi) * 0.044715, 2 * math.sqrt(2 / math.pi)),
-                   BinaryPostOp(BINARY_MUL, None), (LOGISTIC, 0.0, 0.0), BinaryPostOp(BINARY_MUL, None))
+def gelu_tanh_chain(x_md) -> tuple:
+    """GELU's tanh form, 0.5x(1 + tanh(c(x + 0.044715x^3))) with c = sqrt(2/pi), is x * logistic(2c(x
+    + 0.044715x^3)): after x * x, these post-ops, the second operand of each product x (``x_md``)."""
+    c = 2 * math.sqrt(2 / math.pi)
+    return (LINEAR, c * 0.044715, c), BinaryPostOp(BINARY_MUL, x_md), (LOGISTIC, 0.0, 0.0), BinaryPostOp(BINARY_MUL, x_md)
 
 
 def _gelu_tanh_calls(eng: OneDnnEngine, step, y, ins, rest: tuple) -> list:
-    """GELU's tanh form without AVX-512: oneDNN's binary x * x and ``GELU_TANH_CHAIN`` as post-ops,
+    """GELU's tanh form without AVX-512: oneDNN's binary x * x and ``gelu_tanh_chain`` as post-ops,
     then the step's further ones: one pass, as exact, where oneDNN 3.2's own gelu_tanh on AVX2 took
     158 us for 128 x 256 on one thread against 38, and 22.2 ms against 6.3 for 1576 x 3072 (AMD
     EPYC 7003). On AVX-512 oneDNN's own stays (not measured there)."""
     batch, o, x = y.shape[0], eng.owned, ins[0]
     src, dst = eng.md(step.reads[0], batch), eng.md(step.out, batch)
-    more, args = bound_post_ops(o, rest, len(GELU_TANH_CHAIN), y.ndim)
-    chain = tuple(BinaryPostOp(op.alg, src) if isinstance(op, BinaryPostOp) else op for op in GELU_TANH_CHAIN)
+    chain = gelu_tanh_chain(src)
+    more, args = bound_post_ops(o, rest, len(chain), y.ndim)
     args.update({post_op_arg(at): (src, x) for at, op in enumerate(chain) if isinstance(op, BinaryPostOp)})
     pd = o.binary_pd(BINARY_MUL, src, src, dst, o.attr(eltwises=chain + more))
     return [eng.execute(pd, {SRC: (src, x), SRC_1: (src, x), DST: (dst, y), **args}, step)]
@@ -1132,14 +1133,13 @@ def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
 def _bind_layernorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     """oneDNN's layer normalization, with gamma and beta as its scale and shift where the step
     holds them (none: folded into the linear that reads it)."""
-    if not step.operands:
-        return _one_input(eng, step, y, ins, lambda o, src, dst: o.layernorm_pd(src, dst, step.attrs["eps"], 0,
-                                                                                o.attr()))
-    gamma, beta = step.operands
-    per_column = eng.owned.md(gamma.shape, PLAIN[1])
-    return _one_input(eng, step, y, ins, lambda o, src, dst: o.layernorm_pd(src, dst, step.attrs["eps"],
-                                                                            USE_SCALE | USE_SHIFT, o.attr()),
-                      more={SCALE: (per_column, gamma), SHIFT: (per_column, beta)})
+    flags, more = 0, {}
+    if step.operands:
+        gamma, beta = step.operands
+        per_column = eng.owned.md(gamma.shape, PLAIN[1])
+        flags, more = USE_SCALE | USE_SHIFT, {SCALE: (per_column, gamma), SHIFT: (per_column, beta)}
+    return _one_input(eng, step, y, ins, lambda o, src, dst: o.layernorm_pd(src, dst, step.attrs["eps"], flags,
+                                                                            o.attr()), more=more)
 
 
 def _bind_rmsnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
