@@ -196,10 +196,14 @@ KERNELS: dict[str, Kernel] = {
     "mkl-packed": Kernel("mkl", _mkl_packed_calls, prepare=_mkl_pack),
     "mkl-packed-1t": Kernel("mkl", _mkl_packed_calls, prepare=_mkl_pack, one_thread="mkl"),
     "onednn": Kernel("onednn", _onednn_calls, allocates=True),
-    "onednn-matmul": Kernel("onednn-primitives", onednn.matmul_calls, prepare=onednn.matmul_weights,
+    "onednn-matmul": Kernel("onednn-primitives", onednn.matmul_calls, prepare=onednn.primitive_weights,
                             fits=onednn.matmul_fits),
-    "onednn-matmul-1t": Kernel("onednn-primitives", onednn.matmul_calls, prepare=onednn.matmul_weights,
+    "onednn-matmul-1t": Kernel("onednn-primitives", onednn.matmul_calls, prepare=onednn.primitive_weights,
                                fits=onednn.matmul_fits, one_thread="openmp-threads"),
+    "onednn-ip": Kernel("onednn-primitives", onednn.inner_product_calls, prepare=onednn.primitive_weights,
+                        fits=onednn.inner_product_fits),
+    "onednn-ip-1t": Kernel("onednn-primitives", onednn.inner_product_calls, prepare=onednn.primitive_weights,
+                           fits=onednn.inner_product_fits, one_thread="openmp-threads"),
 }
 
 

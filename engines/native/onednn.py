@@ -3,8 +3,8 @@ project calls it through ctypes, the objects an engine owns, and its matmul as a
 
 Owns: the library handle (``load``), ``dnnl_sgemm`` typed (``sgemm``), one CPU engine and
 stream per process (``library``), the activation layout its convolutions pick on this CPU,
-weights reordered once per layout (``Weights``), and ``matmul_calls`` (``engines.kernels``'
-``onednn-matmul``). Imports nothing of the engines above it.
+weights reordered once per layout (``Weights``), and ``matmul_calls`` and ``inner_product_calls``
+(``engines.kernels``' ``onednn-matmul`` and ``onednn-ip``). Imports nothing of the engines above it.
 """
 from __future__ import annotations
 
@@ -251,6 +251,10 @@ class Owned:
     def matmul_pd(self, src, w, b, dst, attr) -> P:
         return self._keep("pd", self.dnnl.new("dnnl_matmul_primitive_desc_create", self.dnnl.engine, src, w, b, dst, attr))
 
+    def inner_product_pd(self, src, w, b, dst, attr) -> P:
+        return self._keep("pd", self.dnnl.new("dnnl_inner_product_forward_primitive_desc_create", self.dnnl.engine,
+                                              INFERENCE, src, w, b, dst, attr))
+
     def pool_pd(self, alg, src, dst, strides, kernel, dilations, pad_l, pad_r, attr) -> P:
         return self._keep("pd", self.dnnl.new(
             "dnnl_pooling_forward_primitive_desc_create", self.dnnl.engine, INFERENCE, alg, src, dst,
@@ -342,7 +346,7 @@ class Weights:
         return md, array
 
 
-_NO_ALLOCATION = "brg"     # oneDNN's matmul implementations that allocate nothing per call
+_NO_ALLOCATION = "brg"     # oneDNN's implementations that allocate nothing per call (its brgemm ones)
 
 
 def _matmul_pd(owned: Owned, src, dst, k: int, n: int, add) -> tuple[P, P]:
@@ -352,22 +356,36 @@ def _matmul_pd(owned: Owned, src, dst, k: int, n: int, add) -> tuple[P, P]:
     return owned.matmul_pd(src, owned.md((k, n), ANY), b_md, dst, owned.attr(add=add)), b_md
 
 
+def _inner_product_pd(owned: Owned, src, dst, k: int, n: int, add) -> tuple[P, P]:
+    """As ``_matmul_pd``, on oneDNN's inner product (weights (n, k) in its layout)."""
+    b_md = owned.md((n,), PLAIN[1])
+    return owned.inner_product_pd(src, owned.md((n, k), ANY), b_md, dst, owned.attr(add=add)), b_md
+
+
+# The two primitives a linear may run on: (descriptor, whether it takes the weights (k, n)
+# transposed). Below AVX-512 oneDNN 3.2 has brgemm kernels for the inner product alone: its matmul
+# is ``gemm:jit`` there, which allocates on every call
+_PRIMITIVES = {"matmul": (_matmul_pd, False), "inner_product": (_inner_product_pd, True)}
+
+
 @functools.lru_cache(maxsize=None)
-def matmul_implementation(rows: int, k: int, n: int, residual: bool) -> str:
-    """The implementation oneDNN picks here for ``matmul_calls``' primitive at these sizes. Its
-    brgemm kernels (``brg:avx512_core``, ...) work in the user scratchpad; below AVX-512 oneDNN 3.2
-    picks ``gemm:jit:f32``, which allocates its packing buffers on every call (17 KB at 256 rows
-    under memray, Intel Xeon with ONEDNN_MAX_CPU_ISA=AVX2)."""
+def implementation_for(primitive: str, rows: int, k: int, n: int, residual: bool) -> str:
+    """The implementation oneDNN picks here for ``linear_calls``' ``primitive`` at these sizes.
+    Its brgemm kernels (``brg:avx512_core``, ``brgemm:avx2``, ...) work in the user scratchpad;
+    below AVX-512 oneDNN 3.2's matmul is ``gemm:jit:f32``, which allocates its packing buffers on
+    every call (17 KB at 256 rows under memray, Intel Xeon with ONEDNN_MAX_CPU_ISA=AVX2)."""
     dnnl = library()
     owned = Owned(dnnl)
     try:
         src, dst = owned.md((rows, k), PLAIN[2]), owned.md((rows, n), PLAIN[2])
-        pd, _ = _matmul_pd(owned, src, dst, k, n, dst if residual else None)
-        impl = ctypes.c_char_p()
-        dnnl.check(dnnl.lib.dnnl_primitive_desc_query(pd, Q_IMPL, 0, ctypes.byref(impl)), "implementation query")
-        return impl.value.decode()
+        pd, _ = _PRIMITIVES[primitive][0](owned, src, dst, k, n, dst if residual else None)
+        return implementation(dnnl, pd)
     finally:
         owned.release()
+
+
+def matmul_implementation(rows: int, k: int, n: int, residual: bool) -> str:
+    return implementation_for("matmul", rows, k, n, residual)
 
 
 def matmul_fits(gemm) -> bool:
@@ -375,28 +393,47 @@ def matmul_fits(gemm) -> bool:
     return matmul_implementation(gemm.rows, gemm.k, gemm.n, gemm.residual).startswith(_NO_ALLOCATION)
 
 
-def matmul_weights(w: np.ndarray) -> Weights:
-    """What ``matmul_calls`` keeps per weight matrix: its layouts."""
+def inner_product_fits(gemm) -> bool:
+    """Whether oneDNN's inner product runs this ``kernels.Gemm`` allocating nothing per call."""
+    return implementation_for("inner_product", gemm.rows, gemm.k, gemm.n, gemm.residual).startswith(_NO_ALLOCATION)
+
+
+def primitive_weights(w: np.ndarray) -> Weights:
+    """What ``matmul_calls`` and ``inner_product_calls`` keep per weight matrix: its layouts."""
     return Weights(library())
 
 
-def matmul_calls(x2, y2, w, b, b_tiled, residual, weights: Weights) -> list:
-    """y2 = x2 @ w + b (+ residual) as one call of oneDNN's matmul primitive: w in the layout
-    the primitive picks (reordered once, kept in ``weights``), the residual added as each output
-    block is written (a binary post-op), a scratchpad of its own. Nothing is allocated per call.
-    ``kernels``' signature: the bias is in the primitive, ``b_tiled`` unused."""
+def linear_calls(primitive: str, x2, y2, w, b, residual, weights: Weights) -> list:
+    """y2 = x2 @ w + b (+ residual) as one call of oneDNN's ``primitive`` ("matmul" or
+    "inner_product"): w in the layout the primitive picks (reordered once, kept in ``weights``),
+    the residual added as each output block is written (a binary post-op), a scratchpad of its
+    own. Nothing is allocated per call where the implementation is a brgemm one (``*_fits``)."""
     dnnl = weights.owned.dnnl
     owned = Owned(dnnl)
+    make_pd, transposed = _PRIMITIVES[primitive]
     src, dst = owned.strided(x2), owned.strided(y2)
     add = None if residual is None else owned.strided(residual)
-    pd, b_md = _matmul_pd(owned, src, dst, *w.shape, add)
-    args = {SRC: (src, x2), BIAS: (b_md, b), DST: (dst, y2), WEIGHTS: weights.take(pd, owned.strided(w), w)}
+    pd, b_md = make_pd(owned, src, dst, *w.shape, add)
+    args = {SRC: (src, x2), BIAS: (b_md, b), DST: (dst, y2),
+            WEIGHTS: weights.take(pd, owned.strided(w.T if transposed else w), w)}
     if residual is not None:
         args[POST_OP_SRC1] = (add, residual)
     size = dnnl.lib.dnnl_memory_desc_get_size(dnnl.scratchpad_md(pd))
     (fn, call_args), _ = dnnl.call(owned, pd, args, aligned_empty(-(-size // 4)))
     weakref.finalize(call_args[3], owned.release)     # the primitive lives as long as its call
     return [(fn, call_args)]
+
+
+def matmul_calls(x2, y2, w, b, b_tiled, residual, weights: Weights) -> list:
+    """``linear_calls`` on oneDNN's matmul (``kernels``' signature: ``b_tiled`` unused)."""
+    return linear_calls("matmul", x2, y2, w, b, residual, weights)
+
+
+def inner_product_calls(x2, y2, w, b, b_tiled, residual, weights: Weights) -> list:
+    """``linear_calls`` on oneDNN's inner product: brgemm kernels on AVX2 too, where the matmul
+    has none (a 4 x 768 x 3072 linear on cold weights, AMD EPYC without AVX-512, two threads:
+    332 us, against 674 on the matmul's allocating ``gemm:jit`` and 1073 in NumPy on one thread)."""
+    return linear_calls("inner_product", x2, y2, w, b, residual, weights)
 
 
 @functools.lru_cache(maxsize=None)
