@@ -174,20 +174,28 @@ def test_linears_run_on_onednns_matmul_where_it_allocates_nothing(model_name, mo
     np.testing.assert_allclose(np.asarray(worker.forward(x), np.float64), model.reference(x), atol=1e-4, rtol=1e-4)
 
 
-def test_below_avx512_the_matmul_that_would_allocate_is_not_chosen(tmp_path):
+def test_below_avx512_the_matmul_that_would_allocate_is_not_chosen_and_the_inner_product_is(tmp_path):
     """oneDNN 3.2 capped at AVX2 runs matmul on its jit gemm, which allocates per call: no linear
-    takes it then, tuned or not (a process of its own: the cap is read when oneDNN loads)."""
+    takes it then, tuned or not; its inner product has brgemm kernels there, and is measured for
+    every linear, right (a process of its own: the cap is read when oneDNN loads)."""
     import subprocess
     import sys
     code = (
-        "from engines import ENGINES, MODELS\nfrom engines.native import onednn\n"
+        "import numpy as np\nfrom engines import ENGINES, MODELS\nfrom engines.native import onednn\n"
         "assert onednn.matmul_implementation(8, 64, 64, False).startswith('gemm:jit'), "
         "onednn.matmul_implementation(8, 64, 64, False)\n"
+        "for shape in ((1, 64, 64, False), (4, 768, 3072, True), (256, 96, 384, False)):\n"
+        "    assert onednn.implementation_for('inner_product', *shape).startswith('brgemm'), shape\n"
         "model = MODELS['mlp'](dim=64, seed=3)\n"
+        "x = model.random_input(4, rng=1)\n"
         "for tune in ('0', '1'):\n"
         "    import os; os.environ['MLEXEC_TUNE'] = tune\n"
-        "    chosen = {e['kernel'] for e in ENGINES['onednn'](model, 4).report()['kernels']}\n"
-        "    assert 'onednn-matmul' not in chosen, chosen\n")
+        "    engine = ENGINES['onednn'](model, 4)\n"
+        "    report = engine.report()['kernels']\n"
+        "    chosen = {e['kernel'] for e in report}\n"
+        "    assert 'onednn-matmul' not in chosen, chosen\n"
+        "    assert tune == '0' or all('onednn-ip' in e['candidates_us'] for e in report), report\n"
+        "    np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-4, atol=1e-4)\n")
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "MLEXEC_CACHE_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
