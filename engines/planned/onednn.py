@@ -1,7 +1,7 @@
 """onednn: fused's steps, with a CNN's convolutions, pools, LRN, channel concats, slices and shuffles, and
 the batchnorms and ReLUs between them, run as oneDNN primitives on activations held in the
-layout oneDNN's convolutions take on this CPU, and the linears on oneDNN's matmul primitive
-(``kernels``' ``onednn-matmul``, ``matmul_calls``).
+layout oneDNN's convolutions take on this CPU, and the linears on oneDNN's matmul or inner product
+primitive (``kernels``' ``onednn-matmul`` and ``onednn-ip``), where measured fastest.
 
 im2col and one GEMM per conv (``packed``) ran ResNet-50 at 1.9x ONNX Runtime's time: MKL's
 GEMMs alone, at 230-320 GFLOP/s on its shapes, took longer than ONNX Runtime's whole forward,
@@ -19,9 +19,10 @@ fewer channels than a block (an RGB stem), which reads NCHW itself. Twins are pl
 Memory. Every primitive's scratchpad is user-managed: one buffer per engine (and worker), the
 largest any of its primitives asks; weights are reordered into each primitive's layout once.
 Nothing is allocated per forward. Threads: oneDNN's CPU build on GNU OpenMP (the ``onednn``
-extra, ``onednn-cpu-gomp``). A linear runs on oneDNN's matmul where that allocates nothing
-(``matmul_fits``), else on a one-thread kernel, so that no second pool spins beside OpenMP's;
-which is measured at build time (``engines.kernels``).
+extra, ``onednn-cpu-gomp``). A linear runs on oneDNN's matmul or inner product where that
+allocates nothing (``matmul_fits``, ``inner_product_fits``: below AVX-512 only the inner product
+does), on MKL's GEMMs on the same pool, or on a one-thread kernel, so that no second pool spins
+beside OpenMP's; which is measured at build time (``engines.kernels``).
 """
 from __future__ import annotations
 
