@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import functools
 import weakref
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -362,10 +363,17 @@ def _inner_product_pd(owned: Owned, src, dst, k: int, n: int, add) -> tuple[P, P
     return owned.inner_product_pd(src, owned.md((n, k), ANY), b_md, dst, owned.attr(add=add)), b_md
 
 
-# The two primitives a linear may run on: (descriptor, whether it takes the weights (k, n)
-# transposed). Below AVX-512 oneDNN 3.2 has brgemm kernels for the inner product alone: its matmul
-# is ``gemm:jit`` there, which allocates on every call
-_PRIMITIVES = {"matmul": (_matmul_pd, False), "inner_product": (_inner_product_pd, True)}
+class _LinearPrimitive(NamedTuple):
+    """A primitive a linear may run on: its descriptor, and whether it takes the weights (k, n)
+    transposed."""
+    pd: Callable
+    transposed: bool
+
+
+# Below AVX-512 oneDNN 3.2 has brgemm kernels for the inner product alone: its matmul is
+# ``gemm:jit`` there, which allocates on every call
+_PRIMITIVES = {"matmul": _LinearPrimitive(_matmul_pd, False),
+               "inner_product": _LinearPrimitive(_inner_product_pd, True)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -378,7 +386,7 @@ def implementation_for(primitive: str, rows: int, k: int, n: int, residual: bool
     owned = Owned(dnnl)
     try:
         src, dst = owned.md((rows, k), PLAIN[2]), owned.md((rows, n), PLAIN[2])
-        pd, _ = _PRIMITIVES[primitive][0](owned, src, dst, k, n, dst if residual else None)
+        pd, _ = _PRIMITIVES[primitive].pd(owned, src, dst, k, n, dst if residual else None)
         return implementation(dnnl, pd)
     finally:
         owned.release()
@@ -410,12 +418,12 @@ def linear_calls(primitive: str, x2, y2, w, b, residual, weights: Weights) -> li
     own. Nothing is allocated per call where the implementation is a brgemm one (``*_fits``)."""
     dnnl = weights.owned.dnnl
     owned = Owned(dnnl)
-    make_pd, transposed = _PRIMITIVES[primitive]
+    kind = _PRIMITIVES[primitive]
     src, dst = owned.strided(x2), owned.strided(y2)
     add = None if residual is None else owned.strided(residual)
-    pd, b_md = make_pd(owned, src, dst, *w.shape, add)
+    pd, b_md = kind.pd(owned, src, dst, *w.shape, add)
     args = {SRC: (src, x2), BIAS: (b_md, b), DST: (dst, y2),
-            WEIGHTS: weights.take(pd, owned.strided(w.T if transposed else w), w)}
+            WEIGHTS: weights.take(pd, owned.strided(w.T if kind.transposed else w), w)}
     if residual is not None:
         args[POST_OP_SRC1] = (add, residual)
     size = dnnl.lib.dnnl_memory_desc_get_size(dnnl.scratchpad_md(pd))
