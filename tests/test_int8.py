@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, make_engine, subprocess_env
 from engines import ENGINES, MODELS, EngineUnavailable
 from engines.native.onednn_int8 import quantize_columns
-from engines.planned.int8 import LEVELS, Int8Engine
+from engines.planned.int8 import LEVELS, Int8Engine, shifted, weight_levels
 
 # The zoo at the benchmark grid's sizes (and one deeper): the figures docs/int8.md derives the
 # tolerance from, checked on inputs of seeds the derivation did not use
@@ -45,7 +45,8 @@ def test_weights_quantized_per_output_channel_and_held_as_one_byte():
     engine = make_engine("int8", model, 4)
     w = model.params["fc1.w"]                       # fc1 reads the input: nothing folded into it
     first = engine.quantized_linears[0]
-    np.testing.assert_allclose(first.scales, np.abs(w).max(axis=0) / LEVELS, rtol=1e-6)
+    levels = weight_levels(None, shifted(None, unsigned=False))    # 64 beside a shifted source (AVX2 alone)
+    np.testing.assert_allclose(first.scales, np.abs(w).max(axis=0) / levels, rtol=1e-6)
     q, scales = quantize_columns(w, LEVELS)
     assert q.dtype == np.int8 and np.abs(q).max(axis=0).min() == LEVELS      # every column uses its range
     assert np.max(np.abs(q * scales.astype(np.float64) - w)) <= scales.max() / 2 * (1 + 1e-6)
@@ -162,21 +163,28 @@ def test_the_report_lists_each_linear_once_per_batch_bound():
 def test_onednn_runs_s8_weights_and_8_bit_activations(isa):
     """oneDNN's own log of the products a forward runs: 8-bit sources and weights, f32 out, none
     in float. ``ONEDNN_MAX_CPU_ISA=AVX2`` makes any x86 CPU one without int8 dot products, where
-    the linears run as 1x1 int8 convolutions (``ConvForm``); elsewhere they are matmuls."""
+    the linears run as 1x1 int8 convolutions (``ConvForm``) and a signed input as u8 levels around
+    a zero point (``shifted``); elsewhere they are matmuls."""
     make_engine("int8", MODELS["mlp"](dim=16), 1)             # skips without oneDNN
     code = ("from engines import ENGINES, MODELS\n"
             "m = MODELS['mlp'](dim=256)\n"
             "e = ENGINES['int8'](m, 4)\n"
             "e.forward(m.random_input(4, 0))\n"
-            "print('float products:', e.report()['float_products'])\n")
+            "print('float products:', e.report()['float_products'])\n"
+            "from engines.planned.int8 import saturating\n"
+            "print('saturating:', saturating())\n")
     env = {**subprocess_env(), "ONEDNN_VERBOSE": "1", **({"ONEDNN_MAX_CPU_ISA": isa} if isa else {})}
     log = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=120, check=True).stdout
     products = [line for line in log.splitlines()
                 if line.startswith(("onednn_verbose,exec,cpu,matmul", "onednn_verbose,exec,cpu,convolution"))]
     assert products and all("wei_s8" in line and "dst_f32" in line for line in products)
-    assert {("src_u8" in line) for line in products} == {True, False}      # fc1 s8, fc2 (after ReLU) u8
     assert "float products: []" in log
+    if "saturating: True" in log:       # fc1 u8 around zero point 128, its weights not halved; fc2 u8
+        assert all("src_u8" in line and "sa0.5" not in line for line in products), products
+        assert {("attr-zero-points:src0" in line) for line in products} == {True, False}, products
+    else:
+        assert {("src_u8" in line) for line in products} == {True, False}      # fc1 s8, fc2 (after ReLU) u8
     if isa:
         assert all(",convolution," in line and "jit_uni_int8" in line for line in products), products
 

@@ -20,8 +20,9 @@ each output block is written, post-ops: the row scales (a binary multiply by a (
 the bias, a residual and the activation. No s32 array exists in engine memory. Each matmul shape
 runs on the brgemm implementation (AMX or VNNI) and the threads (OpenMP's pool or one) measured
 fastest here at build time (``MLEXEC_TUNE=0``: a fixed rule). On a CPU with neither (AVX2 alone,
-``saturating``) a linear is a 1x1 int8 convolution over its rows, u8 activations take 127 levels
-and weights beside a file's u8 grid 64, so that no 16-bit pair sum overflows (docs/int8.md).
+``saturating``) a linear is a 1x1 int8 convolution over its rows, u8 activations take 127 levels,
+a signed one u8 levels around zero point 128 (``shifted``), and weights beside those or a file's
+u8 grid 64, so that no 16-bit pair sum overflows (docs/int8.md).
 
 What stays float32, and why: layernorm's standardize, softmax, gelu, attention's per-head
 products (activation x activation, both made at run time: quantizing both per call costs passes
@@ -62,7 +63,8 @@ from .onednn import (SUM_KINDS, OneDnnEngine, bind_binary as bind_float_binary, 
                      fake_quant_chain, following_post_ops, pool_call)
 
 LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly representable
-NARROW_LEVELS = 64              # s8 weights beside a file's u8 grid where pairs saturate (weight_levels)
+NARROW_LEVELS = 64              # s8 weights beside a u8 source off zero where pairs saturate (weight_levels)
+SHIFT = np.array([128], np.int32)   # the zero point of a signed input's u8 levels where pairs saturate (shifted)
 TINY = np.float32(1e-30)        # an all-zero row's scale: its values quantize to 0 without a 0/0
 ONE_THREAD = "openmp-threads"   # the pool a small linear's matmul runs on at one thread
 # oneDNN's int8 matmul implementations a linear may run on: its brgemm kernels on AMX tiles and on
@@ -226,7 +228,8 @@ class Int8Engine(OneDnnEngine):
         w32, b32 = step.operands
         win, group, _ = conv_attrs(step.attrs["conv"])
         grid = _file_grid(lw, op.inputs[0])
-        q, scales = quantize_columns(w32.reshape(w32.shape[0], -1).T, weight_levels(grid))
+        unsigned = grid[2] == 0 if grid else _non_negative(lw, step.reads[0])
+        q, scales = quantize_columns(w32.reshape(w32.shape[0], -1).T, weight_levels(grid, shifted(grid, unsigned)))
         plain = np.ascontiguousarray(q.T).reshape(w32.shape)
         if group > 1:                                   # oneDNN's grouped weights: (g, oc / g, ic / g, kh, kw)
             plain = plain.reshape(group, w32.shape[0] // group, *w32.shape[1:])
@@ -237,7 +240,6 @@ class Int8Engine(OneDnnEngine):
         self.quantized_linears.append(linear)
         src_shape = self.shapes[step.reads[0]]
         size = math.prod(src_shape)
-        unsigned = grid[2] == 0 if grid else _non_negative(lw, step.reads[0])
         writer = _integer_writer(lw, step.reads[0], op.inputs[0], grid)
         copy, made = (None, []) if writer is not None else self._integer_copy(lw, op.inputs[0], step.reads[0], grid)
         reads, scratch = step.reads, ()
@@ -251,7 +253,8 @@ class Int8Engine(OneDnnEngine):
                        lw.buffer(op.output + ".amax", (1,)))
         conv = FusedStep("int8_conv", step.out, reads, scratch, (linear,),
                          {**step.attrs, "channels": lw.model.shapes[op.inputs[0]][0], "group": group, "grid": grid,
-                          "unsigned": unsigned, "integer_input": scratch == (), "zero_point_folded": folded})
+                          "unsigned": unsigned, "shifted": shifted(grid, unsigned), "integer_input": scratch == (),
+                          "zero_point_folded": folded})
         return [*made, conv]
 
     def _quantized_step(self, lw: Lowering, step: FusedStep, grid: tuple | None) -> FusedStep:
@@ -259,7 +262,8 @@ class Int8Engine(OneDnnEngine):
         channel; scratch for the activations' 8-bit copy (4 per float slot), their row minima and
         their row scales. ``grid``: a quantized file's step its input lies on (``_file_grid``)."""
         w32, b32 = step.operands[:2]
-        q, scales = quantize_columns(w32, weight_levels(grid))
+        unsigned = grid[2] == 0 if grid else _non_negative(lw, step.reads[0])
+        q, scales = quantize_columns(w32, weight_levels(grid, shifted(grid, unsigned)))
         folded = bool(grid and grid[1])                 # a product has no pads: always exact, always done
         bias = _zero_point_folded(b32, q, scales, grid) if folded else b32
         linear = QuantizedLinear(QuantizedWeights(self.dnnl, _one(q)), scales, np.ascontiguousarray(bias, np.float32))
@@ -267,13 +271,12 @@ class Int8Engine(OneDnnEngine):
         src_shape = self.shapes[step.reads[0]]
         lead, k = src_shape[:-1], src_shape[-1]
         rows = lead if self.row_scales else (1,) * len(lead)
-        unsigned = grid[2] == 0 if grid else _non_negative(lw, step.reads[0])
         scratch = (lw.buffer(step.out + ".q8", (*lead, -(-k // 4))),
                    lw.buffer(step.out + ".min", _minima_shape(src_shape, (*rows, 1), signed=not (grid or unsigned))),
                    lw.buffer(step.out + ".amax", (*rows, 1)))
         return FusedStep("int8_linear", step.out, step.reads, scratch, (linear,),
                          {"relu": step.kind == "linear_relu", "residual": step.kind == "linear_add", "grid": grid,
-                          "unsigned": unsigned, "zero_point_folded": folded})
+                          "unsigned": unsigned, "shifted": shifted(grid, unsigned), "zero_point_folded": folded})
 
     # --- binding -----------------------------------------------------------------------------
 
@@ -343,11 +346,22 @@ def _fake_quant_grid(a: dict) -> tuple[float, int, int] | None:
     return a["scale"], a["zero_point"], a["lo"]
 
 
-def weight_levels(grid: tuple | None) -> int:
-    """The levels of a product's s8 weights: 127, or where its input is a file's u8 grid and u8 x s8
-    pairs saturate (``saturating``) 64, ONNX Runtime's ``reduce_range`` (255 x 64 x 2 fits 16 bits).
-    A file quantized so for such a CPU keeps its integers; another is requantized."""
-    return NARROW_LEVELS if grid and grid[2] == 0 and saturating() else LEVELS
+def weight_levels(grid: tuple | None, shifted_source: bool = False) -> int:
+    """The levels of a product's s8 weights: 127, or where u8 x s8 pairs saturate (``saturating``)
+    and its input is a file's u8 grid or a ``shifted`` one, 64, ONNX Runtime's ``reduce_range``
+    (255 x 64 x 2 fits 16 bits). A file quantized so for such a CPU keeps its integers; another is
+    requantized."""
+    return NARROW_LEVELS if (grid and grid[2] == 0 or shifted_source) and saturating() else LEVELS
+
+
+def shifted(grid: tuple | None, unsigned: bool) -> bool:
+    """Whether a signed input quantized at run time (no file grid) takes u8 levels around zero point
+    ``SHIFT`` (the s8 ones 128 up: the same values; oneDNN subtracts it) where pairs saturate
+    (``saturating``), its weights 64 levels (``weight_levels``). From an s8 source oneDNN halves
+    weights already rounded to 127 levels, rounding twice: AVX2 AMD EPYC, relative L2 error at b8
+    2.47 -> 2.05 % (mlp d1024), 1.86 -> 1.50 % (transformer d256); the transformer's forward
+    1.03-1.24x faster, the mlp's level (docs/int8.md)."""
+    return not grid and not unsigned and saturating()
 
 
 def _integer_writer(lw: Lowering, buffer: str, tensor: str, grid: tuple | None) -> int | None:
@@ -554,8 +568,8 @@ def _non_negative(lw: Lowering, buffer: str) -> bool:
 def saturating() -> bool:
     """Whether oneDNN's int8 kernels here sum u8 x s8 products in pairs in 16 bits, saturating
     (``onednn_int8.int8_dot_product``: AVX2 without VNNI). There u8 activations take 127 levels,
-    not 255 (127 x 127 x 2 fits 16 bits: the sums are exact), weights beside a file's u8 grid 64
-    (``weight_levels``), and linears run as 1x1 convolutions (``ConvForm``)."""
+    not 255 (127 x 127 x 2 fits 16 bits: the sums are exact), weights beside a ``shifted`` source or
+    a file's u8 grid 64 (``weight_levels``), and linears run as 1x1 convolutions (``ConvForm``)."""
     return not int8_dot_product(library())
 
 
@@ -564,9 +578,10 @@ def levels_of(q: np.ndarray) -> int:
 
 
 def quantize_calls(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, lo: np.ndarray, amax: np.ndarray,
-                   per_row: bool) -> list:
+                   per_row: bool, zero_point: np.ndarray | None = None) -> list:
     """The calls that write ``q`` (rows, k) = round(x2 / scale) and leave the scale in ``amax``:
-    s8 with scale = max |x| / 127, or for a u8 ``q`` (x2 known non-negative) max x / 255, per row
+    s8 with scale = max |x| / 127 (u8 with ``zero_point`` added: ``shifted``), or for a u8 ``q``
+    (x2 known non-negative) max x / 255, per row
     (``amax`` (rows, 1)) or over the tensor (``amax`` (1, 1)). ``lo`` holds |x2| where it has room
     for x2 whole and x2 is small (``MAGNITUDE_MAX``), else the negated minima.
 
@@ -581,7 +596,7 @@ def quantize_calls(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, lo: n
     saturates."""
     inverse = 1.0 / levels_of(q)
     top = ((LINEAR, inverse, 0.0), (CLIP, float(TINY), np.inf))      # x / levels, at least TINY
-    signed = q.dtype != np.uint8
+    signed = q.dtype != np.uint8 or zero_point is not None
     small = signed and lo.size >= x2.size and x2.size <= MAGNITUDE_MAX
     if small:                                          # max |x| from one reduction of |x|
         magnitude = lo.reshape(-1)[:x2.size].reshape(x2.shape)
@@ -592,7 +607,7 @@ def quantize_calls(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, lo: n
                  + _reduction(eng, step, REDUCTION_MAX, x2, amax, [lo], top))
     else:
         calls = _reduction(eng, step, REDUCTION_MAX, x2, amax, [], top)
-    return calls + _scaled_cast(eng, step, x2, q, amax.reshape(-1), per_row)
+    return calls + _scaled_cast(eng, step, x2, q, amax.reshape(-1), per_row, zero_point)
 
 
 def _reduction(eng: "Int8Engine", step, alg: int, x2: np.ndarray, out: np.ndarray, maxima: list, chain: tuple) -> list:
@@ -766,9 +781,9 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     (linear,), attrs = step.operands, step.attrs
     x2, y2 = rows2d(ins[0]), rows2d(y)
     k, n = linear.weights.shape[-2:]
-    q = rows2d(scratch[0]).view(np.uint8 if attrs["unsigned"] else np.int8)[:, :k]
+    q = rows2d(scratch[0]).view(np.uint8 if attrs["unsigned"] or attrs["shifted"] else np.int8)[:, :k]
     lo, amax = rows2d(scratch[1]), rows2d(scratch[2])
-    zero_point = None
+    zero_point = SHIFT if attrs["shifted"] else None
     if attrs["grid"]:                                  # the file's scale and zero point
         amax, zero_point = _grid_operands(attrs["grid"])
     elif not eng.row_scales:
@@ -779,16 +794,17 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     rescale = conv_form
     if conv_form:
         for rescale in (False, True) if _conv_takes_all(step, x2, eng.row_scales) else (True,):
-            mm = _conv_form(eng, step, q, y2, amax, ins, rescale)
+            mm = _conv_form(eng, step, q, y2, amax, ins, rescale, SHIFT if attrs["shifted"] else None)
             brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in CONV_FORM]
             if brgemm:
                 break
     if not brgemm:          # e.g. ONNX's 1 x 25 x 25 test products: no brgemm kernel takes them
         return _float_linear(eng, step, x2, y2, ins)
     quantize = (_scaled_cast(eng, step, x2, q, amax, False, zero_point) if attrs["grid"]
-                else quantize_calls(eng, step, x2, q, lo, amax, eng.row_scales))
+                else quantize_calls(eng, step, x2, q, lo, amax, eng.row_scales, zero_point))
     scaling = "grid" if attrs["grid"] else eng.row_scales
-    variant = eng.variant((x2.shape[0], k, n, q.dtype.name, attrs["relu"], attrs["residual"], scaling,
+    source = "u8+128" if attrs["shifted"] else q.dtype.name
+    variant = eng.variant((x2.shape[0], k, n, source, attrs["relu"], attrs["residual"], scaling,
                            len(attrs.get("epilogue", ()))), brgemm,
                           lambda v: _trial_calls(mm, v, linear.weights))
 
@@ -842,26 +858,32 @@ def _conv_takes_all(step, x2: np.ndarray, row_scales: bool) -> bool:
 
 
 def _conv_form(eng: Int8Engine, step, q: np.ndarray, y2: np.ndarray, amax: np.ndarray, ins,
-               rescale: bool) -> ConvForm:
+               rescale: bool, zero_point: np.ndarray | None) -> ConvForm:
     """The linear as a ``ConvForm``: writing the products times the weight scales, for
     ``_rescale_calls`` to finish (``rescale``), or, with one source scale (``_conv_takes_all``),
     the whole step: the scales, the bias, a residual, the ReLU and the epilogue in the primitive
-    (mlp b1 d256, AVX2 AMD EPYC 7003: a forward in 29.4 us against 43.4 with the rescale step)."""
+    (mlp b1 d256, AVX2 AMD EPYC 7003: a forward in 29.4 us against 43.4 with the rescale step).
+    A ``shifted`` source's ``zero_point`` is oneDNN's run-time one: it subtracts it exactly."""
     (linear,), attrs, o = step.operands, step.attrs, eng.typed
     n = len(linear.scales)
     pixels, out = _pixels(q), _pixels(y2)
     src, dst = o.strided(pixels), o.strided(out)
     args = {SRC: (src, pixels), DST: (dst, out),
             ATTR_SCALES | WEIGHTS: (o.typed((n,), PLAIN[1], np.float32), linear.scales)}
+    zero_points = None
+    if zero_point is not None and not attrs["grid"]:    # a file's is in the bias (``_zero_point_folded``)
+        zero_points = {SRC: 0}
+        args[ATTR_ZERO_POINTS | SRC] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
     if rescale:
-        return ConvForm(o, src, dst, None, o.quantized_attr({WEIGHTS: PER_OUT_CHANNEL}, []), args, q.shape[1], n)
+        attr = o.quantized_attr({WEIGHTS: PER_OUT_CHANNEL}, [], zero_points=zero_points)
+        return ConvForm(o, src, dst, None, attr, args, q.shape[1], n)
     bias_md = o.strided(linear.bias)
     args[BIAS] = (bias_md, linear.bias)
     args[ATTR_SCALES | SRC] = (o.typed((1,), PLAIN[1], np.float32), amax.reshape(1))
     residual = [(BINARY_ADD, _pixels(rows2d(ins[1])))] if attrs["residual"] else []
     described, chain, more = _post_ops(o, attrs, residual, 4)
     args.update(more)
-    attr = o.quantized_attr({SRC: 0, WEIGHTS: PER_OUT_CHANNEL}, described, chain)
+    attr = o.quantized_attr({SRC: 0, WEIGHTS: PER_OUT_CHANNEL}, described, chain, zero_points=zero_points)
     return ConvForm(o, src, dst, bias_md, attr, args, q.shape[1], n)
 
 
@@ -902,7 +924,7 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     win, group, _ = conv_attrs(attrs["conv"])
     hw = ins[0].shape[-2:]
     x2 = ins[0].reshape(batch, -1)
-    dtype = np.uint8 if attrs["unsigned"] else np.int8
+    dtype = np.uint8 if attrs["unsigned"] or attrs["shifted"] else np.int8
     zero_point, calls = None, []
     if attrs["grid"]:                                  # the file's scale and zero point, every sample
         scale, zero_point = _grid_operands(attrs["grid"])
@@ -919,6 +941,8 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     dst, out, more = eng.md(step.out, n), y, {}
     scales, zero_points = {SRC: 0, WEIGHTS: PER_GROUP_CHANNEL if group > 1 else PER_OUT_CHANNEL}, {}
     conv = attrs["conv"]
+    if attrs["shifted"]:
+        zero_point = SHIFT
     if zero_point is not None and zero_point.any() and not attrs["zero_point_folded"]:    # else none to apply
         zero_points[SRC] = 0
         more[ATTR_ZERO_POINTS | SRC] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
@@ -938,7 +962,7 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     if not attrs["grid"]:
         if implementation(eng.dnnl, pd).startswith("ref") and not attrs.get("dst_grid"):
             return _float_conv(eng, step, y, ins, scratch)
-        calls = quantize_calls(eng, step, x2, q2, scratch[1], amax, True)
+        calls = quantize_calls(eng, step, x2, q2, scratch[1], amax, True, SHIFT if attrs["shifted"] else None)
     if attrs["residual"] and step.reads[1] != step.out:
         calls.append((np.copyto, (y, ins[1])))
     weights = linear.weights.take(pd)
