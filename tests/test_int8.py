@@ -80,12 +80,13 @@ def test_a_row_does_not_depend_on_the_rest_of_the_batch():
     np.testing.assert_array_equal(both[:1], alone)
 
 
-def test_building_it_warns_of_nothing(monkeypatch):
+def test_building_it_warns_of_nothing(monkeypatch, tmp_path):
     """Its kernel and thread trials time whole forwards before any forward of the caller's: each on
     a fresh seeded input (the plan reuses the input's buffer), not on what the last one left."""
-    monkeypatch.setenv("MLEXEC_TUNE", "1")                  # the trials run
-    monkeypatch.setattr(Int8Engine, "chosen", {})
-    monkeypatch.setattr(Int8Engine, "timings", {})
+    from engines import kernels
+    monkeypatch.setenv(kernels.TUNE_ENV, "1")               # the trials run: nothing cached or remembered
+    monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(kernels.choice, "_MEMO", {})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         make_engine("int8", MODELS["transformer"](dim=16, seq=4, heads=2), 256)
@@ -215,6 +216,28 @@ def test_every_variant_gives_the_same_result(implementation, one_thread):
     np.testing.assert_allclose(engine.forward(x), expected, rtol=1e-5, atol=1e-5)
     matmuls = {p["implementation"] for p in engine.report()["primitives"] if p["kind"] == "int8_linear"}
     assert matmuls == {implementation}
+
+
+def test_the_variants_are_measured_once_per_machine_and_then_read_from_the_kernel_cache(monkeypatch, tmp_path):
+    """A second build, as a new process would make it, reads every matmul's variant from the
+    kernel cache (``kernels.cached_or_measured``) and measures nothing; before, each process
+    measured them again, and on a busy 2-core host chose differently from run to run."""
+    from engines import kernels
+    from engines.planned import int8
+    monkeypatch.setattr(kernels.timing, "waiting_seconds", lambda: 0.0)     # idle, as the busy check sees it
+    monkeypatch.setattr(kernels.timing, "others_cpu_seconds", lambda: 0.0)
+    monkeypatch.setenv(kernels.TUNE_ENV, "1")
+    monkeypatch.setenv(kernels.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(kernels.choice, "_MEMO", {})
+    model = MODELS["mlp"](dim=64, seed=2)
+    first = make_engine("int8", model, 2).report()["int8_matmuls"]
+    assert first and all(m["how"] == "measured" and len(m["candidates_us"]) >= 2 for m in first), first
+    (path,) = tmp_path.glob("kernels-*.json")
+    assert sum(entry.startswith("int8|") for entry in kernels.cache.read(path)) == len(first)
+    monkeypatch.setattr(kernels.choice, "_MEMO", {})                      # as a new process would
+    monkeypatch.setattr(int8, "measure_forwards", lambda *a, **k: pytest.fail("measured again"))
+    again = make_engine("int8", model, 2).report()["int8_matmuls"]
+    assert [(m["gemm"], m["variant"], m["how"]) for m in again] == [(m["gemm"], m["variant"], "cached") for m in first]
 
 
 def test_a_batch_size_bound_later_gets_its_layout_from_the_held_one():

@@ -40,7 +40,9 @@ the fastest.
 - **Cache**: the choices are kept per machine (CPU model and flags, library
   versions, thread count) in ``$MLEXEC_CACHE_DIR`` or
   ``$XDG_CACHE_HOME/mlexec`` (``~/.cache/mlexec``), one JSON file per machine,
-  written atomically; a second build on the same machine measures nothing.
+  written atomically; a second build on the same machine measures nothing. Choices of what
+  the table does not hold (the int8 engine's variants) go through the same cache
+  (``cached_or_measured``).
   A measurement during which this process's threads waited for a core, or
   other processes used more than the cores its pool leaves spare
   (``BUSY_SHARE``), is used but not cached.
@@ -51,10 +53,10 @@ the fastest.
 from __future__ import annotations
 
 from .cache import CACHE_ENV, cache_path, cpu_model, machine
-from .choice import TUNE_ENV, Choice, Linears, choose, tuning_enabled
+from .choice import TUNE_ENV, Choice, Linears, cached_or_measured, choose, tuning_enabled
 from .timing import measure, weight_copies
 from .table import KERNELS, PACK_ROWS, POOLS, Gemm, Kernel, bind, candidates, on_one_thread, pool_threads, unavailable
 
 __all__ = ["CACHE_ENV", "KERNELS", "PACK_ROWS", "POOLS", "TUNE_ENV", "Choice", "Gemm", "Kernel", "Linears", "bind",
-           "cache_path", "candidates", "choose", "cpu_model", "machine", "measure", "on_one_thread", "pool_threads",
-           "tuning_enabled", "unavailable", "weight_copies"]
+           "cache_path", "cached_or_measured", "candidates", "choose", "cpu_model", "machine", "measure",
+           "on_one_thread", "pool_threads", "tuning_enabled", "unavailable", "weight_copies"]

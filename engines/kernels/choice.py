@@ -105,21 +105,29 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
                 and (c == default or not (big and KERNELS[c].one_thread))]
     if not tuning_enabled() or not runnable:
         return Choice(default, f"default ({TUNE_ENV} off)" if not tuning_enabled() else "default", default)
-    entry = f"{gemm.key}|{','.join(runnable)}"
+    return cached_or_measured(f"{gemm.key}|{','.join(runnable)}", runnable, default, lambda: timing.measure(
+        gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")})
+
+
+def cached_or_measured(entry: str, names: list[str], default: str, measure: Callable[[], dict[str, float]]) -> Choice:
+    """The choice among ``names`` kept under ``entry`` (what it was measured for, the candidates
+    included): this process's, else the cache's, else the fastest of ``measure()`` (name -> seconds;
+    ``default`` unless another is KEEP_DEFAULT faster), cached unless the machine was busy. The
+    kernel table's GEMMs come here through ``choose``; so do choices the table does not hold (the
+    int8 engine's variants, timed by that engine), so that a second build of them measures nothing."""
     memo_key = (str(cache.cache_path()), entry)
     if memo_key in _MEMO:                           # measured by an earlier build: nothing spent now
         return replace(_MEMO[memo_key], seconds=0.0)
     path = cache.cache_path()
     cached = None if os.environ.get(TUNE_ENV, "").strip().lower() == "again" else cache.read(path).get(entry)
-    if isinstance(cached, dict) and cached.get("kernel") in runnable:
+    if isinstance(cached, dict) and cached.get("kernel") in names:
         choice = Choice(cached["kernel"], "cached", default, _seconds(cached.get("times_s")), entry=entry,
                         forward_s=_seconds(cached.get("forward_s")))
     else:
         t0, load0 = time.perf_counter(), _load()
-        times = timing.measure(gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")}
+        times = measure()
         seconds = time.perf_counter() - t0
-        best = fastest(times, default)
-        choice = _keep(Choice(best, "measured", default, times, seconds, entry=entry), load0, seconds)
+        choice = _keep(Choice(fastest(times, default), "measured", default, times, seconds, entry=entry), load0, seconds)
     _MEMO[memo_key] = choice
     return choice
 

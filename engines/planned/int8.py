@@ -53,7 +53,7 @@ from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MAX, BINARY_MUL, CLIP
 from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementation,
                                   implementations,
                                   int8_dot_product, post_op_arg, quantize_columns, with_implementation)
-from ..kernels import on_one_thread, pool_threads, tuning_enabled
+from ..kernels import Choice, cached_or_measured, on_one_thread, pool_threads, tuning_enabled
 from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
 from .fused import FusedStep, Lowering
@@ -131,8 +131,6 @@ class Int8Engine(OneDnnEngine):
     # under memray at tests/test_zero_alloc.py's corners since oneDNN finds the scales (NumPy's row
     # maxima took 1.1 KiB)
     forced_variant: "Variant | None" = None      # one variant for every matmul (measurements, tests)
-    chosen: dict[tuple, "Variant"] = {}           # matmul key -> variant, measured once per process
-    timings: dict[tuple, dict[str, float]] = {}   # matmul key -> seconds per candidate, where measured
 
     def __init__(self, model, max_batch: int):
         try:
@@ -283,41 +281,44 @@ class Int8Engine(OneDnnEngine):
     def own_memory(self) -> None:
         super().own_memory()
         self.typed = TypedOwned(self.dnnl)     # this engine's (or worker's) int8 primitives
-        self.matmul_keys: set[tuple] = set()    # the matmul shapes this engine bound (its report)
+        self.chosen: dict[tuple, Variant] = {}  # matmul key -> the variant it runs (its report)
+        self.measured: dict[tuple, Choice] = {}  # matmul key -> how it was chosen, each candidate's seconds
         self.float_products: set[str] = set()   # "rows x k x n" that no int8 kernel takes: run in float
         self.dequantized_convs: dict[int, np.ndarray] = {}    # the convs among them: id(QuantizedLinear) -> float weights
         weakref.finalize(self, self.typed.release)
 
     def variant(self, key: tuple, brgemm: list[str], trial) -> Variant:
         """How the int8 matmul of ``key`` (rows, k, n, source type, relu, residual, row scales,
-        post-ops after them) runs: measured
-        once per process among ``brgemm`` (the implementations oneDNN offers for it) on
-        OpenMP's pool and on one thread (``trial(variant)`` gives a variant's calls), or without
-        tuning (``MLEXEC_TUNE=0``) by ``default_variant``. ``forced_variant``, where set, wins."""
-        self.matmul_keys.add(key)
+        post-ops after them) runs: among ``brgemm`` (the implementations oneDNN offers for it) on
+        OpenMP's pool and on one thread (``trial(variant)`` gives a variant's calls), the one the
+        kernel cache holds for it on this machine, else measured and cached as the float kernels
+        are (``kernels.cached_or_measured``: a process measured it once per build, and its
+        choice moved from process to process on a busy 2-core host); without tuning
+        (``MLEXEC_TUNE=0``) ``default_variant``. ``forced_variant``, where set, wins."""
         if self.forced_variant is not None:
             return self.forced_variant
-        if key not in self.chosen:
-            rows, k, n = key[:3]
-            offered = [Variant(impl, one) for impl in brgemm for one in (False, True)]
-            if tuning_enabled():
-                trials = {str(v): trial(v) for v in offered}
-                times = measure_forwards(trials)
-                self.timings[key] = times
-                self.chosen[key] = min(offered, key=lambda v: times[str(v)])
-            else:
-                self.chosen[key] = default_variant(rows, k, n, offered)
-        return self.chosen[key]
+        offered = {str(v): v for v in (Variant(impl, one) for impl in brgemm for one in (False, True))}
+        variant = default_variant(*key[:3], list(offered.values()))
+        if tuning_enabled():
+            entry = "int8|" + "|".join(map(str, key)) + "|" + ",".join(offered)
+            self.measured[key] = choice = cached_or_measured(
+                entry, list(offered), str(variant), lambda: measure_forwards({n: trial(v) for n, v in offered.items()}))
+            variant = offered[choice.kernel]
+        self.chosen[key] = variant
+        return variant
 
     def report(self) -> dict:
         """onednn's report, with how the int8 linears' activations are scaled and, per matmul shape
         (rows x k x n), the variant that runs it and what each measured."""
+        matmuls = []
+        for key, variant in self.chosen.items():
+            choice = self.measured.get(key, Choice(str(variant), "default", str(variant)))
+            matmuls.append({"gemm": "x".join(map(str, key[:3])), "source": key[3], "variant": str(variant),
+                            "how": choice.how, "candidates_us": {n: round(t * 1e6, 2) if np.isfinite(t) else None
+                                                                 for n, t in choice.times_s.items()}})
         return {**super().report(), "activation_scales": "row" if self.row_scales else "tensor",
-                "quantized_linears": len(self.quantized_linears),
-                "float_products": sorted(self.float_products),
-                "int8_matmuls": [{"gemm": "x".join(map(str, key[:3])), "source": key[3], "variant": str(v),
-                                  "candidates_us": {name: t * 1e6 for name, t in self.timings.get(key, {}).items()}}
-                                 for key, v in self.chosen.items() if key in self.matmul_keys]}
+                "quantized_linears": len(self.quantized_linears), "float_products": sorted(self.float_products),
+                "int8_matmuls": matmuls}
 
 
 def _minima_shape(sample, minima, signed: bool) -> tuple:
