@@ -872,7 +872,7 @@ def _conv_form(eng: Int8Engine, step, q: np.ndarray, y2: np.ndarray, amax: np.nd
     args = {SRC: (src, pixels), DST: (dst, out),
             ATTR_SCALES | WEIGHTS: (o.typed((n,), PLAIN[1], np.float32), linear.scales)}
     zero_points = None
-    if zero_point is not None and not attrs["grid"]:    # a file's is in the bias (``_zero_point_folded``)
+    if zero_point is not None:                      # a shifted source's (a file's is in the bias)
         zero_points = {SRC: 0}
         args[ATTR_ZERO_POINTS | SRC] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
     if rescale:
