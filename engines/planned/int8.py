@@ -911,7 +911,8 @@ def _dense(buffer: np.ndarray, batch: int, size: int, dtype) -> np.ndarray:
 
 
 def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
-    """Each sample quantized with its own scale (as a linear's rows are), then one int8 conv
+    """Each sample quantized with its own scale (as a linear's rows are; a ``shifted`` one as u8
+    around its zero point, which the conv subtracts), then one int8 conv
     primitive made for one sample and run on each: weight and source scales in the primitive,
     the bias, a residual (sum post-op, the residual copied into the output first where it is not
     the output's own buffer) and the activation applied as it writes f32 in the layout.
@@ -926,7 +927,7 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     hw = ins[0].shape[-2:]
     x2 = ins[0].reshape(batch, -1)
     dtype = np.uint8 if attrs["unsigned"] or attrs["shifted"] else np.int8
-    zero_point, calls = None, []
+    zero_point, calls = SHIFT if attrs["shifted"] else None, []
     if attrs["grid"]:                                  # the file's scale and zero point, every sample
         scale, zero_point = _grid_operands(attrs["grid"])
         amax = np.broadcast_to(scale, (batch, 1))
@@ -942,8 +943,6 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     dst, out, more = eng.md(step.out, n), y, {}
     scales, zero_points = {SRC: 0, WEIGHTS: PER_GROUP_CHANNEL if group > 1 else PER_OUT_CHANNEL}, {}
     conv = attrs["conv"]
-    if attrs["shifted"]:
-        zero_point = SHIFT
     if zero_point is not None and zero_point.any() and not attrs["zero_point_folded"]:    # else none to apply
         zero_points[SRC] = 0
         more[ATTR_ZERO_POINTS | SRC] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
@@ -963,7 +962,7 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     if not attrs["grid"]:
         if implementation(eng.dnnl, pd).startswith("ref") and not attrs.get("dst_grid"):
             return _float_conv(eng, step, y, ins, scratch)
-        calls = quantize_calls(eng, step, x2, q2, scratch[1], amax, True, SHIFT if attrs["shifted"] else None)
+        calls = quantize_calls(eng, step, x2, q2, scratch[1], amax, True, zero_point)
     if attrs["residual"] and step.reads[1] != step.out:
         calls.append((np.copyto, (y, ins[1])))
     weights = linear.weights.take(pd)
