@@ -926,17 +926,7 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
     win, group, _ = conv_attrs(attrs["conv"])
     hw = ins[0].shape[-2:]
     x2 = ins[0].reshape(batch, -1)
-    dtype = np.uint8 if attrs["unsigned"] or attrs["shifted"] else np.int8
-    zero_point, calls = SHIFT if attrs["shifted"] else None, []
-    if attrs["grid"]:                                  # the file's scale and zero point, every sample
-        scale, zero_point = _grid_operands(attrs["grid"])
-        amax = np.broadcast_to(scale, (batch, 1))
-        q2 = _dense(ins[0] if attrs["integer_input"] else scratch[0], batch, x2.shape[1], dtype)
-        if not attrs["integer_input"]:
-            calls = _scaled_cast(eng, step, x2, q2, scale, False, zero_point)
-    else:                                              # its quantize calls once the conv is known to run
-        q2 = scratch[0].view(dtype)[:, :x2.shape[1]]
-        amax = scratch[2]
+    q2, amax, zero_point, calls = _conv_source(eng, step, x2, ins, scratch)
     n = batch if attrs["grid"] else 1
     native = eng.is_native(step.reads[0])
     src = o.typed((n, attrs["channels"], *hw), eng.dnnl.layout if native else PLAIN[4], q2.dtype)
@@ -973,6 +963,21 @@ def _bind_int8_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
                                       ATTR_SCALES | SRC: (one_scale, amax[i]),
                                       ATTR_SCALES | WEIGHTS: (scale_md, linear.scales), **more}, step))
     return calls
+
+
+def _conv_source(eng: Int8Engine, step, x2: np.ndarray, ins, scratch) -> tuple:
+    """(q2, scales, zero point, calls) of an int8 conv's 8-bit input (batch, values): on a file's
+    grid, the batch's integers with the file's scale and zero point, quantized by ``calls`` (none
+    where the conv before wrote them); else the scratch each sample is quantized into (its calls
+    made once the conv is known to run), its per-sample scales, and a ``shifted`` one's zero point."""
+    attrs, (batch, size) = step.attrs, x2.shape
+    dtype = np.uint8 if attrs["unsigned"] or attrs["shifted"] else np.int8
+    if not attrs["grid"]:
+        return scratch[0].view(dtype)[:, :size], scratch[2], SHIFT if attrs["shifted"] else None, []
+    scale, zero_point = _grid_operands(attrs["grid"])
+    q2 = _dense(ins[0] if attrs["integer_input"] else scratch[0], batch, size, dtype)
+    calls = [] if attrs["integer_input"] else _scaled_cast(eng, step, x2, q2, scale, False, zero_point)
+    return q2, np.broadcast_to(scale, (batch, 1)), zero_point, calls
 
 
 def _float_conv(eng: Int8Engine, step, y, ins, scratch) -> list:
