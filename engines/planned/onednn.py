@@ -1092,13 +1092,19 @@ def _gelu_tanh_calls(eng: OneDnnEngine, step, y, ins, rest: tuple) -> list:
     then the step's further ones: one pass, as exact, where oneDNN 3.2's own gelu_tanh on AVX2 took
     158 us for 128 x 256 on one thread against 38, and 22.2 ms against 6.3 for 1576 x 3072 (AMD
     EPYC 7003). On AVX-512 oneDNN's own stays (not measured there)."""
-    batch, o, x = y.shape[0], eng.owned, ins[0]
-    src, dst = eng.md(step.reads[0], batch), eng.md(step.out, batch)
-    chain = gelu_tanh_chain(src)
-    more, args = bound_post_ops(o, rest, len(chain), y.ndim)
-    args.update({post_op_arg(at): (src, x) for at, op in enumerate(chain) if isinstance(op, BinaryPostOp)})
-    pd = o.binary_pd(BINARY_MUL, src, src, dst, o.attr(eltwises=chain + more))
-    return [eng.execute(pd, {SRC: (src, x), SRC_1: (src, x), DST: (dst, y), **args}, step)]
+    batch = y.shape[0]
+    return gelu_tanh_calls(eng, step, (eng.md(step.reads[0], batch), ins[0]), (eng.md(step.out, batch), y), rest)
+
+
+def gelu_tanh_calls(eng: OneDnnEngine, step, src: tuple, dst: tuple, rest: tuple) -> list:
+    """dst = gelu_tanh(src), then the post-ops ``rest``, as oneDNN's binary x * x with
+    ``gelu_tanh_chain`` (``src`` and ``dst``: (descriptor, array); the same array: in place)."""
+    o, (src_md, x) = eng.owned, src
+    chain = gelu_tanh_chain(src_md)
+    more, args = bound_post_ops(o, rest, len(chain), x.ndim)
+    args.update({post_op_arg(at): src for at, op in enumerate(chain) if isinstance(op, BinaryPostOp)})
+    pd = o.binary_pd(BINARY_MUL, src_md, src_md, dst[0], o.attr(eltwises=chain + more))
+    return [eng.execute(pd, {SRC: src, SRC_1: src, DST: dst, **args}, step)]
 
 
 def _bind_softmax(eng: OneDnnEngine, step, y, ins, scratch) -> list:
