@@ -242,20 +242,22 @@ def test_the_variants_are_measured_once_per_machine_and_then_read_from_the_kerne
 
 @pytest.mark.parametrize("avx512", [False, True])
 def test_a_gelu_after_a_linear_is_a_pass_of_its_own_without_avx512(monkeypatch, avx512):
-    """The transformer's GELU (tanh form) is in its first MLP linear's epilogue. Without AVX-512 the
-    product stops before it and one pass in place applies it (``gelu_tanh_calls``: oneDNN 3.2's
-    own gelu_tanh post-op ran 15x slower on AVX2); with it, the product's post-op: right either way,
-    at every batch, allocating nothing."""
-    from engines.planned import int8
+    """The transformer's GELU (tanh form) follows its first MLP linear. Without AVX-512 it is a
+    step of its own, ``onednn``'s x * x pass (``_gelu_tanh_calls``: oneDNN 3.2's own gelu_tanh as
+    the product's post-op ran 15x slower on AVX2); with it, the product's post-op: right either
+    way, at every batch, allocating nothing."""
+    from engines.planned import int8, onednn
     from tests.test_zero_alloc import tracemalloc_peak
-    made, real = [], int8.gelu_tanh_calls
-    monkeypatch.setattr(int8, "avx512", lambda dnnl: avx512)
-    monkeypatch.setattr(int8, "gelu_tanh_calls", lambda *a: made.append(a[1].out) or real(*a))
+    made, real = [], onednn._gelu_tanh_calls
+    monkeypatch.setattr(onednn, "avx512", lambda dnnl: avx512)
+    monkeypatch.setattr(onednn, "_gelu_tanh_calls", lambda *a: made.append(a[1].out) or real(*a))
     model = MODELS["transformer"](dim=64, seq=8, heads=4, seed=1)
     engine = make_engine("int8", model, 3)
     linears = [s for s in engine.steps if s.kind == "int8_linear"]
-    assert any(op[0] == int8.GELU_TANH for s in linears for op in s.attrs.get("epilogue", ())
-               if not isinstance(op, int8.BinaryPostOp))
+    in_epilogue = any(op[0] == onednn.GELU_TANH for s in linears for op in s.attrs.get("epilogue", ())
+                      if not isinstance(op, int8.BinaryPostOp))
+    own_step = any(s.kind == "dnnl_eltwise" and s.attrs["activation"] == "gelu" for s in engine.steps)
+    assert (in_epilogue, own_step) == (avx512, not avx512)
     for batch in (1, 3):
         abs_err, rel_err = _errors(engine, model, model.random_input(batch, np.random.default_rng(batch)))
         assert abs_err < engine.abs_tol and rel_err < engine.rel_tol, (batch, abs_err, rel_err)

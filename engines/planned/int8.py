@@ -48,9 +48,8 @@ from ..importer.passes import grid_of
 from ..ir.conv import conv_attrs
 from ..ir.models import QUANTIZED_ABS_TOL, QUANTIZED_REL_TOL
 from ..ir.ops import U8_LEVELS    # a ReLU's output as u8: [0, 255], twice the resolution
-from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MAX, BINARY_MUL, CLIP, DST, GELU_TANH, LINEAR, MULTIPLE_SRC,
-                              PLAIN, REDUCTION_MAX, REDUCTION_MIN, RELU, SRC, SRC_1, WEIGHTS, BinaryPostOp, avx512,
-                              library)
+from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MAX, BINARY_MUL, CLIP, DST, LINEAR, MULTIPLE_SRC, PLAIN,
+                              REDUCTION_MAX, REDUCTION_MIN, RELU, SRC, SRC_1, WEIGHTS, BinaryPostOp, library)
 from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementation,
                                   implementations,
                                   int8_dot_product, post_op_arg, quantize_columns, with_implementation)
@@ -61,7 +60,7 @@ from .fused import FusedStep, Lowering
 from .onednn import (SUM_KINDS, OneDnnEngine, bind_binary as bind_float_binary, bind_concat as bind_float_concat,
                      bind_conv as bind_float_conv,
                      bind_pool as bind_float_pool, binary_of_activations, bound_post_ops, chain_calls, eltwises,
-                     fake_quant_chain, following_post_ops, gelu_tanh_calls, pool_call)
+                     fake_quant_chain, following_post_ops, pool_call)
 
 LEVELS = 127                    # symmetric s8: [-127, 127], zero exactly representable
 NARROW_LEVELS = 64              # s8 weights beside a u8 source off zero where pairs saturate (weight_levels)
@@ -778,23 +777,6 @@ def _trial_calls(mm: Matmul, variant: Variant, weights: QuantizedWeights) -> lis
 
 
 def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
-    """``_product_calls``; where its epilogue holds GELU's tanh form and oneDNN has no AVX-512 here,
-    the product stops before it, and one pass in place applies it and what follows
-    (``gelu_tanh_calls``): oneDNN 3.2's own gelu_tanh post-op after the transformer d256's 512 x
-    1024 product at b8 took 1.46 ms, against 0.10 ms for the 512 x 768 one without it (AVX2 AMD
-    EPYC)."""
-    epilogue = step.attrs.get("epilogue", ())
-    at = next((i for i, op in enumerate(epilogue) if not isinstance(op, BinaryPostOp) and op[0] == GELU_TANH), None)
-    if at is None or avx512(eng.dnnl):
-        return _product_calls(eng, step, y, ins, scratch)
-    product = replace(step, attrs={**step.attrs, "epilogue": epilogue[:at]})
-    y2 = rows2d(y)
-    out = (eng.owned.strided(y2), y2)
-    gelu = replace(step, kind="int8_gelu")              # its own line in report()["primitives"]
-    return _product_calls(eng, product, y, ins, scratch) + gelu_tanh_calls(eng, gelu, out, out, epilogue[at + 1:])
-
-
-def _product_calls(eng: Int8Engine, step, y, ins, scratch) -> list:
     """The quantize calls, then one int8 matmul writing f32 (weight scales in the primitive; the
     row scales, the bias, a residual and a ReLU as post-ops), on the variant chosen for its shape."""
     (linear,), attrs = step.operands, step.attrs

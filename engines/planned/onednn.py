@@ -591,7 +591,10 @@ def _following_eltwises(lw: Lowering, i: int, chain: tuple = ()) -> tuple[tuple,
     after op i, each the only reader of the one before (wherever it lies in the order: each
     reads nothing else, so it may run earlier), the model's output not among them: ``chain``
     with their post-ops appended, and the last op taken (op i where none); they are lowered into
-    op i's primitive (``lw.skip``)."""
+    op i's primitive (``lw.skip``). Not GELU's tanh form without AVX-512: oneDNN 3.2's own
+    gelu_tanh post-op after int8's 512 x 1024 product (transformer d256, b8) took 1.46 ms where the
+    product's 512 x 768 twin without it took 0.10 (AVX2 AMD EPYC); there it is its own step
+    (``_gelu_tanh_calls``)."""
     return _following(lw, i, chain, binaries=False)
 
 
@@ -606,7 +609,10 @@ def _following(lw: Lowering, i: int, chain: tuple, binaries: bool) -> tuple[tupl
     op = lw.ops[i]
     while (nxt := lw.next_reader(op)) is not None and nxt.output != lw.model.output:   # that one goes out in NCHW
         if nxt.kind in ELTWISE:
-            chain += (ELTWISE[nxt.kind](activation_of(nxt.kind, nxt.attrs)),)
+            post_op = ELTWISE[nxt.kind](activation_of(nxt.kind, nxt.attrs))
+            if post_op[0] == GELU_TANH and not avx512(lw.engine.dnnl):
+                break               # its own step, ``_gelu_tanh_calls`` (above)
+            chain += (post_op,)
         elif nxt.kind == "fake_quant" and nxt.attrs.get("scale") is not None:
             chain += fake_quant_chain(**nxt.attrs)
         elif (linear := _scalar_linear(nxt)) is not None:
@@ -1092,19 +1098,13 @@ def _gelu_tanh_calls(eng: OneDnnEngine, step, y, ins, rest: tuple) -> list:
     then the step's further ones: one pass, as exact, where oneDNN 3.2's own gelu_tanh on AVX2 took
     158 us for 128 x 256 on one thread against 38, and 22.2 ms against 6.3 for 1576 x 3072 (AMD
     EPYC 7003). On AVX-512 oneDNN's own stays (not measured there)."""
-    batch = y.shape[0]
-    return gelu_tanh_calls(eng, step, (eng.md(step.reads[0], batch), ins[0]), (eng.md(step.out, batch), y), rest)
-
-
-def gelu_tanh_calls(eng: OneDnnEngine, step, src: tuple, dst: tuple, rest: tuple) -> list:
-    """dst = gelu_tanh(src), then the post-ops ``rest``, as oneDNN's binary x * x with
-    ``gelu_tanh_chain`` (``src`` and ``dst``: (descriptor, array); the same array: in place)."""
-    o, (src_md, x) = eng.owned, src
-    chain = gelu_tanh_chain(src_md)
-    more, args = bound_post_ops(o, rest, len(chain), x.ndim)
-    args.update({post_op_arg(at): src for at, op in enumerate(chain) if isinstance(op, BinaryPostOp)})
-    pd = o.binary_pd(BINARY_MUL, src_md, src_md, dst[0], o.attr(eltwises=chain + more))
-    return [eng.execute(pd, {SRC: src, SRC_1: src, DST: dst, **args}, step)]
+    batch, o, x = y.shape[0], eng.owned, ins[0]
+    src, dst = eng.md(step.reads[0], batch), eng.md(step.out, batch)
+    chain = gelu_tanh_chain(src)
+    more, args = bound_post_ops(o, rest, len(chain), y.ndim)
+    args.update({post_op_arg(at): (src, x) for at, op in enumerate(chain) if isinstance(op, BinaryPostOp)})
+    pd = o.binary_pd(BINARY_MUL, src, src, dst, o.attr(eltwises=chain + more))
+    return [eng.execute(pd, {SRC: (src, x), SRC_1: (src, x), DST: (dst, y), **args}, step)]
 
 
 def _bind_softmax(eng: OneDnnEngine, step, y, ins, scratch) -> list:
