@@ -227,7 +227,8 @@ class Int8Engine(OneDnnEngine):
         win, group, _ = conv_attrs(step.attrs["conv"])
         grid = _file_grid(lw, op.inputs[0])
         unsigned = grid[2] == 0 if grid else _non_negative(lw, step.reads[0])
-        q, scales = quantize_columns(w32.reshape(w32.shape[0], -1).T, weight_levels(grid, shifted(grid, unsigned)))
+        shift = shifted(grid, unsigned)
+        q, scales = quantize_columns(w32.reshape(w32.shape[0], -1).T, weight_levels(grid, shift))
         plain = np.ascontiguousarray(q.T).reshape(w32.shape)
         if group > 1:                                   # oneDNN's grouped weights: (g, oc / g, ic / g, kh, kw)
             plain = plain.reshape(group, w32.shape[0] // group, *w32.shape[1:])
@@ -251,7 +252,7 @@ class Int8Engine(OneDnnEngine):
                        lw.buffer(op.output + ".amax", (1,)))
         conv = FusedStep("int8_conv", step.out, reads, scratch, (linear,),
                          {**step.attrs, "channels": lw.model.shapes[op.inputs[0]][0], "group": group, "grid": grid,
-                          "unsigned": unsigned, "shifted": shifted(grid, unsigned), "integer_input": scratch == (),
+                          "unsigned": unsigned, "shifted": shift, "integer_input": scratch == (),
                           "zero_point_folded": folded})
         return [*made, conv]
 
@@ -261,7 +262,8 @@ class Int8Engine(OneDnnEngine):
         their row scales. ``grid``: a quantized file's step its input lies on (``_file_grid``)."""
         w32, b32 = step.operands[:2]
         unsigned = grid[2] == 0 if grid else _non_negative(lw, step.reads[0])
-        q, scales = quantize_columns(w32, weight_levels(grid, shifted(grid, unsigned)))
+        shift = shifted(grid, unsigned)
+        q, scales = quantize_columns(w32, weight_levels(grid, shift))
         folded = bool(grid and grid[1])                 # a product has no pads: always exact, always done
         bias = _zero_point_folded(b32, q, scales, grid) if folded else b32
         linear = QuantizedLinear(QuantizedWeights(self.dnnl, _one(q)), scales, np.ascontiguousarray(bias, np.float32))
@@ -274,7 +276,7 @@ class Int8Engine(OneDnnEngine):
                    lw.buffer(step.out + ".amax", (*rows, 1)))
         return FusedStep("int8_linear", step.out, step.reads, scratch, (linear,),
                          {"relu": step.kind == "linear_relu", "residual": step.kind == "linear_add", "grid": grid,
-                          "unsigned": unsigned, "shifted": shifted(grid, unsigned), "zero_point_folded": folded})
+                          "unsigned": unsigned, "shifted": shift, "zero_point_folded": folded})
 
     # --- binding -----------------------------------------------------------------------------
 
@@ -784,7 +786,8 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     k, n = linear.weights.shape[-2:]
     q = rows2d(scratch[0]).view(np.uint8 if attrs["unsigned"] or attrs["shifted"] else np.int8)[:, :k]
     lo, amax = rows2d(scratch[1]), rows2d(scratch[2])
-    zero_point = SHIFT if attrs["shifted"] else None
+    shift = SHIFT if attrs["shifted"] else None     # a shifted source's zero point (a file's: below)
+    zero_point = shift
     if attrs["grid"]:                                  # the file's scale and zero point
         amax, zero_point = _grid_operands(attrs["grid"])
     elif not eng.row_scales:
@@ -795,7 +798,7 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
     rescale = conv_form
     if conv_form:
         for rescale in (False, True) if _conv_takes_all(step, x2, eng.row_scales) else (True,):
-            mm = _conv_form(eng, step, q, y2, amax, ins, rescale, SHIFT if attrs["shifted"] else None)
+            mm = _conv_form(eng, step, q, y2, amax, ins, rescale, shift)
             brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in CONV_FORM]
             if brgemm:
                 break
