@@ -11,7 +11,8 @@
    where that packs tighter (an imported attention graph: 1.19x the lower bound against 1.44x),
    or longest lifetime first (DenseNet-121, whose concatenations keep many maps alive across
    long spans: 1.020x against 1.074x by size);
-4. where none of those orders reaches the lower bound, up to ``SEARCH_TRIES`` seeded random
+4. where none of those orders reaches the lower bound, up to ``SEARCH_TRIES`` (more for a
+   small schedule: ``SEARCH_WORK``) seeded random
    perturbations of the size order, each followed by a seeded shuffle of all storages, stopping at
    the first that does (the plan stays a pure function of the schedule).
 
@@ -33,8 +34,13 @@ from .memory import ALIGNMENT
 # of the size order with each size scaled by a seeded random factor in [0.5, 1.5); DenseNet-121
 # (1.020x) within 16. A try costs 0.1-5 ms on the nine light CNNs (docs/cnn.md). A perturbed size
 # order never puts a small storage before a big one: GPT-2's exports (1.111x: a 4 KiB residual
-# must go below the 12-16 KiB products) reach it only by a shuffle, the 20th.
+# must go below the 12-16 KiB products) reach it only by a shuffle, the 20th. A try places each
+# storage against those placed (n^2 pairs for n storages), so a small schedule gets more of them,
+# as many as SEARCH_WORK pairs allow, up to MAX_SEARCH_TRIES: GPT-NeoX's export (57 storages,
+# 0.25 ms a try) is at 1.125x after 64 tries and reaches the bound within 192.
 SEARCH_TRIES = 64
+MAX_SEARCH_TRIES = 256
+SEARCH_WORK = SEARCH_TRIES * 120 ** 2
 
 
 @dataclass(frozen=True)
@@ -140,7 +146,7 @@ def _placement(size: dict[str, int], span: dict[str, tuple[int, int]], lower: in
               sorted(size, key=lambda r: (span[r][0] - span[r][1], -size[r], r))]
     placed = min((_place(order, size, span) for order in orders), key=lambda p: _top(p, size))
     rng, shuffles = random.Random(0), random.Random(1)
-    for _ in range(SEARCH_TRIES):
+    for _ in range(min(MAX_SEARCH_TRIES, max(SEARCH_TRIES, SEARCH_WORK // max(1, len(size)) ** 2))):
         for order in (sorted(size, key=lambda r: (-size[r] * rng.uniform(0.5, 1.5), r)),
                       shuffles.sample(sorted(size), len(size))):
             if _top(placed, size) <= lower:

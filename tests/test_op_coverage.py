@@ -609,3 +609,49 @@ def test_element_moves_by_constant_indices_in_a_file_read_whole():
         in_shape=(2, 4, 6), out_shape=(2, 4, 9), opset=18)
     model = check_at_fixed_batch(data)
     assert model.whole and {"take", "where"} <= {op.kind for op in model.ops}
+
+
+def _multi_query(nd_indices) -> bytes:
+    """Falcon's multi-query attention as its dynamo export writes it: one fused projection of
+    4 query heads, one key and one value head; the heads axis moved first (the batch second),
+    GatherND picking the key and the value head, and products that broadcast them over the
+    query heads."""
+    d, heads, hd = 8, 4, 2
+    w = (R.standard_normal((d, (heads + 2) * hd)) / 3).astype(np.float32)
+    return build([
+        N("MatMul", ["x", "w"], ["qkv"]),                                      # (N, 4, 12)
+        N("Reshape", ["qkv", "split"], ["r"]),                                 # (N, 4, 6, 2)
+        N("Transpose", ["r"], ["t"], perm=[2, 0, 1, 3]),                       # (6, N, 4, 2)
+        N("Slice", ["t", "z", "h", "z"], ["q0"]),                              # (4, N, 4, 2)
+        N("Transpose", ["q0"], ["q"], perm=[1, 0, 2, 3]),                      # (N, 4, 4, 2)
+        N("GatherND", ["t", "ik"], ["k0"]),                                    # (1, N, 4, 2)
+        N("GatherND", ["t", "iv"], ["v0"]),
+        N("Transpose", ["k0"], ["kt"], perm=[1, 0, 3, 2]),                     # (N, 1, 2, 4)
+        N("Transpose", ["v0"], ["v"], perm=[1, 0, 2, 3]),                      # (N, 1, 4, 2)
+        N("MatMul", ["q", "kt"], ["s"]),                                       # (N, 4, 4, 4): broadcast
+        N("Softmax", ["s"], ["p"], axis=-1),
+        N("MatMul", ["p", "v"], ["o"]),                                        # (N, 4, 4, 2): broadcast
+        N("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+        N("Reshape", ["ot", "back"], ["y"]),                                   # (N, 4, 8)
+    ], {"w": w, "split": I64(0, 4, heads + 2, hd), "z": I64(0), "h": I64(heads), "ik": nd_indices[0],
+        "iv": nd_indices[1], "back": I64(0, 4, d)}, in_shape=("N", 4, d), out_shape=("N", 4, d))
+
+
+def test_multi_query_attention_picks_its_heads_per_sample_and_broadcasts_them():
+    """GatherND whose indices address an axis before the batch moves each sample's elements
+    alike: a take per sample, probed at batch 1 and 2. The products broadcast the one key and
+    value head over the query heads (an expand)."""
+    model = check_every_engine(_multi_query((I64(-2)[None], I64(-1)[None])))
+    assert {"take", "expand"} <= {op.kind for op in model.ops}
+    x = model.random_input(MAX_BATCH, rng=0)
+    for name in PLANNED:
+        assert tracemalloc_peak(ENGINES[name](model, MAX_BATCH), x) <= 4096, name
+
+
+def test_a_gather_nd_that_picks_samples_is_refused_by_name():
+    """Indices into the batch axis (the first sample, whatever the batch) mix samples: refused,
+    naming the node and the output that loses its batch axis."""
+    data = build([N("GatherND", ["x", "nd"], ["g"]), N("Add", ["g", "x"], ["y"])], {"nd": I64(0)[None]},
+                 in_shape=("N", 4, 6), out_shape=("N", 4, 6))
+    with pytest.raises(OnnxImportError, match=r"\(GatherND\): its output 'g' does not keep one batch axis"):
+        load_onnx(data)

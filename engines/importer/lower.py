@@ -280,14 +280,22 @@ def lower_matmul(L: Lowering):
     if isinstance(a, Act) and isinstance(b, Act):
         if len(a.per_sample) != len(b.per_sample) or len(a.per_sample) < 2:
             raise Unsupported("a product of activations of different ranks")
-        if a.per_sample[:-2] != b.per_sample[:-2]:
-            raise Unsupported("a product of activations that broadcasts")
-        return L.result(L.emit("matmul", [a.name, b.name], out.per_sample))
+        stack = out.per_sample[:-2]
+        return L.result(L.emit("matmul", [_stacked(L, v, stack) for v in (a, b)], out.per_sample))
     if not isinstance(a, Act) or np.ndim(b) != 2 or a.bpos == len(a.shape) - 1:
         return _matmul_const(L, a if isinstance(a, Act) else b, b if isinstance(a, Act) else a, not isinstance(a, Act))
     w = L.param(b, L.node.output[0] + ".w")
     zero = L.param(np.zeros(b.shape[1]), L.node.output[0] + ".b")
     L.result(L.emit("linear", [a.name], out.per_sample, [w, zero]))
+
+
+def _stacked(L: Lowering, v: Act, stack: tuple) -> str:
+    """A product's activation operand with the product's stack of matrices: itself, or an
+    ``expand`` of its unit axes (multi-query attention's one key head against every query head)."""
+    if v.per_sample[:-2] == stack:
+        return v.name
+    shape = stack + v.per_sample[-2:]
+    return L.emit("expand", [v.name], shape, name=L._fresh(v.name + ".expand"), aligned=v.per_sample, shape=shape)
 
 
 def _matmul_const(L: Lowering, x: Act, c, swap: bool):
@@ -1070,19 +1078,21 @@ def lower_upsample(L: Lowering):
 
 def lower_selection(L: Lowering):
     """An op that only moves its input's elements by constant indices (ReverseSequence, GatherND,
-    MaxUnpool), in a file read with no batch axis: where each output element comes from, by
-    running the op on the elements' positions (``engines.importer.probe.selection``); one ``take``
-    of the flattened input, and a ``where`` for the zeros it writes."""
+    MaxUnpool): where each output element comes from, by running the op on the elements'
+    positions (``engines.importer.probe.selection``); one ``take`` of the flattened sample, and a
+    ``where`` for the zeros it writes. With a batch axis, the positions are probed at batch 1 and
+    2, and every sample must be moved alike within itself (Falcon's multi-query attention picks
+    its key head so, the batch one axis further in)."""
     from .probe import MAX_ELEMENTS, selection
     x, out = L.values[L.node.input[0]], L.out()
-    if x.bpos is not None:
-        raise Unsupported("its indices address the batch axis (only files read with no batch axis)")
-    if math.prod(x.shape) > MAX_ELEMENTS:
+    if math.prod(x.shape) * 2 > MAX_ELEMENTS:
         raise Unsupported(f"its input {x.shape} is too large to probe")
     constants = [L.const(i, f"input {i}") for i in range(1, len(L.node.input))]
     picked = selection(L.node, L.opset_import, x.shape, constants)
     if picked is None:
         raise Unsupported("it combines elements (not only moves them)")
+    if x.bpos is not None and not _moves_within_samples(L, x, out, constants, picked):
+        raise Unsupported("its indices address the batch axis (it moves elements between samples)")
     size = (math.prod(x.per_sample),)
     flat = L.emit("reshape", [x.name], size, name=L._fresh(x.name + ".flat"), shape=size)
     y = L.emit("take", [flat], (picked.size,), name=L._fresh(L.node.output[0] + ".take"), axis=0,
@@ -1091,6 +1101,23 @@ def lower_selection(L: Lowering):
     if np.any(picked < 0):
         y = _emit_where(L, [(picked >= 0).reshape(out.shape).astype(np.float64), Act(y, out.shape, out.bpos), 0.0])
     L.result(y)
+
+
+def _moves_within_samples(L: Lowering, x: Act, out: Act, constants: list, picked: np.ndarray) -> bool:
+    """Whether the selection ``picked`` (probed at batch 1, where flat positions are per-sample
+    ones) is what the op does to each sample at batch 2: sample b's outputs from sample b's
+    inputs, at the same places."""
+    from .probe import selection
+    if out.bpos is None:
+        return False
+    two = x.shape[:x.bpos] + (2,) + x.shape[x.bpos + 1:]
+    at_two = selection(L.node, L.opset_import, two, constants)
+    if at_two is None or at_two.size != 2 * picked.size:
+        return False
+    by_sample = np.moveaxis(np.arange(math.prod(two)).reshape(two), x.bpos, 0).reshape(2, -1)
+    expected = np.where(picked >= 0, by_sample[:, np.maximum(picked, 0)], -1)
+    out_two = out.shape[:out.bpos] + (2,) + out.shape[out.bpos + 1:]
+    return np.array_equal(np.moveaxis(at_two.reshape(out_two), out.bpos, 0).reshape(2, -1), expected)
 
 
 def lower_col2im(L: Lowering):
