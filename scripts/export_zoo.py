@@ -223,6 +223,88 @@ def wav2vec2():
     return Wrapped().eval(), torch.randn(2, 800)
 
 
+def hf_text(config: str, model: str, mask: bool = True, dim: int = 64, **kwargs):
+    """A Hugging Face text model of ``transformers.<config>(**kwargs)``, as ``Embeds.wrap``."""
+    def make():
+        transformers = _transformers()
+        torch = _torch()
+        built = getattr(transformers, model)(getattr(transformers, config)(**kwargs))
+        return Embeds.wrap(built, 16, mask=mask), torch.randn(2, 16, dim)
+    return make
+
+
+def hf_vision(config: str, model: str, size: int = 32, **kwargs):
+    """A Hugging Face vision model of ``transformers.<config>(**kwargs)``: pixels in, its last
+    hidden state out."""
+    def make():
+        transformers = _transformers()
+        torch = _torch()
+        built = getattr(transformers, model)(getattr(transformers, config)(**kwargs)).eval()
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = built
+
+            def forward(self, x):
+                return self.model(pixel_values=x).last_hidden_state
+
+        return Wrapped().eval(), torch.randn(2, 3, size, size)
+    return make
+
+
+ENCODER = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+DECODER = dict(ENCODER, vocab_size=100, max_position_embeddings=64, use_cache=False)
+# More of what people export (2026-11-28): BERT's relatives, decoders beyond Llama's, vision
+# transformers and CNNs from Hugging Face. CLIP's text model takes token ids only (no
+# inputs_embeds), so it is not here.
+MORE_FAMILIES = {
+    "albert": hf_text("AlbertConfig", "AlbertModel", dim=32, embedding_size=32, vocab_size=100,
+                      max_position_embeddings=64, **ENCODER),
+    "electra": hf_text("ElectraConfig", "ElectraModel", dim=32, embedding_size=32, vocab_size=100,
+                       max_position_embeddings=64, **ENCODER),
+    "deberta-v2": hf_text("DebertaV2Config", "DebertaV2Model", vocab_size=100, max_position_embeddings=64, **ENCODER),
+    "mpnet": hf_text("MPNetConfig", "MPNetModel", vocab_size=100, max_position_embeddings=70, **ENCODER),
+    "xlm-roberta": hf_text("XLMRobertaConfig", "XLMRobertaModel", vocab_size=100, max_position_embeddings=70,
+                           **ENCODER),
+    "mobilebert": hf_text("MobileBertConfig", "MobileBertModel", dim=32, embedding_size=32, intra_bottleneck_size=32,
+                          true_hidden_size=32, vocab_size=100, max_position_embeddings=64,
+                          **dict(ENCODER, intermediate_size=64)),
+    "opt": hf_text("OPTConfig", "OPTModel", mask=False, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
+                   num_attention_heads=4, vocab_size=100, max_position_embeddings=64, word_embed_proj_dim=64),
+    "gpt-neox": hf_text("GPTNeoXConfig", "GPTNeoXModel", mask=False, **DECODER),      # Pythia
+    "phi": hf_text("PhiConfig", "PhiModel", mask=False, **DECODER),
+    "gemma": hf_text("GemmaConfig", "GemmaModel", mask=False, head_dim=16, num_key_value_heads=2, **DECODER),
+    "falcon": hf_text("FalconConfig", "FalconModel", mask=False, hidden_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, vocab_size=100, use_cache=False),     # multi-query attention
+    "bloom": hf_text("BloomConfig", "BloomModel", mask=False, hidden_size=64, n_layer=2, n_head=4, vocab_size=100,
+                     use_cache=False),                                             # ALiBi
+    "gptj": hf_text("GPTJConfig", "GPTJModel", mask=False, n_embd=64, n_layer=2, n_head=4, vocab_size=100,
+                    rotary_dim=8, n_positions=64, use_cache=False),
+    "gpt-neo": hf_text("GPTNeoConfig", "GPTNeoModel", mask=False, hidden_size=64, num_layers=2, num_heads=4,
+                       attention_types=[[["global", "local"], 1]], window_size=8, vocab_size=100,
+                       max_position_embeddings=64, use_cache=False),
+    "clip-vision": hf_vision("CLIPVisionConfig", "CLIPVisionModel", image_size=32, patch_size=8, **ENCODER),
+    "dinov2": hf_vision("Dinov2Config", "Dinov2Model", image_size=32, patch_size=8, mlp_ratio=2,
+                        **{k: v for k, v in ENCODER.items() if k != "intermediate_size"}),
+    "deit": hf_vision("DeiTConfig", "DeiTModel", image_size=32, patch_size=8, **ENCODER),
+    "beit": hf_vision("BeitConfig", "BeitModel", image_size=32, patch_size=8, use_relative_position_bias=True,
+                      **ENCODER),
+    "swin-hf": hf_vision("SwinConfig", "SwinModel", image_size=32, patch_size=4, embed_dim=16, depths=[2, 2],
+                         num_heads=[2, 4], window_size=4),
+    "convnext-hf": hf_vision("ConvNextConfig", "ConvNextModel", hidden_sizes=[16, 32], depths=[1, 1], num_stages=2),
+    "resnet-hf": hf_vision("ResNetConfig", "ResNetModel", hidden_sizes=[16, 32], depths=[1, 1], embedding_size=16),
+    "segformer": hf_vision("SegformerConfig", "SegformerModel", num_encoder_blocks=2, depths=[1, 1],
+                           sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2], patch_sizes=[7, 3],
+                           strides=[4, 2], mlp_ratios=[2, 2]),
+    "mobilevit": hf_vision("MobileViTConfig", "MobileViTModel", size=64, image_size=64,
+                           hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 16, 24, 24, 32, 48, 160]),
+    "levit": hf_vision("LevitConfig", "LevitModel", size=64, image_size=64),     # BatchNorm1d after linears
+    "poolformer": hf_vision("PoolFormerConfig", "PoolFormerModel", hidden_sizes=[16, 32, 48, 64],
+                            depths=[1, 1, 1, 1]),
+}
+
+
 FAMILIES = {
     **{name: (lambda name=name: classifier(name)) for name in CLASSIFIERS},
     "gpt2": gpt2,
@@ -240,6 +322,7 @@ FAMILIES = {
     "vit": vit,
     "whisper-encoder": whisper_encoder,
     "wav2vec2": wav2vec2,
+    **MORE_FAMILIES,
 }
 
 
@@ -257,11 +340,15 @@ def export(module, x, dynamo: bool) -> bytes:
     return f.getvalue()
 
 
-def check(data: bytes, batches=BATCHES) -> str:
-    """'imported ...' when every NumPy engine matches ONNX Runtime on the file at each batch; else why not."""
+def check(data: bytes, batches=BATCHES, randomize: bool = False) -> str:
+    """'imported ...' when every NumPy engine matches ONNX Runtime on the file at each batch; else
+    why not. A file whose output is all zeros at its own weights (MobileViT's random
+    initialisation) is checked again on seeded random weights, and says so."""
     import onnxruntime as ort
-    model = load_onnx(data)
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    model = load_onnx(data, randomize_weights=0) if randomize else load_onnx(data)
+    session = ort.InferenceSession(model.source, providers=["CPUExecutionProvider"])
+    if not randomize and not np.any(session.run(None, {model.input: model.random_input(1, rng=0)})[0]):
+        return check(data, batches, randomize=True) + " (its output is all zeros at its own weights: checked on random ones)"
     worst = 0.0
     engines = {name: ENGINES[name](model, max(batches)) for name in OWN}
     for batch in batches:

@@ -252,6 +252,29 @@ GRAPHS = {
     ], {"w1": _w(6, 4, 3), "b1": _w(6), "w2": _w(6, 6, 3), "b2": _w(6), "wd": _w(6, 1, 5), "s6": 1 + _w(6),
         "b6": _w(6)},
         in_shape=("N", 4, 20), out_shape=("N", 12, 5)),
+    # BatchNorm1d: after a linear over (N·L, C) (LeViT's), over (N, C, L) and over (N, C)
+    "batchnorm-1d": build([
+        N("MatMul", ["x", "w"], ["h"]),                                            # (N, 4, 8)
+        N("Reshape", ["h", "rows"], ["hr"]),                                        # (N·4, 8)
+        N("BatchNormalization", ["hr", "s8", "b8", "m8", "v8"], ["n2"], epsilon=1e-3),
+        N("Reshape", ["n2", "back"], ["hb"]),                                       # (N, 4, 8)
+        N("BatchNormalization", ["hb", "s4", "b4", "m4", "v4"], ["n3"]),           # channels 4, length 8
+        N("ReduceMean", ["n3", "ax2"], ["r"], keepdims=0),                          # (N, 4)
+        N("BatchNormalization", ["r", "s4", "b1d", "m4", "v1d"], ["n1"]),
+        N("Unsqueeze", ["n1", "axm1"], ["u"]),
+        N("Add", ["n3", "u"], ["y"]),
+    ], {"w": _w(6, 8), "rows": I64(-1, 8), "back": I64(-1, 4, 8), "ax2": I64(2), "axm1": I64(-1),
+        **{f"{k}{c}": v for c in (8, 4) for k, v in (("s", 1 + _w(c)), ("b", _w(c)), ("m", _w(c)),
+                                                     ("v", 0.5 + np.abs(_w(c))))},
+        "b1d": _w(4), "v1d": 0.5 + np.abs(_w(4))},
+        out_shape=("N", 4, 8)),
+    # PoolFormer's MLP: a GELU after a 1x1 conv, which no conv takes as its activation
+    "conv-gelu": build([
+        N("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[1, 1]),
+        N("Gelu", ["c1"], ["g"]),
+        N("Conv", ["g", "w2", "b2"], ["y"], kernel_shape=[1, 1]),
+    ], {"w1": _w(8, 4, 1, 1), "b1": _w(8), "w2": _w(4, 8, 1, 1), "b2": _w(4)},
+        in_shape=("N", 4, 5, 5), out_shape=("N", 4, 5, 5)),
     # elementwise maths, each op inside its domain (Round's halves go to even)
     "math": build([
         N("Tanh", ["x"], ["t"]), N("Asin", ["t"], ["a1"]), N("Acos", ["t"], ["a2"]), N("Atanh", ["t"], ["a3"]),

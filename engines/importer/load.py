@@ -287,7 +287,8 @@ def _evaluator_ops() -> list:
       the Indices output) goes to its own.
     - BatchNormalization before opset 14 in inference mode: the evaluator fills in the schema's
       default momentum and then normalises with the batch's own statistics (training mode),
-      so a batch-2 run differed from batch 1 by 1e-3 at ResNet-50's first BN."""
+      so a batch-2 run differed from batch 1 by 1e-3 at ResNet-50's first BN. Any rank from 2
+      (BatchNorm1d: LeViT's linears, 1-D convolutional front ends), channels on axis 1."""
     from onnx.reference.ops.op_average_pool import AveragePool_19
     from onnx.reference.op_run import OpRun
     from onnx.reference.ops.op_max_pool import MaxPool as ReferenceMaxPool
@@ -327,10 +328,14 @@ def _evaluator_ops() -> list:
 
         def _run(self, x, scale, bias, mean, var, epsilon=None, momentum=None, training_mode=None,
                  is_test=None, spatial=None):
-            if training_mode or np.ndim(x) != 4:
-                raise NotImplementedError("BatchNormalization in training mode, or not over (N, C, H, W)")
-            return (batchnorm_eager(x, scale, bias, mean, var, epsilon=1e-5 if epsilon is None else epsilon)
-                    .astype(x.dtype),)
+            if training_mode or np.ndim(x) < 2:
+                raise NotImplementedError("BatchNormalization in training mode, or over fewer than 2 axes")
+            eps = 1e-5 if epsilon is None else epsilon
+            if np.ndim(x) == 4:
+                return batchnorm_eager(x, scale, bias, mean, var, epsilon=eps).astype(x.dtype),
+            per_channel = (-1,) + (1,) * (np.ndim(x) - 2)       # (N, C), (N, C, L), ...: channels on axis 1
+            a = np.reshape(scale / np.sqrt(var + eps), per_channel)
+            return ((x - np.reshape(mean, per_channel)) * a + np.reshape(bias, per_channel)).astype(x.dtype),
 
     class GatherElements(OpRun):
         op_domain = ""

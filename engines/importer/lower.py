@@ -1111,7 +1111,10 @@ def _moves_within_samples(L: Lowering, x: Act, out: Act, constants: list, picked
     if out.bpos is None:
         return False
     two = x.shape[:x.bpos] + (2,) + x.shape[x.bpos + 1:]
-    at_two = selection(L.node, L.opset_import, two, constants)
+    try:
+        at_two = selection(L.node, L.opset_import, two, constants)
+    except Exception:                # indices made for one sample (MaxUnpool's) fail on two
+        return False
     if at_two is None or at_two.size != 2 * picked.size:
         return False
     by_sample = np.moveaxis(np.arange(math.prod(two)).reshape(two), x.bpos, 0).reshape(2, -1)
@@ -1139,17 +1142,34 @@ def lower_col2im(L: Lowering):
 
 
 def lower_batchnorm(L: Lowering):
+    """(N, C, H, W) with the batch first: ``batchnorm`` (which the passes fold into a conv). Any
+    other rank from 2 (BatchNorm1d over (N, C) or (N, C, L), the batch first or merged into N): its
+    per-channel scale and shift, folded at import, as two ``binary`` ops along ONNX's axis 1."""
     x = L.values[L.node.input[0]]
     problems = []
-    if len(x.per_sample) != 3:
-        problems.append(f"its input has rank {len(x.shape)} (only (N, C, H, W))")
+    if len(x.shape) < 2:
+        problems.append(f"its input has rank {len(x.shape)} (channels are axis 1)")
     if L.attr("training_mode", 0) or any(o for o in L.node.output[1:]):
         problems.append("training mode (its running statistics are outputs)")
     _problems(problems)
     consts = [L.const(i, what) for i, what in enumerate(("", "scale", "bias", "mean", "var")) if i]
+    if len(x.per_sample) != 3 or x.bpos != 0:
+        return _channel_affine(L, x, *consts, float(L.attr("epsilon", 1e-5)))
     out = L.node.output[0]
     params = [L.param(c, f"{out}.{what}") for c, what in zip(consts, ("scale", "bias", "mean", "var"))]
     L.result(L.emit("batchnorm", [x.name], x.per_sample, params, epsilon=float(L.attr("epsilon", 1e-5))))
+
+
+def _channel_affine(L: Lowering, x: Act, scale, bias, mean, var, eps: float):
+    """Inference batch norm along ONNX's axis 1 of ``x``: x * a + b, a and b per channel."""
+    a = np.asarray(scale, np.float64) / np.sqrt(np.asarray(var, np.float64) + eps)
+    b = np.asarray(bias, np.float64) - np.asarray(mean, np.float64) * a
+    per_channel = (1, -1) + (1,) * (len(x.shape) - 2)
+    y = x.name
+    for fn, c in (("mul", a), ("add", b)):
+        extra = _const_operand(L, np.reshape(c, per_channel), L.out())
+        y = L.emit("binary", [y], x.per_sample, extra.pop("params", ()), fn=fn, swap=False, **extra)
+    L.result(y)
 
 
 def lower_lrn(L: Lowering):

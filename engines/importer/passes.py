@@ -924,10 +924,11 @@ def fuse_conv_add(model: Model, fusable=residual_fusable) -> Model:
 def fuse_conv_activation(model: Model, activations: tuple[str, ...] = ("relu", "clip")) -> Model:
     """``conv`` or ``conv_add`` then one of ``activations`` (read only there): its ``activation``.
     The NumPy engines' convs fuse relu and clip; oneDNN's take hardswish, hardsigmoid and
-    sigmoid too (``ir.conv.ACTIVATION_EAGER``)."""
+    sigmoid too (``ir.conv.ACTIVATION_EAGER``); one a conv has no form of (a GELU: PoolFormer's
+    1x1 convs) stays an op of its own."""
     def merge(conv, act, params):
         if (conv.kind not in ("conv", "conv_add") or conv.attrs.get("activation", "none") != "none"
-                or act.kind not in activations):
+                or act.kind not in activations or activation_of(act.kind, act.attrs) is None):
             return None
         return Op(conv.kind, conv.inputs, act.output, conv.params, {**conv.attrs, **activation_of(act.kind, act.attrs)})
     return _absorb(model, merge)
