@@ -1085,7 +1085,7 @@ def lower_selection(L: Lowering):
     its key head so, the batch one axis further in)."""
     from .probe import MAX_ELEMENTS, selection
     x, out = L.values[L.node.input[0]], L.out()
-    if math.prod(x.shape) * 2 > MAX_ELEMENTS:
+    if math.prod(x.shape) * (1 if x.bpos is None else 2) > MAX_ELEMENTS:      # probed at batch 2 too
         raise Unsupported(f"its input {x.shape} is too large to probe")
     constants = [L.const(i, f"input {i}") for i in range(1, len(L.node.input))]
     picked = selection(L.node, L.opset_import, x.shape, constants)
