@@ -169,7 +169,12 @@ def vit():
     torch = _torch()
     config = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                     intermediate_size=128, image_size=32, patch_size=8)
-    model = transformers.ViTModel(config, add_pooling_layer=False).eval()
+    return pixels(transformers.ViTModel(config, add_pooling_layer=False)), torch.randn(2, 3, 32, 32)
+
+
+def pixels(model):
+    """A Hugging Face vision model taking ``pixel_values``, returning its last hidden state."""
+    torch = _torch()
 
     class Wrapped(torch.nn.Module):
         def __init__(self):
@@ -179,7 +184,7 @@ def vit():
         def forward(self, x):
             return self.model(pixel_values=x).last_hidden_state
 
-    return Wrapped().eval(), torch.randn(2, 3, 32, 32)
+    return Wrapped().eval()
 
 
 def whisper_encoder():
@@ -239,17 +244,7 @@ def hf_vision(config: str, model: str, size: int = 32, **kwargs):
     def make():
         transformers = _transformers()
         torch = _torch()
-        built = getattr(transformers, model)(getattr(transformers, config)(**kwargs)).eval()
-
-        class Wrapped(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.model = built
-
-            def forward(self, x):
-                return self.model(pixel_values=x).last_hidden_state
-
-        return Wrapped().eval(), torch.randn(2, 3, size, size)
+        return pixels(getattr(transformers, model)(getattr(transformers, config)(**kwargs))), torch.randn(2, 3, size, size)
     return make
 
 
