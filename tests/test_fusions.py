@@ -317,6 +317,45 @@ def test_a_constant_varying_over_the_plane_moves_before_the_transpose_too():
     assert kinds.index("binary") < kinds.index("transpose", kinds.index("linear")), kinds
 
 
+def group_norm(groups: int, channels: int = 4) -> bytes:
+    """GroupNorm as PyTorch exports it: the sample reshaped to (groups, rest), an instance norm
+    with scale 1 and B 0, reshaped back, then the per-channel scale and shift."""
+    c, hw = channels, 3
+    nodes = [N("Reshape", ["x", "grouped"], ["r"]),
+             N("InstanceNormalization", ["r", "ones", "zeros"], ["i"], epsilon=1e-5),
+             N("Reshape", ["i", "back"], ["b"]), N("Mul", ["b", "gamma"], ["s"]), N("Add", ["s", "beta"], ["y"])]
+    inits = {"grouped": _i64(0, groups, -1), "ones": _f32(np.ones(groups)), "zeros": _f32(np.zeros(groups)),
+             "back": _i64(0, c, hw, hw), "gamma": _f32(RNG.standard_normal((c, 1, 1))),
+             "beta": _f32(RNG.standard_normal((c, 1, 1)))}
+    return build(nodes, inits, in_shape=("N", c, hw, hw))
+
+
+def test_group_norm_of_one_group_is_one_layernorm():
+    """The instance norm's unit scale and zero B emit nothing; the per-channel scale and shift go
+    before the reshape (``binary_before_reshape``), where ``fold_affine`` takes them into the
+    layer norm's own, its rows being whole samples (PoolFormer's norm)."""
+    kinds = check(group_norm(1))
+    assert kinds.count("layernorm") == 1 and "binary" not in kinds, kinds
+
+
+def test_group_norm_of_several_groups_keeps_its_affine():
+    """Rows of one group each: a channel's constant varies between rows, which no layer norm's
+    scale can hold."""
+    kinds = check(group_norm(2))
+    assert kinds.count("binary") == 2, kinds
+
+
+def test_batchnorm_1d_after_a_linear_joins_it_through_the_reshape():
+    """LeViT's linear then BatchNorm1d over (N·L, C), here L = 1: the per-channel scale and shift
+    go before the flattening reshape, and then into the linear's columns and bias."""
+    nodes = [N("MatMul", ["x", "w"], ["h"]), N("Reshape", ["h", "rows"], ["hr"]),
+             N("BatchNormalization", ["hr", "s", "b", "m", "v"], ["n"]), N("Reshape", ["n", "back"], ["y"])]
+    inits = {"w": _f32(RNG.standard_normal((DIM, DIM))), "rows": _i64(-1, DIM), "back": _i64(-1, 1, DIM),
+             **{k: _f32(RNG.standard_normal(DIM)) for k in "sbm"}, "v": _f32(0.5 + RNG.random(DIM))}
+    kinds = check(build(nodes, inits, in_shape=("N", 1, DIM)))       # one token: (N, 1, C) to (N, C)
+    assert kinds.count("linear") == 1 and "binary" not in kinds, kinds
+
+
 def test_onednn_reads_channels_last_transposes_as_its_own_layout():
     """On NHWC the two transposes of the block move nothing: their outputs are the bytes of their
     inputs (``Lowering.alias``), so no reorder and no copy runs between the conv and the add."""

@@ -522,7 +522,9 @@ def lower_instancenorm(L: Lowering):
                                                      L.param(np.zeros(width), out + ".b")],
                eps=float(L.attr("epsilon", 1e-5)))
     spatial = (1,) * (len(x.per_sample) - 1)
-    for fn, c in (("mul", L.const(1, "scale")), ("add", L.const(2, "B"))):
+    for fn, c, identity in (("mul", L.const(1, "scale"), 1.0), ("add", L.const(2, "B"), 0.0)):
+        if np.all(np.asarray(c) == identity):       # GroupNorm as exported: one channel, scale 1, B 0
+            continue
         extra = _const_operand(L, np.reshape(c, (channels, *spatial)), L.out())
         y = L.emit("binary", [y], L.shapes[y], extra.pop("params", ()), fn=fn, swap=False, **extra)
     L.result(y)

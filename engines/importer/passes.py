@@ -818,6 +818,15 @@ def _per_channel(model: Model, op: Op, params, channel_axis: int) -> np.ndarray 
     return full[:, 0] if np.all(full == full[:, :1]) else None
 
 
+def _within_rows(op: Op, params, width: int) -> np.ndarray | None:
+    """The constant of a ``binary`` as one row of ``width`` elements, where it repeats within
+    rows that long (a scalar, or a block whose length divides the width); else None."""
+    if op.attrs.get("scalar") is not None:
+        return np.full(width, float(op.attrs["scalar"]))
+    block = params[op.params[0]].astype(np.float64).reshape(-1) if len(op.params) == 1 else None
+    return None if block is None or width % block.size else np.tile(block, width // block.size)
+
+
 def binary_before_transpose(model: Model) -> Model:
     """A ``transpose`` of what ``fold_affine`` absorbs into (a conv's, a batchnorm's or a
     linear's output), read only by a ``binary`` with a constant operand: the binary first, on
@@ -856,10 +865,39 @@ def binary_before_transpose(model: Model) -> Model:
     return _rebuild(model, ops, params, origin, shapes)
 
 
+def binary_before_reshape(model: Model) -> Model:
+    """A ``reshape`` (a view: the sample's elements in the same order) read only by a ``binary``
+    with a constant operand: the binary first, on the reshape's input, then the reshape. The
+    constant repeats along the sample's elements either way, so it is unchanged. ``fold_affine``
+    then reaches what the view hid: LeViT's BatchNorm1d after a linear over (N·L, C), GroupNorm's
+    per-channel affine after the instance norm of one group."""
+    ops, readers = list(model.ops), _readers(model.ops)
+    origin, shapes = dict(model.origin), {}
+    for i, r in enumerate(ops):
+        if r.kind != "reshape" or r.output == model.output or len(readers.get(r.output, ())) != 1:
+            continue
+        j = readers[r.output][0]
+        b = ops[j]
+        if (b.kind != "binary" or b.inputs != (r.output,) or b.attrs.get("fn") not in ("mul", "add")
+                or (b.attrs.get("scalar") is None and len(b.params) != 1)):
+            continue
+        moved = b.output + ".pre"
+        shapes[moved] = shapes.get(r.inputs[0]) or model.shapes[r.inputs[0]]
+        origin[moved] = origin.get(b.output, ())
+        ops[i] = Op("binary", r.inputs, moved, b.params, b.attrs)
+        ops[j] = Op("reshape", (moved,), b.output, (), r.attrs)
+        readers = _readers(ops)
+    if not shapes:
+        return model
+    return _rebuild(model, ops, model.params, origin, shapes)
+
+
 def fold_affine(model: Model) -> Model:
     """A mul or add by a per-channel constant (or a scalar) after a ``conv``, a standalone
     ``batchnorm`` or a ``linear``, read only there, joins its weights and bias: mul scales both,
-    add shifts the bias (a BatchNormalization exported as BN, Mul, Add is one conv)."""
+    add shifts the bias (a BatchNormalization exported as BN, Mul, Add is one conv). After a
+    ``layernorm``, a constant that repeats within its rows joins its scale and shift (GroupNorm's
+    per-channel affine, where the norm is over the whole sample)."""
     def merge(op, aff, params):
         fn = aff.attrs.get("fn")
         if aff.kind != "binary" or fn not in ("mul", "add") or aff.inputs != (op.output,):
@@ -873,6 +911,9 @@ def fold_affine(model: Model) -> Model:
         elif op.kind == "linear" and len(model.shapes[op.output]) >= 1:
             c = _per_channel(model, aff, params, len(model.shapes[op.output]) - 1)
             scaled, shifted = (0, 1), (1,)             # params: w (in, out), b
+        elif op.kind == "layernorm":
+            c = _within_rows(aff, params, params[op.params[0]].size)
+            scaled, shifted = (0, 1), (1,)             # params: g, b (each row's width)
         else:
             return None
         if c is None:
@@ -1003,5 +1044,6 @@ def fuse_conv_maxpool(model: Model) -> Model:
 
 # In order: fusions first, then what they left unread.
 PASSES = (drop_repeated_quantization, fold_constant_adds, fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm,
-          fuse_rmsnorm, fuse_rotary, fuse_attention, drop_nan_guard, fold_batchnorm, binary_before_transpose, fold_affine, fuse_silu,
+          fuse_rmsnorm, fuse_rotary, fuse_attention, drop_nan_guard, fold_batchnorm, binary_before_transpose, binary_before_reshape,
+          fold_affine, fuse_silu,
           fuse_conv_add, fuse_conv_activation, fuse_conv_maxpool, remove_dead)
