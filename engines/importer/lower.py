@@ -517,17 +517,24 @@ def lower_instancenorm(L: Lowering):
     if x.bpos != 0 or len(x.per_sample) < 2:
         raise Unsupported(f"its input is not (N, C, ...) with the batch first (shape {x.shape})")
     rows, width = _trailing(L, x, list(range(1, len(x.per_sample))))
-    out, channels = L.node.output[0], x.per_sample[0]
+    out = L.node.output[0]
     y = L.emit("layernorm", [rows], L.shapes[rows], [L.param(np.ones(width), out + ".g"),
                                                      L.param(np.zeros(width), out + ".b")],
                eps=float(L.attr("epsilon", 1e-5)))
-    spatial = (1,) * (len(x.per_sample) - 1)
-    for fn, c, identity in (("mul", L.const(1, "scale"), 1.0), ("add", L.const(2, "B"), 0.0)):
-        if np.all(np.asarray(c) == identity):       # GroupNorm as exported: one channel, scale 1, B 0
+    L.result(_scale_and_shift(L, y, L.const(1, "scale"), L.const(2, "B")))
+
+
+def _scale_and_shift(L: Lowering, y: str, scale, shift) -> str:
+    """y * scale + shift, each one value per channel (axis 1 of the node's output), as ``binary``
+    steps; a unit scale or a zero shift is no step (GroupNorm as exported: an instance norm of
+    scale 1 and B 0)."""
+    per_channel = (1, -1) + (1,) * (len(L.out().shape) - 2)
+    for fn, c, identity in (("mul", scale, 1.0), ("add", shift, 0.0)):
+        if np.all(np.asarray(c) == identity):
             continue
-        extra = _const_operand(L, np.reshape(c, (channels, *spatial)), L.out())
+        extra = _const_operand(L, np.reshape(c, per_channel), L.out())
         y = L.emit("binary", [y], L.shapes[y], extra.pop("params", ()), fn=fn, swap=False, **extra)
-    L.result(y)
+    return y
 
 
 def lower_rmsnorm(L: Lowering):
@@ -1155,23 +1162,14 @@ def lower_batchnorm(L: Lowering):
         problems.append("training mode (its running statistics are outputs)")
     _problems(problems)
     consts = [L.const(i, what) for i, what in enumerate(("", "scale", "bias", "mean", "var")) if i]
-    if len(x.per_sample) != 3 or x.bpos != 0:
-        return _channel_affine(L, x, *consts, float(L.attr("epsilon", 1e-5)))
+    eps = float(L.attr("epsilon", 1e-5))
+    if len(x.per_sample) != 3 or x.bpos != 0:                  # x * a + b, a and b per channel
+        scale, bias, mean, var = (np.asarray(c, np.float64) for c in consts)
+        a = scale / np.sqrt(var + eps)
+        return L.result(_scale_and_shift(L, x.name, a, bias - mean * a))
     out = L.node.output[0]
     params = [L.param(c, f"{out}.{what}") for c, what in zip(consts, ("scale", "bias", "mean", "var"))]
-    L.result(L.emit("batchnorm", [x.name], x.per_sample, params, epsilon=float(L.attr("epsilon", 1e-5))))
-
-
-def _channel_affine(L: Lowering, x: Act, scale, bias, mean, var, eps: float):
-    """Inference batch norm along ONNX's axis 1 of ``x``: x * a + b, a and b per channel."""
-    a = np.asarray(scale, np.float64) / np.sqrt(np.asarray(var, np.float64) + eps)
-    b = np.asarray(bias, np.float64) - np.asarray(mean, np.float64) * a
-    per_channel = (1, -1) + (1,) * (len(x.shape) - 2)
-    y = x.name
-    for fn, c in (("mul", a), ("add", b)):
-        extra = _const_operand(L, np.reshape(c, per_channel), L.out())
-        y = L.emit("binary", [y], x.per_sample, extra.pop("params", ()), fn=fn, swap=False, **extra)
-    L.result(y)
+    L.result(L.emit("batchnorm", [x.name], x.per_sample, params, epsilon=eps))
 
 
 def lower_lrn(L: Lowering):

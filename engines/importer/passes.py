@@ -92,6 +92,12 @@ def _added_block(op: Op, params) -> np.ndarray | None:
     scalar: a block of one), else None."""
     if op.kind != "binary" or op.attrs.get("fn") != "add" or op.attrs.get("swap") or len(op.inputs) != 1:
         return None
+    return _constant_block(op, params)
+
+
+def _constant_block(op: Op, params) -> np.ndarray | None:
+    """A ``binary``'s constant operand as the flat float64 block it repeats along the sample (a
+    scalar: a block of one), else None."""
     if op.attrs.get("scalar") is not None:
         return np.array([op.attrs["scalar"]], np.float64)
     return params[op.params[0]].astype(np.float64).reshape(-1) if len(op.params) == 1 else None
@@ -821,9 +827,7 @@ def _per_channel(model: Model, op: Op, params, channel_axis: int) -> np.ndarray 
 def _within_rows(op: Op, params, width: int) -> np.ndarray | None:
     """The constant of a ``binary`` as one row of ``width`` elements, where it repeats within
     rows that long (a scalar, or a block whose length divides the width); else None."""
-    if op.attrs.get("scalar") is not None:
-        return np.full(width, float(op.attrs["scalar"]))
-    block = params[op.params[0]].astype(np.float64).reshape(-1) if len(op.params) == 1 else None
+    block = _constant_block(op, params)
     return None if block is None or width % block.size else np.tile(block, width // block.size)
 
 
