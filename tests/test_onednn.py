@@ -204,9 +204,10 @@ def test_below_avx512_the_matmul_that_would_allocate_is_not_chosen_and_the_inner
 def test_numpys_products_run_on_one_openblas_thread():
     """Attention's per-head products and the row reductions' matvecs stay off NumPy's two-thread
     pool, which alternating with OpenMP's waited on its spinning workers: every NumPy matmul of a
-    transformer's forward runs inside a one-thread call, and the answer is still right."""
+    transformer's forward runs inside a one-thread call, and the answer is still right (products
+    below MKL_BATCH_MIN_WORK: MKL's batch takes larger ones where it is installed)."""
     from engines import MODELS, kernels
-    model = MODELS["transformer"](dim=64, seed=1)
+    model = MODELS["transformer"](dim=64, seq=16, seed=1)
     engine = ENGINES["onednn"](model, 2)
     x = model.random_input(2, rng=4)
     np.testing.assert_allclose(np.asarray(engine.forward(x), np.float64), model.reference(x), atol=1e-4, rtol=1e-4)
@@ -672,6 +673,41 @@ def test_attention_falls_back_to_numpy_where_onednn_offers_no_brgemm(monkeypatch
     np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
     ran = [p for p in engine.report()["primitives"] if p["kind"] == "attention" and p["batch"] == 2]
     assert len(ran) == 1            # the softmax: NumPy's products and mask add ran the rest
+
+
+def _flat(calls) -> list:
+    """The functions a bound forward calls, inside its one-thread wrappers too."""
+    from engines import kernels
+    return [f for fn, args in calls for f in (_flat(args[-1]) if fn is kernels.table._one_thread else [fn])]
+
+
+@pytest.mark.parametrize("mask", [None, np.linspace(-9, 0, 16 * 16)], ids=["no-mask", "mask"])
+@pytest.mark.parametrize("on_mkl", [True, False], ids=["above", "below"])
+def test_without_brgemm_attentions_products_run_on_mkls_batch_from_a_size_on(monkeypatch, mask, on_mkl):
+    """Where oneDNN offers no brgemm matmul (AVX2 alone), attention's products run on MKL's
+    strided batch on the OpenMP pool from MKL_BATCH_MIN_WORK multiply-adds a product: the scores
+    as one call over every sample's heads, the context (written into head columns, which the
+    strided batch refuses) one gemm per head; NumPy's on one thread below. Right either way."""
+    from engines import MODELS as ZOO
+    from engines.native import mkl
+    try:
+        lib = mkl.load()
+    except EngineUnavailable as exc:
+        pytest.skip(f"MKL is not installed here: {exc}")
+    monkeypatch.setattr(onednn, "implementation", lambda dnnl, pd: "gemm:jit:f32")
+    work = 3 * 4 * 16 * 16 * 16                                       # batch 3's products
+    monkeypatch.setattr(onednn, "MKL_BATCH_MIN_WORK", work if on_mkl else work + 1)
+    model = ZOO["transformer"](dim=64, seq=16, heads=4, seed=3)
+    model = model if mask is None else _masked(model, mask)
+    engine = ENGINES["onednn"](model, 3)
+    for batch in (1, 3):
+        x = model.random_input(batch, batch)
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
+    fns = _flat(engine._bound[3].calls)
+    if on_mkl:
+        assert (fns.count(lib.sgemm_batch_strided), fns.count(lib.sgemm), fns.count(np.matmul)) == (1, 3 * 4, 0)
+    else:
+        assert (fns.count(lib.sgemm_batch_strided), fns.count(lib.sgemm), fns.count(np.matmul)) == (0, 0, 2)
 
 
 def test_scalar_ops_between_quantize_steps_join_their_chain():

@@ -22,6 +22,9 @@ from .threads import blas_threads
 ROW_MAJOR, NO_TRANS, TRANS, PACKED, B_MATRIX = 101, 111, 112, 151, 162   # CBLAS enums (mkl_cblas.h)
 _LP64 = 0                                                       # 32-bit integers
 _GNU_OPENMP = 3                                                 # MKL_THREADING_GNU
+# Matrices per call of MKL's strided batch, which allocates 312 B + 24 B a matrix for each call
+# (memray): at most 696 B
+BATCH_MATRICES = 16
 
 
 def find() -> str | None:
@@ -86,6 +89,29 @@ def sgemm_call(lib, a: np.ndarray, b: np.ndarray, out: np.ndarray):
     ptr = ctypes.c_void_p
     return (lib.sgemm, (ROW_MAJOR, ta, tb, m, n, k, ctypes.c_float(1.0), ptr(a.ctypes.data), lda,
                         ptr(b.ctypes.data), ldb, ctypes.c_float(0.0), ptr(out.ctypes.data), ldc))
+
+
+def batched_calls(lib, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list | None:
+    """MKL's calls for out[i, h] = a[i, h] @ b[i, h] over (batch, heads) views: strided batches of
+    BATCH_MATRICES heads at most, per sample (over all of them where the samples follow each other
+    at the same stride), or one sgemm per head where the heads' outputs interleave
+    (attention's context written into column blocks, which the strided batch refuses); None where
+    a view's matrices are not BLAS matrices."""
+    if all(m.strides[0] == m.strides[1] * m.shape[1] for m in (a, b, out)):    # the samples' heads as one stack
+        a, b, out = (m.reshape(1, -1, *m.shape[2:]) for m in (a, b, out))
+    layouts = [matrix_layout(m[0]) for m in (a, b, out)]
+    if None in layouts or layouts[2][0] != NO_TRANS:
+        return None
+    (ta, lda, sa), (tb, ldb, sb), (_, ldc, sc) = layouts
+    heads, m, k = a.shape[1:]
+    n = b.shape[-1]
+    one, zero, ptr = ctypes.c_float(1.0), ctypes.c_float(0.0), ctypes.c_void_p
+    if sc >= ldc * m:
+        return [(lib.sgemm_batch_strided, (ROW_MAJOR, ta, tb, m, n, k, one, ptr(a[i, h].ctypes.data), lda, sa,
+                                           ptr(b[i, h].ctypes.data), ldb, sb, zero, ptr(out[i, h].ctypes.data), ldc,
+                                           sc, min(BATCH_MATRICES, heads - h)))
+                for i in range(a.shape[0]) for h in range(0, heads, BATCH_MATRICES)]
+    return [sgemm_call(lib, a[i, h], b[i, h], out[i, h]) for i in range(a.shape[0]) for h in range(heads)]
 
 
 def blas_layout(x: np.ndarray):

@@ -68,21 +68,7 @@ class PackedEngine(FusedEngine):
 
     def batched_matmul_calls(self, a, b, out) -> list:
         # On MKL, not NumPy's matmul: one thread pool (see the module docstring).
-        layouts = [mkl.matrix_layout(m[0]) for m in (a, b, out)]
-        if None in layouts or layouts[2][0] != mkl.NO_TRANS:
-            return super().batched_matmul_calls(a, b, out)
-        (ta, lda, sa), (tb, ldb, sb), (_, ldc, sc) = layouts
-        heads, m, k = a.shape[1:]
-        n = b.shape[-1]
-        one, zero, ptr = ctypes.c_float(1.0), ctypes.c_float(0.0), ctypes.c_void_p
-        if sc >= ldc * m:                 # one strided batch over the heads per sample
-            return [(self._mkl.sgemm_batch_strided,
-                     (mkl.ROW_MAJOR, ta, tb, m, n, k, one, ptr(a[i].ctypes.data), lda, sa, ptr(b[i].ctypes.data),
-                      ldb, sb, zero, ptr(out[i].ctypes.data), ldc, sc, heads))
-                    for i in range(a.shape[0])]
-        # The heads' outputs interleave (attention's context, written into column blocks), which
-        # MKL's strided batch refuses: one gemm per head.
-        return [mkl.sgemm_call(self._mkl, a[i, h], b[i, h], out[i, h]) for i in range(a.shape[0]) for h in range(heads)]
+        return mkl.batched_calls(self._mkl, a, b, out) or super().batched_matmul_calls(a, b, out)
 
     def matmul_calls(self, a, b, out) -> list:
         # An op's own products (a convolution's GEMMs, a pool's or LRN's matrix products) on MKL
