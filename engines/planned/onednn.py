@@ -114,7 +114,8 @@ class OneDnnEngine(FusedEngine):
     @functools.cached_property
     def vector_math(self):
         """MKL, if installed, for an erf that stays an op of its own (between a quantized file's
-        steps; ``FusedEngine.op_calls``): loaded when such a step is bound, not for every engine."""
+        steps; ``FusedEngine.op_calls``) and large batched products (``batched_matmul_calls``):
+        loaded when such a step is bound, not for every engine."""
         try:
             return mkl.load()
         except EngineUnavailable:
