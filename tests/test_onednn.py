@@ -3,6 +3,7 @@ light CNN, the layout changed only at the graph's edges where every op has a one
 primitives that outlive the engine that made them for its workers."""
 import gc
 import glob
+import math
 import os
 import re
 
@@ -708,6 +709,23 @@ def test_without_brgemm_attentions_products_run_on_mkls_batch_from_a_size_on(mon
         assert (fns.count(lib.sgemm_batch_strided), fns.count(lib.sgemm), fns.count(np.matmul)) == (1, 3 * 4, 0)
     else:
         assert (fns.count(lib.sgemm_batch_strided), fns.count(lib.sgemm), fns.count(np.matmul)) == (0, 0, 2)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((2, 4, 64, 32), (2, 4, 32, 64)), ((2, 64, 128), (2, 128, 64)),
+                                              ((2, 4, 64, 32), (1, 4, 32, 64)), ((2, 2, 4, 64, 32), (2, 2, 4, 32, 64))],
+                         ids=["stack", "rank-3", "broadcast", "rank-5"])
+def test_every_large_batched_product_is_right(a_shape, b_shape):
+    """Above MKL_BATCH_MIN_WORK, a (batch, heads) stack may run on MKL's batch; other ranks and
+    broadcast operands (an export's generic MatMul, Swin's windows) stay NumPy's products."""
+    from engines import MODELS as ZOO
+    engine = ENGINES["onednn"](ZOO["transformer"](dim=64, seq=16, heads=4), 1)
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(shape, dtype=np.float32) for shape in (a_shape, b_shape))
+    out = np.empty(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1]), np.float32)
+    assert math.prod(out.shape) * a_shape[-1] >= onednn.MKL_BATCH_MIN_WORK
+    for fn, args in engine.batched_matmul_calls(a, b, out):
+        fn(*args)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
 
 
 def test_scalar_ops_between_quantize_steps_join_their_chain():

@@ -148,11 +148,12 @@ class OneDnnEngine(FusedEngine):
         return on_one_thread("numpy-threads", [super().matvec_call(x, col, out)])[0]
 
     def batched_matmul_calls(self, a, b, out) -> list:
-        """Where oneDNN's matmul has no brgemm kernel (AVX2 alone) and MKL is installed, MKL's on
-        the OpenMP pool from ``MKL_BATCH_MIN_WORK`` multiply-adds a call; else NumPy's on one thread."""
-        work = math.prod(out.shape) * a.shape[-1]
-        calls = mkl.batched_calls(self.vector_math, a, b, out) if self.vector_math and work >= MKL_BATCH_MIN_WORK \
-            else None
+        """Where oneDNN's matmul has no brgemm kernel (AVX2 alone) and MKL is installed, a (batch,
+        heads) stack of products of ``MKL_BATCH_MIN_WORK`` multiply-adds or more on MKL's batch on
+        the OpenMP pool; else (other ranks, broadcast operands) NumPy's on one thread."""
+        stacked = a.ndim == b.ndim == out.ndim == 4 and a.shape[:2] == b.shape[:2] == out.shape[:2]
+        large = stacked and math.prod(out.shape) * a.shape[-1] >= MKL_BATCH_MIN_WORK
+        calls = mkl.batched_calls(self.vector_math, a, b, out) if large and self.vector_math else None
         return calls or on_one_thread("numpy-threads", super().batched_matmul_calls(a, b, out))
 
     def matmul_calls(self, a, b, out) -> list:
