@@ -10,7 +10,8 @@ Models: the ``.onnx`` files in ``--exports`` (``scripts/export_zoo.py --keep``),
 torch exports of tests/test_onnx_import.py, and with ``--cnns`` the onnx package's light CNNs
 (random weights; ``--big`` adds AlexNet, VGG-19 and ZFNet-512).
 
-Per model: the IR op count after the passes, the fused kinds (``attn`` counts ``attn_scores``,
+Per model: the IR op count after the passes, the fused kinds (``attn`` counts ``attn_scores`` and
+``attention``,
 ``ln`` ``layernorm``, ``rms`` ``rmsnorm``, ``gelu`` ``gelu`` and ``gelu_erf``, ``conv+`` the convolutions that took a
 batch norm, an affine, an activation, a residual add or a pool), the generic kinds left around a
 softmax and GPT-2's GELU (``matmul``, ``isnan``, ``where``, ``tanh``), and the import time:
@@ -40,7 +41,7 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FUSED = ("attn_scores", "layernorm", "rmsnorm", "gelu", "gelu_erf", "linear")
+FUSED = ("attn_scores", "attention", "layernorm", "rmsnorm", "gelu", "gelu_erf", "linear")
 CONV_KINDS = ("conv", "conv_add", "conv_maxpool")
 GENERIC = ("matmul", "isnan", "where", "tanh", "batchnorm")
 CNNS = ("densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet")
@@ -153,7 +154,7 @@ def fused(r: dict) -> str:
     if "error" in r:
         return r["error"]
     k = r["kinds"]
-    parts = [f"attn {k.get('attn_scores', 0)}", f"ln {k.get('layernorm', 0)}",
+    parts = [f"attn {k.get('attn_scores', 0) + k.get('attention', 0)}", f"ln {k.get('layernorm', 0)}",
              f"gelu {k.get('gelu', 0) + k.get('gelu_erf', 0)}"]
     if k.get("rmsnorm"):
         parts.append(f"rms {k['rmsnorm']}")

@@ -5,8 +5,8 @@ at batch 1 and 4; a graph that almost matches stays generic and matches too.
 The patterns are those of Hugging Face exports (scripts/export_zoo.py): attention with a folded
 causal or padding mask and SDPA's NaN guard (GPT-2, BERT, DistilBERT), an export's mask of zeros
 (the dynamo exports of ViT and wav2vec 2.0), T5's unscaled attention with its position bias and
-padding mask added one after the other, GPT-2's GELU in tanh form, RMSNorm (T5's and the decoders') and
-the decoders' rotary embedding,
+padding mask added one after the other, GPT-2's GELU in tanh form, RMSNorm (T5's and the decoders'),
+the decoders' rotary embedding and their attention (key/value heads repeated for grouped queries),
 and ConvNeXt's layer scale after its transpose back to channels-first, SiLU (a Sigmoid times its input), and a
 residual sum after a conv (ResNet).
 """
@@ -265,7 +265,7 @@ def test_gelu_in_tanh_form_with_another_constant_stays_generic():
 
 @NAN_ROWS
 @pytest.mark.parametrize("graph", ["causal", "guarded-row", "zeros", "gelu-first", "gelu-last", "t5", "adds", "rotary",
-                                   "rmsnorm", "rotary-embedding"])
+                                   "rmsnorm", "rotary-embedding", "decoder"])
 def test_each_fusion_keeps_the_float64_reference(graph):
     """The pass alone, on the generic ops: the same float64 output (the dropped guard and the
     dropped zero mask are exact on finite scores)."""
@@ -273,10 +273,11 @@ def test_each_fusion_keeps_the_float64_reference(graph):
     row[0] = -np.inf
     data = {"causal": sdpa(causal()), "guarded-row": sdpa(row), "zeros": sdpa(np.zeros((SEQ, SEQ), np.float32)),
             "gelu-first": tanh_gelu("half-first"), "gelu-last": tanh_gelu("half-last"), "t5": t5(),
-            "adds": constant_adds(), "rotary": sdpa(causal(), rotary=True), "rmsnorm": rmsnorm("Div"), "rotary-embedding": rotary_embedding()}[graph]
+            "adds": constant_adds(), "rotary": sdpa(causal(), rotary=True), "rmsnorm": rmsnorm("Div"),
+            "rotary-embedding": rotary_embedding(), "decoder": decoder_attention(2, causal())}[graph]
     raw = load_onnx(data, passes=False)
-    fused = passes.drop_nan_guard(passes.fuse_attention(passes.fuse_rotary(passes.fuse_rmsnorm(passes.fuse_gelu_tanh(
-        passes.fold_constant_adds(raw))))))
+    fused = passes.fuse_grouped_attention(passes.drop_nan_guard(passes.fuse_attention(passes.fuse_rotary(
+        passes.fuse_rmsnorm(passes.fuse_gelu_tanh(passes.fold_constant_adds(raw)))))))
     assert len(fused.ops) < len(raw.ops)
     x = raw.random_input(3, rng=11)
     ref = raw.reference(x)
@@ -467,9 +468,10 @@ def test_the_decoder_kinds_calls_equal_their_eager_form_out_of_place_and_in_plac
         assert np.abs(target - expected).max() < 1e-5, in_place
 
 
-def test_rotary_and_rmsnorm_run_on_the_torch_peer_without_allocating_on_the_planned_engines():
-    """The two decoder kinds: the torch peer maps them; arena and onednn allocate no array per warm
-    forward (the halves are swapped by copies: NumPy's ufuncs buffer strided operands)."""
+def test_the_decoder_kinds_run_on_the_torch_peer_without_allocating_on_the_planned_engines():
+    """The decoder kinds (rotary, rmsnorm, attention): the torch peer maps them; arena and onednn
+    allocate no array per warm forward (rotary swaps the halves by copies: NumPy's ufuncs buffer
+    strided operands; attention adds its mask in pre-tiled row blocks)."""
     import tracemalloc
     pytest.importorskip("torch", reason="the torch peer needs the peers extra")
     from engines.native import onednn
@@ -477,7 +479,7 @@ def test_rotary_and_rmsnorm_run_on_the_torch_peer_without_allocating_on_the_plan
         onednn.library()
     except Exception as exc:                                    # noqa: BLE001 - the extra is optional
         pytest.skip(f"oneDNN is not installed here: {exc}")
-    for data in (rotary_embedding(), rmsnorm()):
+    for data in (rotary_embedding(), rmsnorm(), decoder_attention(2, causal())):
         model, session = load_onnx(data), ort.InferenceSession(data, providers=["CPUExecutionProvider"])
         x = model.random_input(4, rng=9)
         expected = session.run(None, {"x": x})[0]
@@ -490,6 +492,90 @@ def test_rotary_and_rmsnorm_run_on_the_torch_peer_without_allocating_on_the_plan
             tracemalloc.stop()
             assert np.abs(y - expected).max() < 1e-5, name
             assert name == "torch" or peak < 4096, (name, peak)
+
+
+def decoder_attention(kv_heads: int, mask=None, order: str = "repeat", heads: int = 4) -> bytes:
+    """A decoder's attention as the dynamo exporter writes Llama's: q, k and v projected apart, moved
+    head-major, q and k times a constant over (seq, head_dim) (a rotary embedding's stand-in),
+    each key/value head repeated for its group of query heads (Unsqueeze, Expand, Reshape),
+    kᵀ and q each scaled by head_dim^-1/4, a constant mask added, softmax, the context back to
+    (seq, dim). ``order="tile"``: the heads repeated kv-major (h reads kv head h % kv_heads),
+    which is not grouped-query attention's order."""
+    head, group = DIM // heads, heads // kv_heads
+    grouped = [1, 1, group, 1, 1] if order == "repeat" else [1, group, 1, 1, 1]
+    nodes, inits = [], {"wq": _f32(RNG.standard_normal((DIM, DIM)) / math.sqrt(DIM)),
+                        "rot": _f32(np.cos(np.arange(SEQ * head).reshape(SEQ, head))), "s": _f32(head ** -0.25),
+                        "q_heads": _i64(0, SEQ, heads, head), "kv_heads": _i64(0, SEQ, kv_heads, head),
+                        "all_heads": _i64(0, heads, SEQ, head), "back": _i64(0, SEQ, DIM),
+                        "grouped": _i64(*grouped), "axis": _i64(2 if order == "repeat" else 1)}
+    for t in "qkv":
+        width = "q_heads" if t == "q" else "kv_heads"
+        if t != "q":
+            inits[f"w{t}"] = _f32(RNG.standard_normal((DIM, kv_heads * head)) / math.sqrt(DIM))
+        nodes += [N("MatMul", ["x", f"w{t}"], [f"{t}0"]), N("Reshape", [f"{t}0", width], [f"{t}1"]),
+                  N("Transpose", [f"{t}1"], [f"{t}2"], perm=[0, 2, 1, 3])]
+        last = f"{t}2"
+        if t != "v":
+            nodes.append(N("Mul", [last, "rot"], [f"{t}r"]))
+            last = f"{t}r"
+        if t != "q":
+            nodes += [N("Unsqueeze", [last, "axis"], [f"{t}u"]), N("Expand", [f"{t}u", "grouped"], [f"{t}e"]),
+                      N("Reshape", [f"{t}e", "all_heads"], [f"{t}h"])]
+            last = f"{t}h"
+        inits[t] = last
+    q, k, v = (inits.pop(t) for t in "qkv")
+    nodes += [N("Transpose", [k], ["kT"], perm=[0, 1, 3, 2]), N("Mul", [q, "s"], ["qs"]), N("Mul", ["kT", "s"], ["ks"]),
+              N("MatMul", ["qs", "ks"], ["scores"])]
+    scores = "scores"
+    if mask is not None:
+        nodes.append(N("Add", ["scores", "mask"], ["masked"]))
+        inits["mask"], scores = _f32(mask), "masked"
+    nodes += [N("Softmax", [scores], ["p"], axis=-1), N("MatMul", ["p", v], ["ctx"]),
+              N("Transpose", ["ctx"], ["ctxT"], perm=[0, 2, 1, 3]), N("Reshape", ["ctxT", "back"], ["y"])]
+    return build(nodes, inits)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4], ids=["multi-query", "grouped", "multi-head"])
+@pytest.mark.parametrize("mask", [None, "causal", "per-head"])
+def test_a_decoders_attention_is_one_attention(kv_heads, mask):
+    """Rotary-embedded q and k, key/value heads repeated for their groups (multi-query: one for
+    all; multi-head: none repeated), the scalings, a constant mask over (seq, seq) or per head:
+    one ``attention`` op reading the head-major q, k and v; its scale the scalings' product."""
+    masks = {None: None, "causal": causal(), "per-head": RNG.uniform(-5, 0, (4, SEQ, SEQ))}
+    model = load_onnx(decoder_attention(kv_heads, masks[mask]))
+    (op,) = [op for op in model.ops if op.kind == "attention"]
+    assert [model.shapes[t] for t in op.inputs] == [(4, SEQ, 2), (kv_heads, SEQ, 2), (kv_heads, SEQ, 2)]
+    assert math.isclose(op.attrs["scale"], 2 ** -0.5, rel_tol=1e-6)
+    kinds = check(decoder_attention(kv_heads, masks[mask]))
+    assert not {"matmul", "softmax", "expand"} & set(kinds) and kinds.count("attention") == 1, kinds
+
+
+def test_heads_repeated_in_another_order_are_read_repeated():
+    """Query head h reading key/value head h % kv_heads is not grouped-query attention's order: the
+    replayed repeat differs, so the attention reads the repeated copies (one key/value head per
+    query head), and the expands that make them stay."""
+    model = load_onnx(decoder_attention(2, causal(), order="tile"))
+    (op,) = [op for op in model.ops if op.kind == "attention"]
+    assert [model.shapes[t] for t in op.inputs] == [(4, SEQ, 2)] * 3
+    assert check(decoder_attention(2, causal(), order="tile")).count("expand") == 2
+
+
+@pytest.mark.parametrize("width", [6, 6 * 6, 4 * 6 * 6], ids=["keys", "shared", "per-head"])
+def test_the_attention_kinds_calls_equal_its_eager_form(width):
+    """Two key/value heads for four query heads over 6 tokens, a mask over the keys, (seq, seq) or
+    every head: the calls (one product per key/value head over its group, the mask in row blocks)
+    write what the eager form computes."""
+    from engines.ir.ops import OPS
+    op, rng = OPS["attention"], np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((3, heads, 6, 8)) for heads in (4, 2, 2))
+    mask, attrs = rng.uniform(-3, 0, width), {"scale": 0.3, "width": width}
+    expected = op.eager(q, k, v, mask, **attrs)
+    out = np.empty(q.shape, np.float32)
+    scratch = [np.empty((3, *shape), np.float32) for shape in op.scratch_shapes([q.shape[1:], k.shape[1:], v.shape[1:]])]
+    operands = op.operands([mask.astype(np.float32)], 3 * 4 * 6)
+    for fn, args in op.calls(out, *(a.astype(np.float32) for a in (q, k, v)), *operands, *scratch, **attrs):
+        fn(*args)
+    assert np.abs(out - expected).max() < 1e-5
 
 
 def silu_after_conv(other_operand: bool = False) -> bytes:

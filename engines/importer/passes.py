@@ -760,6 +760,102 @@ def drop_nan_guard(model: Model) -> Model:
                             for op in ops if op.output not in dropped])
 
 
+# --- a decoder's attention: head-major q, k and v, key/value heads repeated for groups ----------
+
+_REPEATS = ("reshape", "expand")     # how exporters repeat key/value heads for grouped-query attention
+
+
+def _repeated(t: str, by_out, model: Model) -> tuple[str, float, list[Op]] | None:
+    """(source, scale, ops): the furthest (kv_heads, seq, head_dim) tensor that ``t`` (heads, seq,
+    head_dim) is, each head repeated heads / kv_heads times in a row (grouped-query attention;
+    once: ``t`` itself or a view of it), through reshapes, expands and scalar scalings: the
+    scalings' product and the ops from the source. Checked by replaying the moves on indices."""
+    chain, walked = [], [t]
+    while walked[-1] in by_out and (by_out[walked[-1]].kind in _REPEATS or _scale_of(by_out[walked[-1]]) is not None):
+        chain.append(by_out[walked[-1]])
+        walked.append(chain[-1].inputs[0])
+    heads, seq, dim = model.shapes[t]
+    for i in range(len(walked) - 1, -1, -1):
+        shape, moves = model.shapes.get(walked[i], ()), chain[:i][::-1]
+        if len(shape) != 3 or shape[1:] != (seq, dim) or heads % shape[0]:
+            continue
+        index = x = np.arange(math.prod(shape), dtype=np.float64).reshape(1, *shape)
+        try:
+            for op in (op for op in moves if op.kind in _REPEATS):
+                x = OPS[op.kind].eager(x, **op.attrs)
+            same = np.array_equal(x, np.repeat(index, heads // shape[0], axis=1))
+        except (ValueError, IndexError):
+            same = False
+        if same:
+            return walked[i], math.prod(_scale_of(op) or 1.0 for op in moves), moves
+    return None
+
+
+def _transposed_keys(t: str, by_out, model: Model) -> tuple[str, float, list[Op]] | None:
+    """As ``_repeated``, for kᵀ (heads, head_dim, seq): scalar scalings, a transpose of the last two
+    axes, then the repeated keys."""
+    scale, ops = 1.0, []
+    while t in by_out and _scale_of(by_out[t]) is not None:
+        ops.append(by_out[t])
+        scale *= _scale_of(by_out[t])
+        t = by_out[t].inputs[0]
+    flip = _producer(by_out, t, "transpose")
+    if flip is None or tuple(flip.attrs["perm"]) != (0, 2, 1) or len(model.shapes[t]) != 3:
+        return None
+    found = _repeated(flip.inputs[0], by_out, model)
+    return None if found is None else (found[0], scale * found[1], [*found[2], flip, *ops[::-1]])
+
+
+def _grouped_attention(soft: Op, model: Model, by_out, readers) -> tuple[Op, list[Op]] | None:
+    """The ``attention`` op for the softmax ``soft``'s attention and the ops it stands for, or
+    None (see ``fuse_grouped_attention``)."""
+    around = _around_softmax(soft, model.ops, by_out, readers)
+    if around is None or around.guard is not None:
+        return None
+    (a, b), v_in = around.scores.inputs, around.context.inputs[1]
+    found = (_repeated(a, by_out, model), _transposed_keys(b, by_out, model), _repeated(v_in, by_out, model))
+    if None in found:
+        return None
+    (q, q_scale, q_ops), (k, k_scale, k_ops), (v, v_scale, v_ops) = found
+    heads, seq, _ = model.shapes[q]
+    kv_heads, kv_seq, _ = model.shapes[k]
+    scale = q_scale * k_scale * (1.0 if around.scaled is None else _scale_of(around.scaled))
+    if model.shapes[q] != model.shapes[a] or model.shapes[v] != model.shapes[k] or v_scale != 1.0 \
+            or model.shapes[around.scores.output] != (heads, seq, kv_seq) or not math.isfinite(scale):
+        return None
+    mask, attrs = around.mask, {"scale": scale}
+    if mask is not None and not np.any(model.params[mask.params[0]]):
+        mask = None                                   # a mask of zeros goes
+    if mask is not None:
+        attrs["width"] = mask.attrs.get("width")
+        if attrs["width"] not in (kv_seq, seq * kv_seq, heads * seq * kv_seq):
+            return None
+    pattern = [*q_ops, *k_ops, *v_ops, around.scores, *(op for op in (around.scaled, around.mask) if op), soft,
+               around.context]
+    return Op("attention", (q, k, v), around.context.output, mask.params if mask else (), attrs), pattern
+
+
+def fuse_grouped_attention(model: Model) -> Model:
+    """The attention ``fuse_attention`` does not take (a decoder's: rotary embeddings between its
+    projections and its scores, key/value heads repeated for grouped-query attention), as one
+    ``attention`` op of head-major q, k and v: q (heads, seq, head_dim), perhaps scaled; kᵀ a
+    transpose of the last two axes of k (kv_heads, kv_seq, head_dim) repeated in groups (reshape,
+    expand, reshape) or not, perhaps scaled; v likewise, unscaled; the scores perhaps scaled,
+    perhaps plus a constant mask (the op's parameter; a mask of zeros goes); the softmax
+    unguarded (``drop_nan_guard`` ran first). The scalings' product is its ``scale``. Exact by
+    construction: the repeats are replayed on indices. The ops it stands for are left to
+    ``live_ops``: one also read elsewhere stays."""
+    by_out, readers = {op.output: op for op in model.ops}, _readers(model.ops)
+    found = [f for f in (_grouped_attention(op, model, by_out, readers) for op in model.ops if op.kind == "softmax") if f]
+    if not found:
+        return model
+    origin, new = dict(model.origin), {}
+    for op, pattern in found:
+        new[op.output] = op
+        origin[op.output] = sum((model.origin.get(p.output, ()) for p in pattern), ())
+    return _rebuild(model, live_ops([new.get(op.output, op) for op in model.ops], model.output), origin=origin)
+
+
 # --- convolutional networks -----------------------------------------------------------
 
 def _absorb(model: Model, merge) -> Model:
@@ -1048,6 +1144,6 @@ def fuse_conv_maxpool(model: Model) -> Model:
 
 # In order: fusions first, then what they left unread.
 PASSES = (drop_repeated_quantization, fold_constant_adds, fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm,
-          fuse_rmsnorm, fuse_rotary, fuse_attention, drop_nan_guard, fold_batchnorm, binary_before_transpose, binary_before_reshape,
+          fuse_rmsnorm, fuse_rotary, fuse_attention, drop_nan_guard, fuse_grouped_attention, fold_batchnorm, binary_before_transpose, binary_before_reshape,
           fold_affine, fuse_silu,
           fuse_conv_add, fuse_conv_activation, fuse_conv_maxpool, remove_dead)

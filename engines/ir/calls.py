@@ -109,15 +109,19 @@ class OpKind:
     eager_temps: int = 0                     # output-sized temporaries (x @ W before + b)
     eager_row_stats: int = 0                 # (rows, 1) statistics (means, maxima)
     eager_broadcast: bool = False            # a broadcast ufunc call: NumPy's ufunc buffer
+    eager_bytes: Callable | None = None      # (in_shapes, out_shape) -> bytes a sample, where not output-sized
     # The output is the input reinterpreted in another shape: an engine that plans memory gives
     # it the input's storage and runs no call; ``calls`` copy, for engines that do not.
     view: bool = False
 
-    def eager_extra_bytes(self, out_shape: tuple[int, ...]) -> int:
-        """Bytes ``eager`` allocates beyond its output, for a full (batch, ...) output shape."""
+    def eager_extra_bytes(self, out_shape: tuple[int, ...], in_shapes=()) -> int:
+        """Bytes ``eager`` allocates beyond its output, for a full (batch, ...) output shape
+        (``in_shapes``: per sample, for ``eager_bytes``)."""
         elements = math.prod(out_shape)
         rows = elements // out_shape[-1]
         extra = 4 * (self.eager_temps * elements + self.eager_row_stats * rows)
+        if self.eager_bytes is not None:
+            extra += out_shape[0] * self.eager_bytes(in_shapes, out_shape[1:])
         if self.eager_broadcast and rows > 1:   # a single row broadcasts without buffering
             extra += 4 * min(elements, np.getbufsize())
         return extra

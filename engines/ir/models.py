@@ -179,7 +179,7 @@ class Model:
         live, peak = 0, 0
         for i, op in enumerate(self.ops):
             out = size(op.output)
-            extra = OPS[op.kind].eager_extra_bytes((rows, *self.shapes[op.output]))
+            extra = OPS[op.kind].eager_extra_bytes((rows, *self.shapes[op.output]), [self.shapes[t] for t in op.inputs])
             peak = max(peak, live + out + extra)
             live += out
             live -= sum(size(t) for t in set(op.inputs) if last_read[t] == i and t != self.input)
@@ -189,7 +189,8 @@ class Model:
         """Every intermediate alive at once, plus the largest op's eager temporaries."""
         rows = self.rows(batch)
         return (sum(4 * rows * math.prod(self.shapes[op.output]) for op in self.ops)
-                + max(OPS[op.kind].eager_extra_bytes((rows, *self.shapes[op.output])) for op in self.ops))
+                + max(OPS[op.kind].eager_extra_bytes((rows, *self.shapes[op.output]), [self.shapes[t] for t in op.inputs])
+                      for op in self.ops))
 
     def random_input(self, batch: int, rng: np.random.Generator | int | None = None) -> np.ndarray:
         rng = np.random.default_rng(rng)

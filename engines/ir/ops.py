@@ -358,6 +358,59 @@ def attn_flops(in_shapes, out_shape, **_attrs):
     return 2 * seq * seq * width
 
 
+# --- attention of head-major q, k, v: a decoder's (grouped keys and values, a constant mask) ----
+
+def _grouped(t, kv_heads):
+    """A (batch, heads, rows, cols) tensor as (batch, kv_heads, group·rows, cols): query head h
+    belongs to key/value head h // group, the order grouped-query attention repeats them in."""
+    return t.reshape(t.shape[0], kv_heads, -1, t.shape[-1])
+
+
+def attention_eager(q, k, v, *mask, scale, width=None):
+    """softmax(scale · q @ kᵀ (+ mask)) @ v per head, q (heads, seq, head_dim) and k, v
+    (kv_heads, kv_seq, head_dim), each key/value head read by heads / kv_heads query heads; the
+    mask a constant over the scores' trailing ``width`` values (``binary``'s)."""
+    kv_heads = k.shape[-3]
+    scores = _grouped(q, kv_heads) @ k.swapaxes(-1, -2)
+    scores *= scale
+    scores = scores.reshape(*q.shape[:-1], k.shape[-2])
+    if mask:
+        scores = _pair_eager(np.add, scores, mask, None, width, False)
+    return (_grouped(softmax_eager(scores), kv_heads) @ v).reshape(q.shape)
+
+
+def attention_scratch(in_shapes, **_attrs):
+    (heads, seq, _), (kv_heads, kv_seq, head_dim) = in_shapes[:2]
+    scores = (heads, seq, kv_seq)
+    return (kv_heads * head_dim, kv_seq), scores, scores, (heads, seq, 1)
+
+
+def attention_calls(out, q, k, v, *rest, scale, width=None) -> Calls:
+    """keys = kᵀ · scale (``gather_keys``), the scores as one product per key/value head over
+    its group of query heads, the mask added in row blocks (``binary``'s), softmax in place, the
+    context into out: no repeated copy of k or v."""
+    *mask, keys, scores, tmp, stat = rest
+    kv_heads = k.shape[1]
+    calls = [(gather_keys, (keys, k, scale)),
+             (np.matmul, (_grouped(q, kv_heads), keys_per_head(keys, kv_heads), _grouped(scores, kv_heads)))]
+    if mask:
+        calls += _pair_calls(np.add, scores, scores, mask, None, width, False)
+    return calls + softmax_calls(scores, scores, tmp, stat) + [
+        (np.matmul, (_grouped(scores, kv_heads), v, _grouped(out, kv_heads)))]
+
+
+def attention_flops(in_shapes, out_shape, **_attrs):
+    (heads, seq, head_dim), (_, kv_seq, _) = in_shapes[:2]
+    return 4 * heads * seq * kv_seq * head_dim + 5 * heads * seq * kv_seq
+
+
+def attention_eager_bytes(in_shapes, out_shape):
+    """What ``attention_eager`` holds besides its output, per sample: the scores and two more of
+    their size at the softmax (the shift, its exponentials), its row statistics, the mask's sum."""
+    (heads, seq, _), (_, kv_seq, _) = in_shapes[:2]
+    return 4 * (4 * heads * seq * kv_seq + 2 * heads * seq)
+
+
 # --- generic ops, for imported graphs (engines.importer) -------------------
 # Every attribute is per sample: axes count from the first axis after the batch.
 
@@ -851,6 +904,8 @@ OPS: dict[str, OpKind] = {
     "attn_scores": OpKind(attn_scores_eager, attn_scores_calls, scratch=keys_scratch, flops=attn_flops,
                           eager_temps=1),
     "attn_context": OpKind(attn_context_eager, attn_context_calls, flops=attn_flops, eager_temps=1),
+    "attention": OpKind(attention_eager, attention_calls, prepare=binary_prepare, scratch=attention_scratch,
+                        flops=attention_flops, eager_bytes=attention_eager_bytes, eager_broadcast=True),
     # generic ops, for imported graphs
     "binary": OpKind(binary_eager, binary_calls, prepare=binary_prepare, inplace=(0, 1),
                      eager_temps=1, eager_broadcast=True),

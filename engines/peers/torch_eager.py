@@ -81,6 +81,14 @@ def _generic_functions(torch, F):
         rows = a.reshape(-1, width)
         return (f(b, rows) if swap else f(rows, b)).reshape(a.shape)
 
+    def attention(q, k, v, *mask, scale, width=None):
+        """The ``attention`` kind on torch's SDPA, key/value heads repeated in groups."""
+        heads, seq, kv_seq = q.shape[1], q.shape[2], k.shape[2]
+        trailing = next(dims for dims in ((kv_seq,), (seq, kv_seq), (heads, seq, kv_seq)) if math.prod(dims) == width) \
+            if mask else ()
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[0].reshape(trailing) if mask else None,
+                                              scale=scale, enable_gqa=True)
+
     def sliced(x, spec):
         if any(not isinstance(i, int) and i[2] < 0 for i in spec):
             raise EngineUnavailable("the torch engines have no mapping for a slice with a negative step")
@@ -94,6 +102,7 @@ def _generic_functions(torch, F):
 
     return {
         "binary": binary,
+        "attention": attention,
         "exp": torch.exp, "sqrt": torch.sqrt, "tanh": torch.tanh, "neg": torch.neg, "erf": torch.erf,
         "sigmoid": torch.sigmoid, "silu": F.silu, "reciprocal": torch.reciprocal,
         "rmsnorm": lambda x, g, *, eps: x * torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps) * g,

@@ -157,7 +157,9 @@ class OneDnnEngine(FusedEngine):
         return calls or on_one_thread("numpy-threads", super().batched_matmul_calls(a, b, out))
 
     def matmul_calls(self, a, b, out) -> list:
-        return on_one_thread("numpy-threads", super().matmul_calls(a, b, out))
+        """An op's own products (the ``attention`` kind's, grouped per key/value head) as the
+        batched ones: MKL's batch where it takes them, else NumPy's on one thread."""
+        return self.batched_matmul_calls(a, b, out)
 
     def bind_judged(self, batch: int):
         """The forward at ``batch`` with its linears judged (``BoundEngine``), then on OpenMP's pool
