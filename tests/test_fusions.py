@@ -550,6 +550,31 @@ def test_a_decoders_attention_is_one_attention(kv_heads, mask):
     assert not {"matmul", "softmax", "expand"} & set(kinds) and kinds.count("attention") == 1, kinds
 
 
+@pytest.mark.parametrize("mask", [None, "keys", "per-head"])
+def test_onednn_runs_a_decoders_attention_as_one_step_of_its_calls(mask):
+    """On ``onednn`` the ``attention`` op is one step of oneDNN calls (scaled products per key/value
+    head, the mask as a broadcast binary, oneDNN's softmax), not the kind's NumPy passes; right at
+    batch 1 and 3."""
+    from engines import kernels
+    from engines.ir import ops
+    from engines.native import onednn
+    try:
+        onednn.library()
+    except Exception as exc:                                    # noqa: BLE001 - the extra is optional
+        pytest.skip(f"oneDNN is not installed here: {exc}")
+    masks = {None: None, "keys": RNG.uniform(-5, 0, (1, SEQ)), "per-head": RNG.uniform(-5, 0, (4, SEQ, SEQ))}
+    data = decoder_attention(2, masks[mask])
+    model, session = load_onnx(data), ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    engine = ENGINES["onednn"](model, 3)
+    assert [s.kind for s in engine.steps].count("dnnl_grouped_attention") == 1
+    for batch in (1, 3):
+        x = model.random_input(batch, rng=batch)
+        assert np.abs(engine.forward(x) - session.run(None, {"x": x})[0]).max() < 1e-5
+    def functions(calls):                   # inside the one-thread wrappers too
+        return [f for fn, args in calls for f in (functions(args[-1]) if fn is kernels.table._one_thread else [fn])]
+    assert ops.softmax_rows not in functions(engine._bound[3].calls)
+
+
 def test_heads_repeated_in_another_order_are_read_repeated():
     """Query head h reading key/value head h % kv_heads is not grouped-query attention's order: the
     replayed repeat differs, so the attention reads the repeated copies (one key/value head per

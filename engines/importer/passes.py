@@ -762,48 +762,38 @@ def drop_nan_guard(model: Model) -> Model:
 
 # --- a decoder's attention: head-major q, k and v, key/value heads repeated for groups ----------
 
-_REPEATS = ("reshape", "expand")     # how exporters repeat key/value heads for grouped-query attention
+_REPEATS = ("reshape", "expand", "transpose")    # how exporters move and repeat key/value heads
 
 
-def _repeated(t: str, by_out, model: Model) -> tuple[str, float, list[Op]] | None:
-    """(source, scale, ops): the furthest (kv_heads, seq, head_dim) tensor that ``t`` (heads, seq,
-    head_dim) is, each head repeated heads / kv_heads times in a row (grouped-query attention;
-    once: ``t`` itself or a view of it), through reshapes, expands and scalar scalings: the
-    scalings' product and the ops from the source. Checked by replaying the moves on indices."""
+def _repeated(t: str, by_out, model: Model, transposed: bool = False) -> tuple[str, float, list[Op]] | None:
+    """(source, scale, ops): the furthest (kv_heads, seq, head_dim) tensor whose heads ``t`` (heads,
+    seq, head_dim; ``transposed``: (heads, head_dim, seq), kᵀ) holds, each repeated heads / kv_heads
+    times in a row (grouped-query attention; once: ``t`` itself or a view of it), through
+    reshapes, expands, transposes and scalar scalings; their product, and the ops from the
+    source. Exact: the moves are replayed on element indices."""
     chain, walked = [], [t]
     while walked[-1] in by_out and (by_out[walked[-1]].kind in _REPEATS or _scale_of(by_out[walked[-1]]) is not None):
         chain.append(by_out[walked[-1]])
         walked.append(chain[-1].inputs[0])
-    heads, seq, dim = model.shapes[t]
+    heads, *rows = model.shapes[t]
+    if len(rows) != 2:
+        return None
+    seq, dim = rows[::-1] if transposed else rows
     for i in range(len(walked) - 1, -1, -1):
         shape, moves = model.shapes.get(walked[i], ()), chain[:i][::-1]
         if len(shape) != 3 or shape[1:] != (seq, dim) or heads % shape[0]:
             continue
         index = x = np.arange(math.prod(shape), dtype=np.float64).reshape(1, *shape)
+        want = np.repeat(index, heads // shape[0], axis=1)
         try:
             for op in (op for op in moves if op.kind in _REPEATS):
                 x = OPS[op.kind].eager(x, **op.attrs)
-            same = np.array_equal(x, np.repeat(index, heads // shape[0], axis=1))
+            same = np.array_equal(x, want.swapaxes(-1, -2) if transposed else want)
         except (ValueError, IndexError):
             same = False
         if same:
             return walked[i], math.prod(_scale_of(op) or 1.0 for op in moves), moves
     return None
-
-
-def _transposed_keys(t: str, by_out, model: Model) -> tuple[str, float, list[Op]] | None:
-    """As ``_repeated``, for kᵀ (heads, head_dim, seq): scalar scalings, a transpose of the last two
-    axes, then the repeated keys."""
-    scale, ops = 1.0, []
-    while t in by_out and _scale_of(by_out[t]) is not None:
-        ops.append(by_out[t])
-        scale *= _scale_of(by_out[t])
-        t = by_out[t].inputs[0]
-    flip = _producer(by_out, t, "transpose")
-    if flip is None or tuple(flip.attrs["perm"]) != (0, 2, 1) or len(model.shapes[t]) != 3:
-        return None
-    found = _repeated(flip.inputs[0], by_out, model)
-    return None if found is None else (found[0], scale * found[1], [*found[2], flip, *ops[::-1]])
 
 
 def _grouped_attention(soft: Op, model: Model, by_out, readers) -> tuple[Op, list[Op]] | None:
@@ -813,7 +803,7 @@ def _grouped_attention(soft: Op, model: Model, by_out, readers) -> tuple[Op, lis
     if around is None or around.guard is not None:
         return None
     (a, b), v_in = around.scores.inputs, around.context.inputs[1]
-    found = (_repeated(a, by_out, model), _transposed_keys(b, by_out, model), _repeated(v_in, by_out, model))
+    found = (_repeated(a, by_out, model), _repeated(b, by_out, model, True), _repeated(v_in, by_out, model))
     if None in found:
         return None
     (q, q_scale, q_ops), (k, k_scale, k_ops), (v, v_scale, v_ops) = found
@@ -838,9 +828,9 @@ def _grouped_attention(soft: Op, model: Model, by_out, readers) -> tuple[Op, lis
 def fuse_grouped_attention(model: Model) -> Model:
     """The attention ``fuse_attention`` does not take (a decoder's: rotary embeddings between its
     projections and its scores, key/value heads repeated for grouped-query attention), as one
-    ``attention`` op of head-major q, k and v: q (heads, seq, head_dim), perhaps scaled; kᵀ a
-    transpose of the last two axes of k (kv_heads, kv_seq, head_dim) repeated in groups (reshape,
-    expand, reshape) or not, perhaps scaled; v likewise, unscaled; the scores perhaps scaled,
+    ``attention`` op of head-major q, k and v: q (heads, seq, head_dim), perhaps scaled; kᵀ the
+    heads of k (kv_heads, kv_seq, head_dim) transposed, repeated in groups (reshape, expand,
+    reshape) or not, perhaps scaled; v likewise, unscaled; the scores perhaps scaled,
     perhaps plus a constant mask (the op's parameter; a mask of zeros goes); the softmax
     unguarded (``drop_nan_guard`` ran first). The scalings' product is its ``scale``. Exact by
     construction: the repeats are replayed on indices. The ops it stands for are left to

@@ -970,6 +970,19 @@ def _lower_attn_context(lw: Lowering, i: int, op) -> bool:
     return True
 
 
+def _lower_grouped_attention(lw: Lowering, i: int, op) -> bool:
+    """The ``attention`` kind (a decoder's: head-major q, k, v, key/value heads in groups) as
+    oneDNN calls over a scores scratch (``_bind_grouped_attention``), where its own calls are
+    NumPy passes (the softmax's several, the mask's row blocks)."""
+    heads, seq, _ = lw.model.shapes[op.inputs[0]]
+    scores = lw.buffer(op.output + ".scores", (heads * seq * lw.model.shapes[op.inputs[1]][1],))
+    mask = tuple(np.ascontiguousarray(lw.model.params[p], np.float32) for p in op.params)
+    out = lw.output(op.output, lw.model.shapes[op.output])
+    lw.steps.append(FusedStep("dnnl_grouped_attention", out, tuple(lw.where[t] for t in op.inputs), (scores,), mask,
+                              attrs=dict(op.attrs)))
+    return True
+
+
 _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lower_conv,
                "maxpool": _lower_pool, "averagepool": _lower_pool, "layernorm": _lower_layernorm, "lrn": _lower_pool, "concat": _lower_concat,
                "rmsnorm": _lower_rmsnorm,
@@ -978,6 +991,7 @@ _LOWER_DNNL = {"conv": _lower_conv, "conv_add": _lower_conv, "conv_maxpool": _lo
                "binary": _lower_binary,
                "softmax": _lower_softmax, "transpose": _lower_transpose,
                "attn_scores": _lower_attn_scores, "attn_context": _lower_attn_context,
+               "attention": _lower_grouped_attention,
                "fake_quant": _lower_fake_quant, "matmul": _lower_matmul, **{kind: _lower_eltwise for kind in ELTWISE}}
 
 
@@ -1299,6 +1313,24 @@ def _bind_attention(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     return calls
 
 
+def _bind_grouped_attention(eng: OneDnnEngine, step, y, ins, scratch) -> list:
+    """Per key/value head, its group of query heads at once: scores = q @ kᵀ, times the scale (a
+    post-op where brgemm takes one), the mask added (oneDNN's binary, broadcast), softmax in
+    place, then scores @ v into y."""
+    (q, k, v), o = ins, eng.owned
+    batch, kv_heads, kv_seq, _ = k.shape
+    scores = scratch[0].reshape(batch, q.shape[1], q.shape[2], kv_seq)
+    grouped = [t.reshape(batch, kv_heads, -1, t.shape[-1]) for t in (q, scores, y)]
+    calls = _batched_matmul(eng, step, grouped[0], k.swapaxes(-1, -2), grouped[1], chain=((LINEAR, step.attrs["scale"], 0.0),))
+    if step.operands:
+        mask = step.operands[0]
+        width = mask.size
+        calls += _add_calls(eng, step, scores, mask.reshape(_trailing(scores.shape, width)))
+    md = o.strided(scores)
+    calls.append(eng.execute(o.softmax_pd(md, md, 3, o.attr()), {SRC: (md, scores), DST: (md, scores)}, step))
+    return calls + _batched_matmul(eng, step, grouped[1], v, grouped[2])
+
+
 OneDnnEngine.binders = {**BIND, "dnnl_conv": bind_conv, "dnnl_pool": bind_pool, "dnnl_reorder": _bind_reorder,
                         "dnnl_concat": bind_concat, "dnnl_slice": _bind_slice, "dnnl_shuffle": _bind_shuffle,
                         "dnnl_transpose": _bind_transpose, "dnnl_matmul": _bind_matmul,
@@ -1306,4 +1338,4 @@ OneDnnEngine.binders = {**BIND, "dnnl_conv": bind_conv, "dnnl_pool": bind_pool, 
                         "dnnl_binary": bind_binary, "dnnl_softmax": _bind_softmax,
                         "dnnl_batchnorm": _bind_batchnorm, "dnnl_layernorm": _bind_layernorm, "dnnl_rmsnorm": _bind_rmsnorm,
                         "dnnl_attn_heads": _bind_attn_heads, "dnnl_attn_scores": _bind_attn_scores, "dnnl_attn_context": _bind_attn_context,
-                        "dnnl_attention": _bind_attention}
+                        "dnnl_attention": _bind_attention, "dnnl_grouped_attention": _bind_grouped_attention}
