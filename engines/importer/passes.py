@@ -13,6 +13,7 @@ attention and GPT-2's GELU (docs/importing.md, "The passes").
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -765,12 +766,25 @@ def drop_nan_guard(model: Model) -> Model:
 _REPEATS = ("reshape", "expand", "transpose")    # how exporters move and repeat key/value heads
 
 
-def _repeated(t: str, by_out, model: Model, transposed: bool = False) -> tuple[str, float, list[Op]] | None:
-    """(source, scale, ops): the furthest (kv_heads, seq, head_dim) tensor whose heads ``t`` (heads,
-    seq, head_dim; ``transposed``: (heads, head_dim, seq), kᵀ) holds, each repeated heads / kv_heads
-    times in a row (grouped-query attention; once: ``t`` itself or a view of it), through
-    reshapes, expands, transposes and scalar scalings; their product, and the ops from the
-    source. Exact: the moves are replayed on element indices."""
+class _Heads(NamedTuple):
+    """Where an attention operand's heads come from: ``source``, moved to head-major by ``perm``
+    (None: it is head-major), scaled by ``scale``, through ``ops``."""
+    source: str
+    perm: tuple[int, ...] | None
+    scale: float
+    ops: list[Op]
+
+
+_PERMS = tuple(itertools.permutations(range(3)))
+
+
+def _repeated(t: str, by_out, model: Model, transposed: bool = False) -> _Heads | None:
+    """Where the heads of ``t`` (heads, seq, head_dim; ``transposed``: (heads, head_dim, seq), kᵀ)
+    come from: the furthest tensor back through reshapes, expands, transposes and scalar
+    scalings that holds them as (kv_heads, seq, head_dim), each head repeated heads / kv_heads
+    times in a row (grouped-query attention; once: ``t`` itself or a view of it); else one that
+    holds them in another axis order (a transpose then makes them head-major). Exact: the moves
+    are replayed on element indices."""
     chain, walked = [], [t]
     while walked[-1] in by_out and (by_out[walked[-1]].kind in _REPEATS or _scale_of(by_out[walked[-1]]) is not None):
         chain.append(by_out[walked[-1]])
@@ -778,27 +792,29 @@ def _repeated(t: str, by_out, model: Model, transposed: bool = False) -> tuple[s
     heads, *rows = model.shapes[t]
     if len(rows) != 2:
         return None
-    seq, dim = rows[::-1] if transposed else rows
-    for i in range(len(walked) - 1, -1, -1):
-        shape, moves = model.shapes.get(walked[i], ()), chain[:i][::-1]
-        if len(shape) != 3 or shape[1:] != (seq, dim) or heads % shape[0]:
-            continue
-        index = x = np.arange(math.prod(shape), dtype=np.float64).reshape(1, *shape)
-        want = np.repeat(index, heads // shape[0], axis=1)
-        try:
-            for op in (op for op in moves if op.kind in _REPEATS):
-                x = OPS[op.kind].eager(x, **op.attrs)
-            same = np.array_equal(x, want.swapaxes(-1, -2) if transposed else want)
-        except (ValueError, IndexError):
-            same = False
-        if same:
-            return walked[i], math.prod(_scale_of(op) or 1.0 for op in moves), moves
+    rows = tuple(rows[::-1] if transposed else rows)
+    for perm in _PERMS:                                  # the identity first
+        for i in range(len(walked) - 1, -1, -1):
+            shape, moves = model.shapes.get(walked[i], ()), chain[:i][::-1]
+            if len(shape) != 3 or tuple(shape[p] for p in perm[1:]) != rows or heads % shape[perm[0]]:
+                continue
+            index = x = np.arange(math.prod(shape), dtype=np.float64).reshape(1, *shape)
+            want = np.repeat(index.transpose(0, *(p + 1 for p in perm)), heads // shape[perm[0]], axis=1)
+            try:
+                for op in (op for op in moves if op.kind in _REPEATS):
+                    x = OPS[op.kind].eager(x, **op.attrs)
+                same = np.array_equal(x, want.swapaxes(-1, -2) if transposed else want)
+            except (ValueError, IndexError):
+                same = False
+            if same:
+                return _Heads(walked[i], None if perm == (0, 1, 2) else perm,
+                              math.prod(_scale_of(op) or 1.0 for op in moves), moves)
     return None
 
 
-def _grouped_attention(soft: Op, model: Model, by_out, readers) -> tuple[Op, list[Op]] | None:
-    """The ``attention`` op for the softmax ``soft``'s attention and the ops it stands for, or
-    None (see ``fuse_grouped_attention``)."""
+def _grouped_attention(soft: Op, model: Model, by_out, readers) -> tuple[list[Op], list[Op]] | None:
+    """The ops for the softmax ``soft``'s attention (transposes to head-major where a source is
+    not, then ``attention``) and the ops they stand for, or None (see ``fuse_grouped_attention``)."""
     around = _around_softmax(soft, model.ops, by_out, readers)
     if around is None or around.guard is not None:
         return None
@@ -806,11 +822,18 @@ def _grouped_attention(soft: Op, model: Model, by_out, readers) -> tuple[Op, lis
     found = (_repeated(a, by_out, model), _repeated(b, by_out, model, True), _repeated(v_in, by_out, model))
     if None in found:
         return None
-    (q, q_scale, q_ops), (k, k_scale, k_ops), (v, v_scale, v_ops) = found
-    heads, seq, _ = model.shapes[q]
-    kv_heads, kv_seq, _ = model.shapes[k]
-    scale = q_scale * k_scale * (1.0 if around.scaled is None else _scale_of(around.scaled))
-    if model.shapes[q] != model.shapes[a] or model.shapes[v] != model.shapes[k] or v_scale != 1.0 \
+    new, inputs = [], []
+    for h in found:
+        if h.perm is None:
+            inputs.append(h.source)
+            continue
+        inputs.append(f"{h.source}.heads")
+        new.append(Op("transpose", (h.source,), inputs[-1], (), {"perm": h.perm}))
+    shapes = {**model.shapes, **{op.output: tuple(model.shapes[op.inputs[0]][p] for p in op.attrs["perm"])
+                                 for op in new}}
+    (heads, seq, _), (kv_heads, kv_seq, _) = shapes[inputs[0]], shapes[inputs[1]]
+    scale = found[0].scale * found[1].scale * (1.0 if around.scaled is None else _scale_of(around.scaled))
+    if shapes[inputs[0]] != model.shapes[a] or shapes[inputs[2]] != shapes[inputs[1]] or found[2].scale != 1.0 \
             or model.shapes[around.scores.output] != (heads, seq, kv_seq) or not math.isfinite(scale):
         return None
     mask, attrs = around.mask, {"scale": scale}
@@ -820,9 +843,10 @@ def _grouped_attention(soft: Op, model: Model, by_out, readers) -> tuple[Op, lis
         attrs["width"] = mask.attrs.get("width")
         if attrs["width"] not in (kv_seq, seq * kv_seq, heads * seq * kv_seq):
             return None
-    pattern = [*q_ops, *k_ops, *v_ops, around.scores, *(op for op in (around.scaled, around.mask) if op), soft,
-               around.context]
-    return Op("attention", (q, k, v), around.context.output, mask.params if mask else (), attrs), pattern
+    pattern = [*(op for h in found for op in h.ops), around.scores,
+               *(op for op in (around.scaled, around.mask) if op), soft, around.context]
+    attention = Op("attention", tuple(inputs), around.context.output, mask.params if mask else (), attrs)
+    return [*new, attention], pattern
 
 
 def fuse_grouped_attention(model: Model) -> Model:
@@ -832,18 +856,23 @@ def fuse_grouped_attention(model: Model) -> Model:
     heads of k (kv_heads, kv_seq, head_dim) transposed, repeated in groups (reshape, expand,
     reshape) or not, perhaps scaled; v likewise, unscaled; the scores perhaps scaled,
     perhaps plus a constant mask (the op's parameter; a mask of zeros goes); the softmax
-    unguarded (``drop_nan_guard`` ran first). The scalings' product is its ``scale``. Exact by
-    construction: the repeats are replayed on indices. The ops it stands for are left to
+    unguarded (``drop_nan_guard`` ran first). The scalings' product is its ``scale``. A source
+    that holds the heads in another axis order (MobileBERT's k, moved from (seq, heads, head_dim)
+    straight to kᵀ) is first transposed to head-major. Exact by construction: the moves are
+    replayed on indices. The ops it stands for are left to
     ``live_ops``: one also read elsewhere stays."""
     by_out, readers = {op.output: op for op in model.ops}, _readers(model.ops)
     found = [f for f in (_grouped_attention(op, model, by_out, readers) for op in model.ops if op.kind == "softmax") if f]
     if not found:
         return model
-    origin, new = dict(model.origin), {}
-    for op, pattern in found:
-        new[op.output] = op
-        origin[op.output] = sum((model.origin.get(p.output, ()) for p in pattern), ())
-    return _rebuild(model, live_ops([new.get(op.output, op) for op in model.ops], model.output), origin=origin)
+    origin, new, shapes = dict(model.origin), {}, {}
+    for ops, pattern in found:
+        new[ops[-1].output] = ops
+        for op in ops:
+            origin[op.output] = sum((model.origin.get(p.output, ()) for p in pattern), ())
+        shapes.update({op.output: tuple(model.shapes[op.inputs[0]][p] for p in op.attrs["perm"]) for op in ops[:-1]})
+    ops = [new_op for op in model.ops for new_op in new.get(op.output, [op])]
+    return _rebuild(model, live_ops(ops, model.output), origin=origin, shapes=shapes)
 
 
 # --- convolutional networks -----------------------------------------------------------
