@@ -812,6 +812,11 @@ def _repeated(t: str, by_out, model: Model, transposed: bool = False) -> _Heads 
     return None
 
 
+def _transposed_shapes(ops, model: Model) -> dict:
+    """The shapes of the transposes ``ops`` write."""
+    return {op.output: tuple(model.shapes[op.inputs[0]][p] for p in op.attrs["perm"]) for op in ops}
+
+
 def _grouped_attention(soft: Op, model: Model, by_out, readers) -> tuple[list[Op], list[Op]] | None:
     """The ops for the softmax ``soft``'s attention (transposes to head-major where a source is
     not, then ``attention``) and the ops they stand for, or None (see ``fuse_grouped_attention``)."""
@@ -822,27 +827,18 @@ def _grouped_attention(soft: Op, model: Model, by_out, readers) -> tuple[list[Op
     found = (_repeated(a, by_out, model), _repeated(b, by_out, model, True), _repeated(v_in, by_out, model))
     if None in found:
         return None
-    new, inputs = [], []
-    for h in found:
-        if h.perm is None:
-            inputs.append(h.source)
-            continue
-        inputs.append(f"{h.source}.heads")
-        new.append(Op("transpose", (h.source,), inputs[-1], (), {"perm": h.perm}))
-    shapes = {**model.shapes, **{op.output: tuple(model.shapes[op.inputs[0]][p] for p in op.attrs["perm"])
-                                 for op in new}}
+    new = [Op("transpose", (h.source,), f"{h.source}.heads", (), {"perm": h.perm}) for h in found if h.perm]
+    inputs = [h.source if h.perm is None else f"{h.source}.heads" for h in found]
+    shapes = {**model.shapes, **_transposed_shapes(new, model)}
     (heads, seq, _), (kv_heads, kv_seq, _) = shapes[inputs[0]], shapes[inputs[1]]
     scale = found[0].scale * found[1].scale * (1.0 if around.scaled is None else _scale_of(around.scaled))
-    if shapes[inputs[0]] != model.shapes[a] or shapes[inputs[2]] != shapes[inputs[1]] or found[2].scale != 1.0 \
-            or model.shapes[around.scores.output] != (heads, seq, kv_seq) or not math.isfinite(scale):
-        return None
-    mask, attrs = around.mask, {"scale": scale}
-    if mask is not None and not np.any(model.params[mask.params[0]]):
-        mask = None                                   # a mask of zeros goes
-    if mask is not None:
-        attrs["width"] = mask.attrs.get("width")
-        if attrs["width"] not in (kv_seq, seq * kv_seq, heads * seq * kv_seq):
-            return None
+    same = (shapes[inputs[0]], shapes[inputs[2]], model.shapes[around.scores.output], found[2].scale) == \
+        (model.shapes[a], shapes[inputs[1]], (heads, seq, kv_seq), 1.0)
+    mask = around.mask if around.mask is not None and np.any(model.params[around.mask.params[0]]) else None
+    attrs = {"scale": scale} if mask is None else {"scale": scale, "width": mask.attrs.get("width")}
+    if not same or not math.isfinite(scale) or attrs.get("width", kv_seq) not in (kv_seq, seq * kv_seq,
+                                                                                   heads * seq * kv_seq):
+        return None                                   # (a mask of zeros goes)
     pattern = [*(op for h in found for op in h.ops), around.scores,
                *(op for op in (around.scaled, around.mask) if op), soft, around.context]
     attention = Op("attention", tuple(inputs), around.context.output, mask.params if mask else (), attrs)
@@ -870,7 +866,7 @@ def fuse_grouped_attention(model: Model) -> Model:
         new[ops[-1].output] = ops
         for op in ops:
             origin[op.output] = sum((model.origin.get(p.output, ()) for p in pattern), ())
-        shapes.update({op.output: tuple(model.shapes[op.inputs[0]][p] for p in op.attrs["perm"]) for op in ops[:-1]})
+        shapes.update(_transposed_shapes(ops[:-1], model))
     ops = [new_op for op in model.ops for new_op in new.get(op.output, [op])]
     return _rebuild(model, live_ops(ops, model.output), origin=origin, shapes=shapes)
 
