@@ -604,6 +604,29 @@ def test_the_attention_kinds_calls_equal_its_eager_form(width):
     assert np.abs(out - expected).max() < 1e-5
 
 
+def where_mask(fill: float, masked_row: bool = False) -> bytes:
+    """GPT-Neo's causal mask: Where(c, scores, fill) with c a constant lower triangle over (seq,
+    seq), then the softmax; ``masked_row``: c's first row all false."""
+    keep = np.tril(np.ones((SEQ, SEQ), bool))
+    keep[0] &= not masked_row
+    nodes = [N("MatMul", ["x", "w"], ["s"]), N("Where", ["c", "s", "fill"], ["m"]), N("Softmax", ["m"], ["y"], axis=-1)]
+    inits = {"w": _f32(RNG.standard_normal((SEQ, SEQ))), "c": keep[None], "fill": _f32(fill)}
+    return build(nodes, inits, in_shape=("N", SEQ, SEQ))
+
+
+def test_a_where_filling_the_lowest_float_is_a_mask_add():
+    assert check(where_mask(float(np.finfo(np.float32).min))) == ["linear", "binary", "softmax"]
+
+
+@NAN_ROWS
+@pytest.mark.parametrize("fill, masked_row", [(-5.0, False), (float(np.finfo(np.float32).min), True)],
+                         ids=["a-finite-fill", "a-fully-masked-row"])
+def test_a_where_that_is_not_a_mask_add_stays(fill, masked_row):
+    """A fill that x + fill does not round to, or a row with no true entry (whose softmax would
+    read x + fill, not fill): the Where stays."""
+    assert "where" in check(where_mask(fill, masked_row))
+
+
 def silu_after_conv(other_operand: bool = False) -> bytes:
     """EfficientNet's activation as exporters write SiLU: a conv, its Sigmoid, their product
     (``other_operand``: the Sigmoid multiplied by another tensor, a gate, not SiLU)."""

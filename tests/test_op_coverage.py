@@ -663,9 +663,12 @@ def _multi_query(nd_indices) -> bytes:
 def test_multi_query_attention_picks_its_heads_per_sample_and_broadcasts_them():
     """GatherND whose indices address an axis before the batch moves each sample's elements
     alike: a take per sample, probed at batch 1 and 2. The products broadcast the one key and
-    value head over the query heads (an expand)."""
+    value head over the query heads (an expand), and the attention reads it once (one key/value
+    head in its ``attention`` op, no expand left)."""
     model = check_every_engine(_multi_query((I64(-2)[None], I64(-1)[None])))
-    assert {"take", "expand"} <= {op.kind for op in model.ops}
+    (attention,) = [op for op in model.ops if op.kind == "attention"]
+    assert "take" in {op.kind for op in model.ops} and "expand" not in {op.kind for op in model.ops}
+    assert model.shapes[attention.inputs[1]][0] == 1
     x = model.random_input(MAX_BATCH, rng=0)
     for name in PLANNED:
         assert tracemalloc_peak(ENGINES[name](model, MAX_BATCH), x) <= 4096, name

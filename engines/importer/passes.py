@@ -104,6 +104,35 @@ def _constant_block(op: Op, params) -> np.ndarray | None:
     return params[op.params[0]].astype(np.float64).reshape(-1) if len(op.params) == 1 else None
 
 
+# A Where that puts a constant this negative (float32's lowest, as exporters write a causal mask)
+# where a constant condition is false is an add of 0 or that constant: in float32, x + c rounds
+# to c for any |x| below 1e31.
+MASK_FILL_MAX = -1e30
+
+
+def where_mask_as_add(model: Model) -> Model:
+    """Where(c, x, fill) with c a constant condition over the trailing axes of x and ``fill`` at
+    most MASK_FILL_MAX (GPT-Neo's causal mask on its scores) becomes x + (c ? 0 : fill), an add
+    of a constant, as a folded mask is elsewhere (``fold_constant_adds`` may join it to the
+    padding mask after it; ``fuse_grouped_attention`` takes it). Only where every row of c keeps
+    a true entry: a fully masked row's softmax would otherwise read x + fill, not fill."""
+    params, ops, changed = dict(model.params), [], False
+    for op in model.ops:
+        fill = op.attrs.get("scalars", (0.0,))[0] if op.kind == "where" and op.attrs.get("order") == "pts" else 0.0
+        cond = model.params[op.params[0]] if fill <= MASK_FILL_MAX and len(op.params) == 1 else None
+        shape = model.shapes[op.output]
+        lead = 0 if cond is None else next((i for i, n in enumerate(cond.shape) if n != 1), cond.ndim)
+        if cond is None or cond.ndim != len(shape) or cond.shape[lead:] != shape[lead:] or \
+                not (cond.reshape(-1, shape[-1]) != 0).any(axis=1).all():
+            ops.append(op)
+            continue
+        mask = np.where(cond != 0, 0.0, fill).reshape(-1)
+        ops.append(Op("binary", op.inputs, op.output, (_new_param(params, op.output + ".mask", mask),),
+                      {"fn": "add", "swap": False, "width": mask.size}))
+        changed = True
+    return _rebuild(model, ops, params) if changed else model
+
+
 def fold_constant_adds(model: Model) -> Model:
     """An add of a constant, read only by another add of a constant, whose blocks repeat one
     within the other: one add of their sum (T5's eager attention adds its position bias, then
@@ -901,7 +930,8 @@ def _new_param(params: dict, hint: str, value) -> str:
     name = hint
     while name in params:
         name += "+"
-    params[name] = np.asarray(value, dtype=np.float32)
+    with np.errstate(over="ignore"):        # two masks' lowest floats sum to -inf, as in float32
+        params[name] = np.asarray(value, dtype=np.float32)
     return name
 
 
@@ -1158,7 +1188,7 @@ def fuse_conv_maxpool(model: Model) -> Model:
 
 
 # In order: fusions first, then what they left unread.
-PASSES = (drop_repeated_quantization, fold_constant_adds, fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm,
+PASSES = (drop_repeated_quantization, where_mask_as_add, fold_constant_adds, fold_bias, fuse_gelu_erf, fuse_gelu_tanh, fuse_layernorm,
           fuse_rmsnorm, fuse_rotary, fuse_attention, drop_nan_guard, fuse_grouped_attention, fold_batchnorm, binary_before_transpose, binary_before_reshape,
           fold_affine, fuse_silu,
           fuse_conv_add, fuse_conv_activation, fuse_conv_maxpool, remove_dead)
