@@ -974,6 +974,8 @@ def _lower_grouped_attention(lw: Lowering, i: int, op) -> bool:
     """The ``attention`` kind (a decoder's: head-major q, k, v, key/value heads in groups) as
     oneDNN calls over a scores scratch (``_bind_grouped_attention``), where its own calls are
     NumPy passes (the softmax's several, the mask's row blocks)."""
+    if any(lw.engine.is_native(lw.where[t]) for t in op.inputs):
+        return False                                  # a tensor in a conv's layout: the kind's own calls
     heads, seq, _ = lw.model.shapes[op.inputs[0]]
     scores = lw.buffer(op.output + ".scores", (heads * seq * lw.model.shapes[op.inputs[1]][1],))
     mask = tuple(np.ascontiguousarray(lw.model.params[p], np.float32) for p in op.params)
