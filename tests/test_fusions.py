@@ -556,9 +556,9 @@ def test_onednn_runs_a_decoders_attention_as_one_step_of_its_calls(mask):
     """On ``onednn`` the ``attention`` op is one step of oneDNN calls (scaled products per key/value
     head, the mask as a broadcast binary, oneDNN's softmax), not the kind's NumPy passes; right at
     batch 1 and 3."""
-    from engines import kernels
     from engines.ir import ops
     from engines.native import onednn
+    from tests.test_onednn import bound_functions
     try:
         onednn.library()
     except Exception as exc:                                    # noqa: BLE001 - the extra is optional
@@ -571,9 +571,7 @@ def test_onednn_runs_a_decoders_attention_as_one_step_of_its_calls(mask):
     for batch in (1, 3):
         x = model.random_input(batch, rng=batch)
         assert np.abs(engine.forward(x) - session.run(None, {"x": x})[0]).max() < 1e-5
-    def functions(calls):                   # inside the one-thread wrappers too
-        return [f for fn, args in calls for f in (functions(args[-1]) if fn is kernels.table._one_thread else [fn])]
-    assert ops.softmax_rows not in functions(engine._bound[3].calls)
+    assert ops.softmax_rows not in bound_functions(engine._bound[3].calls)
 
 
 def test_heads_repeated_in_another_order_are_read_repeated():

@@ -676,10 +676,10 @@ def test_attention_falls_back_to_numpy_where_onednn_offers_no_brgemm(monkeypatch
     assert len(ran) == 1            # the softmax: NumPy's products and mask add ran the rest
 
 
-def _flat(calls) -> list:
+def bound_functions(calls) -> list:
     """The functions a bound forward calls, inside its one-thread wrappers too."""
     from engines import kernels
-    return [f for fn, args in calls for f in (_flat(args[-1]) if fn is kernels.table._one_thread else [fn])]
+    return [f for fn, args in calls for f in (bound_functions(args[-1]) if fn is kernels.table._one_thread else [fn])]
 
 
 @pytest.mark.parametrize("mask", [None, np.linspace(-9, 0, 16 * 16)], ids=["no-mask", "mask"])
@@ -704,7 +704,7 @@ def test_without_brgemm_attentions_products_run_on_mkls_batch_from_a_size_on(mon
     for batch in (1, 3):
         x = model.random_input(batch, batch)
         np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=engine.abs_tol, rtol=engine.rel_tol)
-    fns = _flat(engine._bound[3].calls)
+    fns = bound_functions(engine._bound[3].calls)
     if on_mkl:
         assert (fns.count(lib.sgemm_batch_strided), fns.count(lib.sgemm), fns.count(np.matmul)) == (1, 3 * 4, 0)
     else:

@@ -1292,7 +1292,7 @@ def _bind_attention(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     seq, head_dim) array, sends it to its allocating gemm:jit; hence also the gathered blocks).
     A mask shared by the heads is added as a post-op over (1, batch·heads), the one broadcast
     oneDNN's brgemm takes besides one along the keys."""
-    heads, rows, o = step.attrs["heads"], step.attrs["rows"], eng.owned
+    heads, rows = step.attrs["heads"], step.attrs["rows"]
     batch, seq, dim = y.shape
     blocks, k, v = _heads_gathered(ins[0], heads, rows, batch, seq, dim)
     mask, context = step.operands[0] if step.operands else None, head_columns(y, heads)
@@ -1304,9 +1304,7 @@ def _bind_attention(eng: OneDnnEngine, step, y, ins, scratch) -> list:
         if add is not None and add.shape[1] == 1 and batch > 1:       # as (1, batch·heads, n, seq)
             operands = (q.reshape(1, -1, n, q.shape[-1]), k.reshape(1, -1, *k.shape[2:]).swapaxes(-1, -2),
                         scores.reshape(1, -1, n, seq))
-        md = o.strided(scores)
-        calls += [*_batched_matmul(eng, step, *operands, add),
-                  eng.execute(o.softmax_pd(md, md, 3, o.attr()), {SRC: (md, scores), DST: (md, scores)}, step)]
+        calls += [*_batched_matmul(eng, step, *operands, add), _softmax_in_place(eng, step, scores)]
         if len(blocks) == 1:
             calls += _batched_matmul(eng, step, scores, v, context)
         else:
@@ -1319,18 +1317,22 @@ def _bind_grouped_attention(eng: OneDnnEngine, step, y, ins, scratch) -> list:
     """Per key/value head, its group of query heads at once: scores = q @ kᵀ, times the scale (a
     post-op where brgemm takes one), the mask added (oneDNN's binary, broadcast), softmax in
     place, then scores @ v into y."""
-    (q, k, v), o = ins, eng.owned
+    (q, k, v), scale = ins, step.attrs["scale"]
     batch, kv_heads, kv_seq, _ = k.shape
     scores = scratch[0].reshape(batch, q.shape[1], q.shape[2], kv_seq)
     grouped = [t.reshape(batch, kv_heads, -1, t.shape[-1]) for t in (q, scores, y)]
-    calls = _batched_matmul(eng, step, grouped[0], k.swapaxes(-1, -2), grouped[1], chain=((LINEAR, step.attrs["scale"], 0.0),))
-    if step.operands:
-        mask = step.operands[0]
-        width = mask.size
-        calls += _add_calls(eng, step, scores, mask.reshape(_trailing(scores.shape, width)))
-    md = o.strided(scores)
-    calls.append(eng.execute(o.softmax_pd(md, md, 3, o.attr()), {SRC: (md, scores), DST: (md, scores)}, step))
-    return calls + _batched_matmul(eng, step, grouped[1], v, grouped[2])
+    calls = _batched_matmul(eng, step, grouped[0], k.swapaxes(-1, -2), grouped[1],
+                            chain=() if scale == 1.0 else ((LINEAR, scale, 0.0),))
+    for mask in step.operands:
+        calls += _add_calls(eng, step, scores, mask.reshape(_trailing(scores.shape, mask.size)))
+    return [*calls, _softmax_in_place(eng, step, scores), *_batched_matmul(eng, step, grouped[1], v, grouped[2])]
+
+
+def _softmax_in_place(eng: OneDnnEngine, step, x: np.ndarray) -> tuple:
+    """The call of oneDNN's softmax over the last axis of ``x``, in place."""
+    o = eng.owned
+    md = o.strided(x)
+    return eng.execute(o.softmax_pd(md, md, x.ndim - 1, o.attr()), {SRC: (md, x), DST: (md, x)}, step)
 
 
 OneDnnEngine.binders = {**BIND, "dnnl_conv": bind_conv, "dnnl_pool": bind_pool, "dnnl_reorder": _bind_reorder,
