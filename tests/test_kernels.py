@@ -519,6 +519,50 @@ def test_packs_of_a_kernel_that_lost_in_the_forward_are_dropped(tuned, monkeypat
                                                                 if isinstance(a, np.ndarray))
 
 
+def test_a_one_thread_linears_pool_twin_is_its_own_kernel_on_the_pool_else_the_fastest_pooled_alone():
+    linears = kernels.Linears(lambda gemm: (), lambda gemm: "numpy")
+    times = {"onednn-ip-1t": 1e-4, "onednn-ip": float("inf"), "mkl-gemm": 3e-4, "numpy-1t": 2e-4}
+    linears.choices = {"own": kernels.Choice("onednn-ip-1t", "cached", "numpy", times),      # dropped alone
+                       "other": kernels.Choice("numpy-1t", "cached", "numpy", times),        # no "numpy" timed
+                       "pooled": kernels.Choice("mkl-gemm", "cached", "numpy", times),
+                       "untimed": kernels.Choice("scipy-1t", "default", "scipy-1t")}
+    linears.bound_keys = list(linears.choices)
+    assert linears.pool_twins() == {"own": "onednn-ip", "other": "mkl-gemm"}
+    linears.forced["pooled"] = "onednn-ip-1t"              # what is bound counts, not the choice
+    assert linears.pool_twins()["pooled"] == "onednn-ip"
+
+
+@pytest.mark.parametrize("pool_faster", [True, False], ids=["pool-faster", "as-chosen"])
+def test_onednn_moves_its_one_thread_linears_to_the_pool_together_where_that_forward_is_faster(
+        pool_faster, tuned, monkeypatch):
+    """Each linear chosen alone on one thread (its pool kernel dropped as far behind), the forward
+    with all of them on the pool is timed against it: where it is faster in two timings, they run
+    there, the report saying so; else nothing changes. Right either way."""
+    if "onednn-ip" not in AVAILABLE:
+        pytest.skip(f"oneDNN's inner product is not available here: {kernels.unavailable()}")
+    from engines.planned import onednn
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"onednn-ip-1t": 100.0}))
+    judged = []
+    def forwards(variants, *a, **k):
+        judged.append(sorted(variants))
+        if "on the pool" in variants:
+            return {"as chosen": 2.0, "on the pool": 1.0} if pool_faster else {"as chosen": 1.0, "on the pool": 2.0}
+        return {"pool": 1.0, "one thread": 2.0}                                 # the thread judge
+    monkeypatch.setattr(onednn, "measure_forwards", forwards)
+    monkeypatch.setattr(onednn, "ONE_THREAD_FORWARD_S", float("inf"))
+    model = MODELS["mlp"](dim=32, seed=1)
+    engine = ENGINES["onednn"](model, 4)
+    threads = engine.report()["forward_threads"]["4"]
+    # moved only where a second timing agrees
+    assert judged.count(["as chosen", "on the pool"]) == (2 if pool_faster else 1), judged
+    (report,) = engine.report()["kernels"]
+    assert report["kernel"] == ("onednn-ip" if pool_faster else "onednn-ip-1t"), report
+    assert threads["linears_on_the_pool"] == (["4x32x32"] if pool_faster else []), threads
+    assert ("on the pool with the others" in report["how"]) == pool_faster and bool(engine.linears.forced) == pool_faster
+    x = model.random_input(4, rng=2)
+    np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=REL_TOL, atol=ABS_TOL)
+
+
 def test_again_measures_afresh_and_overwrites(tuned, monkeypatch):
     gemm = kernels.Gemm(4, 32, 32)
     kernels.choose(gemm, ("numpy", "scipy"), "numpy")

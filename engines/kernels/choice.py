@@ -234,6 +234,29 @@ class Linears:
                 found[key] = rivals
         return found
 
+    def pool_twins(self) -> dict[str, str]:
+        """For each GEMM shape bound since ``bound_keys`` was cleared that runs on one thread: the
+        same kernel on its pool where that was a candidate (``onednn-ip-1t`` -> ``onednn-ip``),
+        else the candidate on a pool fastest alone. Alone, and in a forward whose neighbours run
+        on one thread, a pool's kernel pays its workers' wake-up on every call; in a forward whose
+        linears all run on the pool the workers stay awake between them, which no one linear's
+        timing shows (``OneDnnEngine``'s judge of them together). A pool timed alone in a slow
+        phase of the host's second core is dropped as far behind (AMD EPYC: 79 of 753 cached
+        one-thread choices), hence its own kernel first, timed or not."""
+        twins = {}
+        for key in self.bound_keys:
+            choice = self.choices[key]
+            kernel = self.forced.get(key, choice.kernel)
+            if not KERNELS[kernel].one_thread:
+                continue
+            own = kernel.removesuffix("-1t")
+            pooled = {n: t for n, t in choice.times_s.items() if np.isfinite(t) and KERNELS[n].one_thread is None}
+            if own != kernel and own in choice.times_s:
+                twins[key] = own
+            elif pooled:
+                twins[key] = min(pooled, key=pooled.get)
+        return twins
+
     def judge(self, key: str, forwards: dict[str, list]) -> Choice:
         """Keep for GEMM shape ``key`` the kernel whose whole forward (``forwards``: kernel -> the
         calls of one forward with that kernel bound for ``key``) ran fastest, its choice unless
@@ -247,10 +270,10 @@ class Linears:
                          seconds=choice.seconds + seconds)
         self.choices[key] = judged = _keep(judged, load0, seconds)
         _MEMO[(str(cache.cache_path()), judged.entry)] = judged
-        self._drop_unused()
+        self.drop_unused()
         return judged
 
-    def _drop_unused(self) -> None:
+    def drop_unused(self) -> None:
         """Forget the prepared states (MKL's packs) no choice runs on any more."""
         for key, users in list(self._users.items()):
             running = (KERNELS[self.forced.get(g, self.choices[g].kernel)] for g in users)
@@ -263,7 +286,9 @@ class Linears:
 
     def report(self) -> list[dict]:
         """Per GEMM: the kernel chosen, how, and what every candidate measured (microseconds)."""
-        return [{"gemm": key, "kernel": c.kernel, "how": c.how, "default": c.default, "tuning_s": round(c.seconds, 4),
+        return [{"gemm": key, "kernel": self.forced.get(key, c.kernel),
+                 "how": c.how if key not in self.forced else f"{c.how}; {c.kernel} alone, on the pool with the others",
+                 "default": c.default, "tuning_s": round(c.seconds, 4),
                  "candidates_us": {n: (None if not np.isfinite(t) else round(1e6 * t, 2))
                                    for n, t in c.times_s.items()}}
                 for key, c in self.choices.items()]

@@ -113,11 +113,13 @@ class BoundEngine(Engine):
             if not rivals:
                 return bound
             for key, names in rivals.items():
-                forwards = {}
+                forwards, before = {}, self.linears.forced.get(key)
                 for name in names:
                     self.linears.forced[key] = name
                     forwards[name] = seeded(self.bind(batch))
                 del self.linears.forced[key]
+                if before is not None:                  # another batch's verdict for that shape
+                    self.linears.forced[key] = before
                 self.linears.judge(key, forwards)
             return self.bind(batch)
 
