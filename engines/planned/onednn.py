@@ -189,8 +189,8 @@ class OneDnnEngine(FusedEngine):
         on the pool (``Linears.pool_twins``), where that whole forward ran KEEP_DEFAULT faster in
         two timings (``confirmed_fastest``); else as chosen. Each linear judged alone or among
         one-thread neighbours pays the workers' wake-up; all on the pool, they stay awake between
-        them: LeViT's dynamo export at b8 (15 linear shapes, 4 chosen on one thread) 1.17x faster
-        so (AMD EPYC AVX2, docs/importing.md). Returns the bound forward and what was judged."""
+        them (LeViT 1.22-1.51x faster, AMD EPYC AVX2; docs/kernels.md, "Together on the pool").
+        Returns the bound forward and what was judged."""
         twins = self.linears.pool_twins() if tuning_enabled() else {}
         if not twins:
             return bound, {}
@@ -410,9 +410,9 @@ def _lower_conv(lw: Lowering, i: int, op) -> bool:
 def _lower_pool(lw: Lowering, i: int, op) -> bool:
     """A max or average pool, or an LRN, as oneDNN's primitive in its layout. An NCHW input
     (PoolFormer's pools read a group norm's output) is reordered to it first: on NCHW oneDNN has
-    only its scalar ``simple_nchw`` pool, and NumPy's makes one pass per window tap (PoolFormer's
-    forward 1.17-1.39x faster so than on ``simple_nchw``, which was 1.28-1.41x faster than NumPy's;
-    AMD EPYC AVX2, docs/importing.md). An average pool that counts pads in ceil_mode (oneDNN would
+    only its scalar ``simple_nchw`` pool, and NumPy's makes one pass per window tap (PoolFormer
+    1.37-1.65x faster than on NumPy's passes, 1.17-1.39x than on ``simple_nchw``; AMD EPYC AVX2,
+    docs/importing.md). An average pool that counts pads in ceil_mode (oneDNN would
     count the overhang too) and an LRN of even size (its window is not centred) stay that op."""
     eng = lw.engine
     attrs = dict(op.attrs)
