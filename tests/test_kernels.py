@@ -535,7 +535,7 @@ def test_a_one_thread_linears_pool_twin_is_its_own_kernel_on_the_pool_else_the_f
 @pytest.mark.parametrize("pool_faster", [True, False], ids=["pool-faster", "as-chosen"])
 def test_onednn_moves_its_one_thread_linears_to_the_pool_together_where_that_forward_is_faster(
         pool_faster, tuned, monkeypatch):
-    """Each linear chosen alone on one thread (its pool kernel dropped as far behind), the forward
+    """Each linear chosen alone on one thread (its pool kernel far behind there), the forward
     with all of them on the pool is timed against it: where it is faster in two timings, they run
     there, the report saying so; else nothing changes. Right either way."""
     if "onednn-ip" not in AVAILABLE:
