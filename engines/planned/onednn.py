@@ -197,15 +197,16 @@ class OneDnnEngine(FusedEngine):
         with self.linears.lock:
             variants = {"as chosen": seeded(bound)}
             self.linears.forced.update(twins)
-            variants["on the pool"] = seeded(self.bind(batch))
+            on_pool = self.bind(batch)
+            variants["on the pool"] = seeded(on_pool)
             best, timings = confirmed_fastest(lambda: measure_forwards(variants), "as chosen")
-            if best == "as chosen":
+            if best == "on the pool":
+                bound = on_pool
+            else:                   # bound again: a bind keeps (and reports) only its own primitives
                 for key in twins:
                     del self.linears.forced[key]
                 self.linears.drop_unused()
                 bound = self.bind(batch)
-            else:
-                bound = self._bound[batch]
         return bound, {"linears_on_the_pool": sorted(twins) if best == "on the pool" else [],
                        "linears_forward_us": [{n: t * 1e6 for n, t in times.items()} for times in timings]}
 
