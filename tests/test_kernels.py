@@ -519,6 +519,25 @@ def test_packs_of_a_kernel_that_lost_in_the_forward_are_dropped(tuned, monkeypat
                                                                 if isinstance(a, np.ndarray))
 
 
+W, L, T = ({"pool": 1.0, "one thread": 2.0}, {"pool": 2.0, "one thread": 1.0},
+           {"pool": 1.0, "one thread": 1.04})     # the pool wins, loses, or gains under KEEP_DEFAULT
+
+
+@pytest.mark.parametrize("timings, best", [
+    ([W, W], "pool"),                 # two wins: no more timings
+    ([L, W, T, W], "pool"),           # the first timings in a slow phase
+    ([T, T, W, W], "pool"),
+    ([L, L, L], "one thread"),        # two wins out of reach after three: stop
+    ([W, T, T, T], "one thread"),     # one win is not enough
+    ([T, T, T], "one thread"),        # a tie runs on one thread
+])
+def test_the_rival_must_win_two_of_at_most_four_spread_timings(timings, best, monkeypatch):
+    monkeypatch.setattr(kernels.choice, "RIVAL_PAUSE_S", 0.0)
+    given = iter(timings)
+    chosen, seen = kernels.choice.gaining_rival(lambda: next(given), "one thread", "pool")
+    assert (chosen, seen) == (best, timings)
+
+
 def test_a_one_thread_linears_pool_twin_is_its_own_kernel_on_the_pool_else_the_fastest_pooled_alone():
     linears = kernels.Linears(lambda gemm: (), lambda gemm: "numpy")
     times = {"onednn-ip-1t": 1e-4, "onednn-ip": float("inf"), "mkl-gemm": 3e-4, "numpy-1t": 2e-4}
