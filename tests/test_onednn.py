@@ -566,8 +566,8 @@ def test_a_short_forward_runs_on_one_thread_where_its_own_forward_was_faster(one
     model = light("squeezenet")
     engine = ENGINES["onednn"](model, 2)
     chosen = engine.report()["forward_threads"]["2"]
-    # the pool after two timings that have it faster; one thread once two wins are out of reach
-    assert timed == [["one thread", "pool"]] * (3 if one_thread_faster else 2) and chosen["how"] == "measured in the forward"
+    # the pool at once where it is faster; one thread only after four timings gave the pool no gain
+    assert timed == [["one thread", "pool"]] * (4 if one_thread_faster else 1) and chosen["how"] == "measured in the forward"
     assert chosen["threads"] == (1 if one_thread_faster else chosen["pool"])
     assert (len(engine._bound[2].calls) == 1) == one_thread_faster      # one call: OpenMP at one thread around all
     x = model.random_input(2, rng=3)
@@ -578,20 +578,19 @@ def test_a_short_forward_runs_on_one_thread_where_its_own_forward_was_faster(one
 
 @pytest.mark.parametrize("later, threads", [({"pool": 1.0, "one thread": 2.0}, "pool"),
                                              ({"pool": 1.0, "one thread": 1.0}, 1)], ids=["pool-gains", "tie"])
-def test_the_pool_runs_where_two_of_four_spread_timings_show_it_faster(later, threads, monkeypatch):
+def test_the_pool_runs_where_one_of_four_spread_timings_shows_it_faster(later, threads, monkeypatch):
     """A slow phase of the second core during the first timings (another pool still spinning, a
-    neighbour's burst) made the pool look slow or level: later timings where the pool gains keep
+    neighbour's burst) made the pool look slow or level: a later timing where the pool gains keeps
     it; where it only ties, one thread runs (on a tie the pool gains nothing, and a slow phase
     costs it)."""
     _needs_an_openmp_pool()
-    results = iter([{"pool": 2.0, "one thread": 1.0}, {"pool": 1.0, "one thread": 2.0}, later, later])
+    results = iter([{"pool": 2.0, "one thread": 1.0}, {"pool": 1.0, "one thread": 1.0}, {"pool": 1.5, "one thread": 1.0}, later])
     monkeypatch.setattr(onednn, "measure_forwards", lambda variants: next(results))
     monkeypatch.setattr(choice, "RIVAL_PAUSE_S", 0.0)
     monkeypatch.setattr(onednn, "ONE_THREAD_FORWARD_S", float("inf"))
     monkeypatch.setenv("MLEXEC_TUNE", "1")
     chosen = ENGINES["onednn"](light("squeezenet"), 2).report()["forward_threads"]["2"]
-    assert chosen["threads"] == (chosen["pool"] if threads == "pool" else 1), chosen
-    assert len(chosen["forward_us"]) == (3 if threads == "pool" else 4), chosen
+    assert chosen["threads"] == (chosen["pool"] if threads == "pool" else 1) and len(chosen["forward_us"]) == 4, chosen
 
 
 def test_a_long_forward_is_not_timed_on_one_thread(monkeypatch):

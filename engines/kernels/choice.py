@@ -22,7 +22,7 @@ BUSY_SHARE = 0.25           # seconds per second this process's threads waited f
                             # process beside a two-thread matmul: 0.74 and 1.0, the matmul 3.6x slower)
 
 
-RIVAL_WINS, RIVAL_TIMINGS = 2, 4   # gaining_rival: the rival must win this many of at most this many timings
+RIVAL_WINS, RIVAL_TIMINGS = 1, 4   # gaining_rival: the rival must win this many of at most this many timings
 RIVAL_PAUSE_S = 0.3         # between them, so that four spread over a second or more
 
 
@@ -50,21 +50,23 @@ def confirmed_fastest(measure: Callable[[], dict[str, float]], default: str) -> 
 
 
 def gaining_rival(measure: Callable[[], dict[str, float]], kept: str, rival: str) -> tuple[str, list[dict]]:
-    """``rival`` where RIVAL_WINS of up to RIVAL_TIMINGS timings (``measure()``: name -> seconds,
-    RIVAL_PAUSE_S apart) have it KEEP_DEFAULT faster than ``kept``, else ``kept``; and the timings.
+    """``rival`` where one of up to RIVAL_TIMINGS timings (``measure()``: name -> seconds,
+    RIVAL_PAUSE_S apart) has it KEEP_DEFAULT faster than ``kept``, else ``kept``; and the timings.
     The thread judge's rule, with one thread kept. On a tie the pool gains nothing and, on a 2-core
     host whose second core comes and goes, can lose (MobileNetV2's int8 b1 forward, AMD EPYC: 0.24
     ms on either in one phase, 0.47 ms on the pool in another). But the pool's slow phases last a
     second or so: two timings back to back inside one tied the pool with one thread, and 8 of 54
     builds ran MobileNetV3-large at b1 on one thread, 0.58-0.93x ONNX Runtime, where the builds on
-    the pool ran 0.85-1.20x (AMD EPYC, AVX2; docs/engines.md); spread out, the pool has to win twice."""
-    timings, wins = [], 0
-    while wins < RIVAL_WINS and wins + RIVAL_TIMINGS - len(timings) >= RIVAL_WINS:
+    the pool ran 0.85-1.20x (AMD EPYC, AVX2; docs/engines.md). Spread out, one of them sees the
+    pool's gain."""
+    timings = []
+    while len(timings) < RIVAL_TIMINGS:
         if timings:
             time.sleep(RIVAL_PAUSE_S)
         timings.append(measure())
-        wins += fastest(timings[-1], kept) == rival
-    return (rival if wins >= RIVAL_WINS else kept), timings
+        if fastest(timings[-1], kept) == rival:
+            return rival, timings
+    return kept, timings
 
 
 # A GEMM timed alone is not the GEMM in the forward: there its weights, its neighbours' data and

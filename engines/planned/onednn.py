@@ -226,7 +226,7 @@ class OneDnnEngine(FusedEngine):
             return {"threads": pool, "pool": pool, "how": f"a {once * 1e3:.0f} ms forward: on the pool"}
         variants = {"pool": forward, "one thread": seeded(self._one_thread_bound(batch))}
         time.sleep(PARK_S)                   # another engine's pool, warmed just before, parks first
-        # the pool where it pays for itself in two of up to four spread timings; a tie runs on one thread
+        # the pool where it pays for itself in one of up to four spread timings; a tie runs on one thread
         best, timings = gaining_rival(lambda: measure_forwards(variants), "one thread", "pool")
         return {"threads": 1 if best == "one thread" else pool, "pool": pool, "how": "measured in the forward",
                 "forward_us": [{name: t * 1e6 for name, t in times.items()} for times in timings]}
