@@ -22,8 +22,8 @@ BUSY_SHARE = 0.25           # seconds per second this process's threads waited f
                             # process beside a two-thread matmul: 0.74 and 1.0, the matmul 3.6x slower)
 
 
-RIVAL_WINS, RIVAL_TIMINGS = 1, 4   # gaining_rival: the rival must win this many of at most this many timings
-RIVAL_PAUSE_S = 0.3         # between them, so that four spread over a second or more
+RIVAL_TIMINGS = 4           # gaining_rival: the rival must win one of at most this many timings,
+RIVAL_PAUSE_S = 0.3         # this far apart: spread over a second or more
 
 
 def fastest(times: dict[str, float], default: str) -> str:
