@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..memory import aligned, aligned_empty
+from ..native import openmp
 from ..ir.calls import tile
 from .table import KERNELS, Gemm, bind, run_calls
 
@@ -105,6 +106,7 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
     reps, rounds = _blocks(bound, BLOCK_SECONDS, budget_s)
     if _last_measured[0] != list(bound) or time.perf_counter() - _last_measured[1] > BACK_TO_BACK_S:
         time.sleep(PARK_S)                          # what ran before (another engine) parks its pool
+    openmp.step_aside()                             # after that pause the caller may wake on a worker's CPU
     times = _settled_medians(bound, reps, rounds)
     _last_measured[:] = [list(bound), time.perf_counter()]
     return {name: t / copies for name, t in times.items()}
@@ -123,6 +125,7 @@ def measure_forwards(variants: dict[str, list], budget_s: float = FORWARD_BUDGET
 def _blocks(bound: dict[str, list], block_s: float, budget_s: float, min_rounds: int = MIN_ROUNDS) -> tuple[int, int]:
     """Calls per timed block (about ``block_s``) and rounds (``budget_s`` in all, ``min_rounds`` to
     MAX_ROUNDS), from one warm call of each candidate."""
+    openmp.step_aside()                             # the caller off the pool's workers' CPUs
     one = {}
     for name, calls in bound.items():               # warm up, and size the blocks
         run_calls(calls)

@@ -14,12 +14,18 @@ leaving the calling thread free (as ONNX Runtime binds its pool's threads and no
 Unbound, after an idle pause of 100 ms or more a woken worker was placed on the caller's core,
 where the caller spinning at the region's barrier held that core for a scheduler slice: the next
 forward of a small transformer took 5-10 ms instead of 0.3 (docs/kernels.md, "After an idle pause").
+The workers are bound away from the CPU the caller is on then; a caller that lands on a worker's
+CPU later (after an idle pause the scheduler may wake it there) shares that core with the worker
+until the scheduler moves it, each region waiting for a time slice: a timing steps it aside first
+(``step_aside``; a fresh process timed the pool at 430-570 us a call where it takes 13,
+docs/kernels.md, "The caller on a worker's CPU").
 
 Measured: docs/kernels.md#openmp-spin
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 
@@ -31,6 +37,7 @@ PIN_ENV = "MLEXEC_PIN_WORKERS"      # 0: leave OpenMP's workers unbound
 BIND_ENV = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY")   # the environment binds threads itself
 PINNED = "workers not pinned (GNU OpenMP not loaded)"
 _pin_lock, _pin_done = threading.Lock(), False
+_worker_cpus: set[int] = set()      # the CPUs pin_workers bound workers to
 
 
 def choose() -> str:
@@ -70,15 +77,50 @@ def threads(lib: ctypes.CDLL) -> tuple:
     return set_threads, runtimes[0][1]
 
 
-def worker_cpus(environ, allowed, threads: int) -> dict[int, int]:
+def worker_cpus(environ, allowed, threads: int, caller: int | None = None) -> dict[int, int]:
     """OpenMP thread number -> the CPU it is bound to: each worker (1 .. threads - 1) to one of the
-    ``allowed`` CPUs after the first, the calling thread (0) to none. Nothing where ``PIN_ENV`` is
+    ``allowed`` CPUs other than the first, the calling thread (0) to none; the first is the CPU the
+    caller is on (``caller``) where that is allowed, else the lowest. Nothing where ``PIN_ENV`` is
     0, where the environment binds OpenMP's threads itself, or with one thread or one CPU."""
     if environ.get(PIN_ENV, "1").strip() == "0" or any(k in environ for k in BIND_ENV) \
             or threads < 2 or len(allowed) < 2:
         return {}
     cpus = sorted(allowed)
+    if caller in cpus:
+        at = cpus.index(caller)
+        cpus = cpus[at:] + cpus[:at]
     return {k: cpus[k % len(cpus)] for k in range(1, threads)}
+
+
+def current_cpu() -> int | None:
+    """The CPU the calling thread runs on (libc's ``sched_getcpu``), or None where unknown."""
+    try:
+        cpu = _libc().sched_getcpu()
+    except AttributeError:
+        return None
+    return cpu if cpu >= 0 else None
+
+
+@functools.lru_cache(maxsize=None)
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None)
+
+
+def step_aside() -> bool:
+    """Move the calling thread off the CPUs pin_workers bound the pool's workers to, if it runs on
+    one and its affinity allows another; its affinity stays as it was. Returns whether it moved.
+    Called before each timing: there, a caller sharing a worker's core measured the pool 30x slow
+    and the choice went to one thread (docs/kernels.md, "The caller on a worker's CPU")."""
+    cpu = current_cpu()
+    if cpu is None or cpu not in _worker_cpus:
+        return False
+    allowed = os.sched_getaffinity(0)
+    elsewhere = allowed - _worker_cpus
+    if not elsewhere:
+        return False
+    os.sched_setaffinity(0, elsewhere)          # the kernel migrates the thread now
+    os.sched_setaffinity(0, allowed)            # and leaves it there
+    return True
 
 
 def pin_workers(lib: ctypes.CDLL | None = None) -> str:
@@ -97,7 +139,7 @@ def pin_workers(lib: ctypes.CDLL | None = None) -> str:
         except (OSError, AttributeError):       # not loaded, or a build on another runtime: nothing bound
             return PINNED
         _pin_done = True
-        plan = worker_cpus(os.environ, os.sched_getaffinity(0), threads)
+        plan = worker_cpus(os.environ, os.sched_getaffinity(0), threads, current_cpu())
         if not plan:
             PINNED = f"workers not pinned ({threads} thread(s); {PIN_ENV}, {', '.join(BIND_ENV)} as set)"
             return PINNED
@@ -111,5 +153,6 @@ def pin_workers(lib: ctypes.CDLL | None = None) -> str:
 
         region = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(bind)
         parallel(region, None, threads, 0)
+        _worker_cpus.update(done.values())
         PINNED = f"workers pinned to CPU {', '.join(str(done[k]) for k in sorted(done))}, the calling thread free"
         return PINNED
