@@ -75,9 +75,13 @@ def test_step_aside_moves_the_caller_off_the_workers_cpus_and_keeps_its_affinity
     takes 13 (docs/kernels.md): before a timing the caller leaves the workers' CPUs."""
     import os
     allowed = _two_cpus()
-    here = openmp.current_cpu()
-    monkeypatch.setattr(openmp, "_worker_cpus", {here})
-    assert openmp.step_aside() is True
+    for _ in range(5):                                  # the scheduler may move it between the two calls
+        here = openmp.current_cpu()
+        monkeypatch.setattr(openmp, "_worker_cpus", {here})
+        if openmp.step_aside():
+            break
+    else:
+        pytest.fail("the caller never stepped aside")
     assert openmp.current_cpu() != here and os.sched_getaffinity(0) == allowed
     assert openmp.step_aside() is False                 # already elsewhere: nothing to do
 
