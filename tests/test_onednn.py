@@ -203,20 +203,37 @@ def test_below_avx512_the_matmul_that_would_allocate_is_not_chosen_and_the_inner
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_numpys_products_run_on_one_openblas_thread():
+_ATTENTION_PRODUCTS = """
+import numpy as np
+from engines import ENGINES, MODELS, kernels
+model = MODELS["transformer"](dim=64, seq=16, seed=1)
+engine = ENGINES["onednn"](model, 2)
+x = model.random_input(2, rng=4)
+np.testing.assert_allclose(np.asarray(engine.forward(x), np.float64), model.reference(x), atol=1e-4, rtol=1e-4)
+calls = engine._bound[2][1]
+pinned = [c for fn, args in calls if fn is kernels.table._one_thread for c in args[-1]]
+assert not any(fn is np.matmul for fn, _ in calls), "a NumPy product on its two-thread pool"
+print(sum(fn is np.matmul for fn, _ in pinned))
+"""
+
+
+@pytest.mark.parametrize("isa", [None, "AVX2"], ids=["this-cpu", "avx2"])
+def test_numpys_products_run_on_one_openblas_thread(isa, tmp_path):
     """Attention's per-head products and the row reductions' matvecs stay off NumPy's two-thread
-    pool, which alternating with OpenMP's waited on its spinning workers: every NumPy matmul of a
-    transformer's forward runs inside a one-thread call, and the answer is still right (products
-    below MKL_BATCH_MIN_WORK: MKL's batch takes larger ones where it is installed)."""
-    from engines import MODELS, kernels
-    model = MODELS["transformer"](dim=64, seq=16, seed=1)
-    engine = ENGINES["onednn"](model, 2)
-    x = model.random_input(2, rng=4)
-    np.testing.assert_allclose(np.asarray(engine.forward(x), np.float64), model.reference(x), atol=1e-4, rtol=1e-4)
-    calls = engine._bound[2][1]
-    pinned = [c for fn, args in calls if fn is kernels.table._one_thread for c in args[-1]]
-    assert not any(fn is np.matmul for fn, _ in calls)
-    assert sum(fn is np.matmul for fn, _ in pinned) >= 2          # the scores' and the context's products
+    pool, which alternating with OpenMP's waited on its spinning workers. With AVX-512 they are
+    oneDNN's brgemm matmuls; without it (``ONEDNN_MAX_CPU_ISA=AVX2`` makes any x86 CPU so) oneDNN
+    has no brgemm matmul and they are NumPy's, each inside a one-thread call (products below
+    MKL_BATCH_MIN_WORK: MKL's batch takes larger ones where it is installed). The answer is right
+    either way."""
+    import subprocess
+    import sys
+    env = {**os.environ, "MLEXEC_CACHE_DIR": str(tmp_path), **({"ONEDNN_MAX_CPU_ISA": isa} if isa else {})}
+    done = subprocess.run([sys.executable, "-c", _ATTENTION_PRODUCTS], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    pinned = int(done.stdout.split()[-1])
+    if isa == "AVX2":
+        assert pinned >= 2                          # the scores' and the context's products
 
 
 def _mobilenet_v3_block(pool: str):
