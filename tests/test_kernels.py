@@ -612,3 +612,24 @@ def test_scratch_operands_are_a_drawn_block_repeated_on_a_cache_line():
     np.testing.assert_array_equal(a.reshape(-1), np.resize(drawn, 15))
     large = kernels.timing._normal(np.random.default_rng(1), (512, 300))
     assert np.isfinite(large).all() and 0.9 < large.std() < 1.1
+
+
+def test_joined_makes_each_run_of_one_thread_calls_on_one_pool_one_call():
+    """An int8 linear's scale and quantize calls each set a pool to one thread and back: joined,
+    the pool is set once for the run (mlp b1 d1024: 1.04x a forward). Order and effects
+    are unchanged; a call in between, or another pool, ends a run."""
+    ran, counts = [], []
+    a = (lambda n: counts.append(n), lambda: 2)                       # pool a: (set, get)
+    b = (lambda n: counts.append(-n), lambda: 2)                      # pool b
+    def call(tag):
+        return (ran.append, (tag,))
+    one = kernels.table._one_thread
+    calls = [(one, (*a, (call(1),))), (one, (*a, (call(2), call(3)))), call(4),
+             (one, (*a, (call(5),))), (one, (*b, (call(6),))), (one, (*b, (call(7),)))]
+    got = kernels.joined(calls)
+    assert [len(args[-1]) if fn is one else None for fn, args in got] == [3, None, 1, 2]
+    for fn, args in got:
+        fn(*args)
+    assert ran == [1, 2, 3, 4, 5, 6, 7]
+    assert counts == [1, 2, 1, 2, -1, -2]                             # one set and one give-back per run
+    assert kernels.joined([]) == ()

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..base import Engine, EngineBusy
 from ..ir.models import Model
-from ..kernels import Linears, candidates
+from ..kernels import Linears, candidates, joined
 from ..ir.ops import OPS, linear_calls
 from ..memory import aligned_empty
 from ..ir.calls import max_rows, rows2d
@@ -238,5 +238,5 @@ class CompiledEngine(BoundEngine):
             calls += op.calls(*views, *op.operands, *(self.view(s, batch) for s in op.scratch), **op.attrs)
         result = self.view(self.model.output, batch)
         result.flags.writeable = False
-        self._bound[batch] = Bound(self.view(self.model.input, batch), tuple(calls), result)
+        self._bound[batch] = Bound(self.view(self.model.input, batch), joined(calls), result)
         return self._bound[batch]

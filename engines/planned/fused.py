@@ -28,7 +28,7 @@ import numpy as np
 
 from ..base import EngineUnavailable
 from .compiled import Bound, BoundEngine, arena_storage
-from ..kernels import Gemm, Linears, candidates, cpu_model
+from ..kernels import Gemm, Linears, candidates, cpu_model, joined
 from ..ir.models import Model
 from ..ir.ops import (GELU_C, OPS, erf_calls, gather_keys, gelu_erf_calls, head_columns, keys_per_head, keys_scratch,
                       mean_column, rowwise_scratch, scores_scale, softmax_rows, split_heads, standardize_calls)
@@ -452,5 +452,5 @@ class FusedEngine(BoundEngine):
                                      [self.view(t, batch) for t in step.scratch])
         result = self.view(self._output, batch)
         result.flags.writeable = False
-        self._bound[batch] = Bound(self.view("input", batch), tuple(calls), result)
+        self._bound[batch] = Bound(self.view("input", batch), joined(calls), result)
         return self._bound[batch]
