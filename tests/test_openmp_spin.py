@@ -54,14 +54,6 @@ def test_worker_cpus_binds_each_worker_and_never_the_caller():
     assert openmp.worker_cpus({}, {0, 1}, 1) == {} and openmp.worker_cpus({}, {3}, 2) == {}
 
 
-def test_worker_cpus_leave_the_callers_cpu_to_the_caller():
-    """A worker bound to the CPU the caller runs on shares its core until the scheduler moves the
-    caller: the workers take the other CPUs."""
-    assert openmp.worker_cpus({}, {0, 1}, 2, caller=1) == {1: 0}
-    assert openmp.worker_cpus({}, {4, 2, 6}, 3, caller=4) == {1: 6, 2: 2}
-    assert openmp.worker_cpus({}, {0, 1}, 2, caller=5) == {1: 1}          # not one it may use: as without
-
-
 def _two_cpus() -> set[int]:
     import os
     allowed = os.sched_getaffinity(0)
@@ -137,9 +129,7 @@ def test_loading_onednn_binds_the_pools_workers_and_leaves_the_caller_free(env):
     if env:
         assert out["threads"]["1"] == out["before"] and out["said"].startswith("workers not pinned")
     else:
-        worker = out["threads"]["1"]
-        assert len(worker) == 1 and worker[0] in out["before"]
-        assert out["said"] == f"workers pinned to CPU {worker[0]}, the calling thread free"
+        assert out["threads"]["1"] == [out["before"][1]] and out["said"].startswith("workers pinned to CPU")
 
 
 def test_a_library_on_another_runtime_is_left_unbound_and_still_loads():

@@ -14,11 +14,12 @@ leaving the calling thread free (as ONNX Runtime binds its pool's threads and no
 Unbound, after an idle pause of 100 ms or more a woken worker was placed on the caller's core,
 where the caller spinning at the region's barrier held that core for a scheduler slice: the next
 forward of a small transformer took 5-10 ms instead of 0.3 (docs/kernels.md, "After an idle pause").
-The workers are bound away from the CPU the caller is on then; a caller that lands on a worker's
-CPU later (after an idle pause the scheduler may wake it there) shares that core with the worker
-until the scheduler moves it, each region waiting for a time slice: a timing steps it aside first
-(``step_aside``; a fresh process timed the pool at 430-570 us a call where it takes 13,
-docs/kernels.md, "The caller on a worker's CPU").
+A caller on a worker's CPU shares that core with the worker until the scheduler moves it, each
+region waiting for a time slice (a fresh process timed the pool at 430-570 us a call where it
+takes 13): ``step_aside`` moves it off, once the workers are bound and before every timing
+(docs/kernels.md, "The caller on a worker's CPU"). The workers stay on the CPUs after the first:
+bound away from the caller's CPU instead (the first, often), the slowest of 7 first forwards after
+an idle pause reached 7-9 ms in 5 of 15 pause lengths, against 3 of 30 as bound here.
 
 Measured: docs/kernels.md#openmp-spin
 """
@@ -77,18 +78,14 @@ def threads(lib: ctypes.CDLL) -> tuple:
     return set_threads, runtimes[0][1]
 
 
-def worker_cpus(environ, allowed, threads: int, caller: int | None = None) -> dict[int, int]:
+def worker_cpus(environ, allowed, threads: int) -> dict[int, int]:
     """OpenMP thread number -> the CPU it is bound to: each worker (1 .. threads - 1) to one of the
-    ``allowed`` CPUs other than the first, the calling thread (0) to none; the first is the CPU the
-    caller is on (``caller``) where that is allowed, else the lowest. Nothing where ``PIN_ENV`` is
+    ``allowed`` CPUs after the first, the calling thread (0) to none. Nothing where ``PIN_ENV`` is
     0, where the environment binds OpenMP's threads itself, or with one thread or one CPU."""
     if environ.get(PIN_ENV, "1").strip() == "0" or any(k in environ for k in BIND_ENV) \
             or threads < 2 or len(allowed) < 2:
         return {}
     cpus = sorted(allowed)
-    if caller in cpus:
-        at = cpus.index(caller)
-        cpus = cpus[at:] + cpus[:at]
     return {k: cpus[k % len(cpus)] for k in range(1, threads)}
 
 
@@ -109,8 +106,9 @@ def _libc() -> ctypes.CDLL:
 def step_aside() -> bool:
     """Move the calling thread off the CPUs pin_workers bound the pool's workers to, if it runs on
     one and its affinity allows another; its affinity stays as it was. Returns whether it moved.
-    Called before each timing: there, a caller sharing a worker's core measured the pool 30x slow
-    and the choice went to one thread (docs/kernels.md, "The caller on a worker's CPU")."""
+    Called once the workers are bound, and before each timing: there, a caller sharing a worker's
+    core measured the pool 30x slow and the choice went to one thread (docs/kernels.md, "The
+    caller on a worker's CPU")."""
     cpu = current_cpu()
     if cpu is None or cpu not in _worker_cpus:
         return False
@@ -139,7 +137,7 @@ def pin_workers(lib: ctypes.CDLL | None = None) -> str:
         except (OSError, AttributeError):       # not loaded, or a build on another runtime: nothing bound
             return PINNED
         _pin_done = True
-        plan = worker_cpus(os.environ, os.sched_getaffinity(0), threads, current_cpu())
+        plan = worker_cpus(os.environ, os.sched_getaffinity(0), threads)
         if not plan:
             PINNED = f"workers not pinned ({threads} thread(s); {PIN_ENV}, {', '.join(BIND_ENV)} as set)"
             return PINNED
@@ -154,5 +152,6 @@ def pin_workers(lib: ctypes.CDLL | None = None) -> str:
         region = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(bind)
         parallel(region, None, threads, 0)
         _worker_cpus.update(done.values())
+        step_aside()                            # the caller off them from the start
         PINNED = f"workers pinned to CPU {', '.join(str(done[k]) for k in sorted(done))}, the calling thread free"
         return PINNED
