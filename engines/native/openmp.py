@@ -60,7 +60,7 @@ def threads(lib: ctypes.CDLL) -> tuple:
     scope, which oneDNN's calls then bind to instead (MKL's Intel OpenMP did, before MKL ran on
     GNU's; PyTorch's own copy of GNU OpenMP can). ``lib``: oneDNN's library handle."""
     runtimes = []
-    for handle in (lib, ctypes.CDLL(None)):
+    for handle in (lib, _global_scope()):
         try:
             fns = handle.omp_set_num_threads, handle.omp_get_max_threads
         except AttributeError:
@@ -92,14 +92,15 @@ def worker_cpus(environ, allowed, threads: int) -> dict[int, int]:
 def current_cpu() -> int | None:
     """The CPU the calling thread runs on (libc's ``sched_getcpu``), or None where unknown."""
     try:
-        cpu = _libc().sched_getcpu()
+        cpu = _global_scope().sched_getcpu()
     except AttributeError:
         return None
     return cpu if cpu >= 0 else None
 
 
 @functools.lru_cache(maxsize=None)
-def _libc() -> ctypes.CDLL:
+def _global_scope() -> ctypes.CDLL:
+    """The symbols in the process's global scope (libc's among them), one handle per process."""
     return ctypes.CDLL(None)
 
 
