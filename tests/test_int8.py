@@ -218,6 +218,75 @@ def test_every_variant_gives_the_same_result(implementation, one_thread):
     assert matmuls == {implementation}
 
 
+def _vnni_or_skip():
+    from engines.native.onednn import library
+    from engines.planned.int8 import saturating
+    if saturating():
+        pytest.skip("no int8 dot products on this CPU: its linears are 1x1 convolutions (ConvForm)")
+    return library()
+
+
+@pytest.mark.parametrize("one_thread", [False, True])
+def test_one_row_runs_on_the_inner_product_too_with_the_same_result(one_thread):
+    """At one row (one source scale) the inner product's kernels are offered beside the matmul's
+    and give the same sums; at several rows with row scales they are not offered (a per-row
+    operand on its 2-D output would run oneDNN's reference code)."""
+    from engines.planned.int8 import INNER_PRODUCT, Variant
+    _vnni_or_skip()
+    model = MODELS["mlp"](dim=64, seed=5)
+    x = model.random_input(1, 11)
+    expected = np.array(make_engine("int8", model, 1).forward(x))
+    name = "brgemm:avx512_core_vnni"
+    forced = type("Forced", (Int8Engine,), {"forced_variant": Variant(name, one_thread)})
+    engine = forced(model, 1)
+    np.testing.assert_allclose(engine.forward(x), expected, rtol=1e-5, atol=1e-5)
+    assert {p["implementation"] for p in engine.report()["primitives"] if p["kind"] == "int8_linear"} == {name}
+    offered = {tuple(m["candidates_us"]) for m in make_engine("int8", model, 1).report()["int8_matmuls"]
+               if m["how"] != "default"}
+    assert all(set(names) & set(INNER_PRODUCT) for names in offered), offered
+    rows = make_engine("int8", model, 3)
+    rows.forward(model.random_input(3, 12))
+    assert not any(set(m["candidates_us"]) & set(INNER_PRODUCT) for m in rows.report()["int8_matmuls"])
+
+
+def test_a_layout_of_the_same_bytes_is_held_once():
+    """A u8 source's matmul and inner product block one weight matrix alike: one array holds both."""
+    from engines.native.onednn import ANY
+    from engines.native.onednn_int8 import QuantizedWeights, TypedOwned, implementation
+    from engines.planned.int8 import _one
+    dnnl = _vnni_or_skip()
+    o, k, n = TypedOwned(dnnl), 256, 128
+    plain = np.random.default_rng(0).integers(-127, 128, (1, k, n), dtype=np.int8)
+    weights = QuantizedWeights(dnnl, plain.copy())
+    x, y = np.zeros((1, k), np.uint8), np.zeros((1, n), np.float32)
+    matmul = o.matmul_pd(o.strided(_one(x)), o.typed((1, k, n), ANY, np.int8), None, o.strided(_one(y)), o.attr())
+    inner = o.inner_product_pd(o.strided(x), o.typed((n, k), ANY, np.int8), None, o.strided(y), o.attr())
+    assert implementation(dnnl, matmul).startswith("brg") and implementation(dnnl, inner).startswith("brgemm")
+    _, first = weights.take(matmul)
+    _, second = weights.take(inner, view=lambda p: p.reshape(k, n).T)
+    assert second is first and len(weights.layouts) == 2
+    weights.settle()
+    assert weights.nbytes == first.nbytes
+    np.testing.assert_array_equal(weights.values(), plain)
+
+
+def test_a_one_row_quantize_runs_outside_the_one_thread_wrapper(monkeypatch):
+    """Of one row, oneDNN's reduction and reorder run on the calling thread anyway: no wrapper
+    (its pool calls cost more than the quantize); of more rows they stay on one thread in it."""
+    from engines.kernels.table import _one_thread
+    from engines.planned import int8
+    _vnni_or_skip()
+    monkeypatch.setattr(int8, "pool_threads", lambda pool: 2)        # as on any machine of 2 cores or more
+    model = MODELS["mlp"](dim=64, seed=5)
+    pooled = type("Pooled", (Int8Engine,), {"forced_variant": int8.Variant("brg:avx512_core_vnni", False)})
+
+    def wrapped(batch):
+        engine = pooled(model, batch)
+        engine.forward(model.random_input(batch, 13))
+        return sum(fn is _one_thread for fn, _ in engine._bound[batch].calls)
+    assert wrapped(1) == 0 and wrapped(3) == 2
+
+
 def test_the_variants_are_measured_once_per_machine_and_then_read_from_the_kernel_cache(monkeypatch, tmp_path):
     """A second build, as a new process would make it, reads every matmul's variant from the
     kernel cache (``kernels.cached_or_measured``) and measures nothing; before, each process

@@ -98,7 +98,7 @@ class QuantizedWeights:
 
     @property
     def nbytes(self) -> int:
-        held = sum(a.nbytes for _, a, _ in self.layouts)
+        held = sum(a.nbytes for a in {id(a): a for _, a, _ in self.layouts}.values())
         return held + (0 if self.plain is None else self.plain.nbytes)
 
     def take(self, pd, keep: bool = True, view=lambda plain: plain) -> tuple[P, np.ndarray]:
@@ -115,6 +115,9 @@ class QuantizedWeights:
         md = o.clone(want)
         plain_md = o.strided(plain)
         dnnl.run_now(o, o.reorder_pd(plain_md, md, o.attr()), {SRC: (plain_md, plain), DST: (md, array)})
+        # another primitive's layout may lie the same bytes out (an inner product's and a matmul's
+        # blocking of one matrix, without s8 compensation): held once
+        array = next((held for _, held, _ in self.layouts if np.array_equal(held, array)), array)
         if keep:
             self.layouts.append((md, array, view))
         return md, array

@@ -70,6 +70,9 @@ ONE_THREAD = "openmp-threads"   # the pool a small linear's matmul runs on at on
 # oneDNN's int8 matmul implementations a linear may run on: its brgemm kernels on AMX tiles and on
 # AVX-512 VNNI, which work in the user scratchpad (its gemm:jit allocates per call, its ref is slow)
 BRGEMM = ("brg:avx512_core_amx", "brg:avx512_core_vnni")
+# The same kernels as oneDNN's int8 inner product (``InnerProductForm``), offered beside them where
+# a linear has one source scale
+INNER_PRODUCT = ("brgemm:avx512_core_amx", "brgemm:avx512_core_vnni")
 # Where the CPU has no int8 dot products (``saturating``), the 1x1 int8 convolutions a linear runs
 # as instead (``ConvForm``): oneDNN's jit ones, which work in the user scratchpad
 CONV_FORM = ("jit_uni_int8_1x1:avx2", "jit_uni_int8:avx2")
@@ -623,7 +626,7 @@ def _reduction(eng: "Int8Engine", step, alg: int, x2: np.ndarray, out: np.ndarra
     attr = o.quantized_attr({}, [(BINARY_MAX, md) for md, _ in described], chain)
     args = {SRC: (src, x2), DST: (dst, out), **{post_op_arg(i): d for i, d in enumerate(described)}}
     scale = replace(step, kind="int8_scale")            # its own line in report()["primitives"]
-    return _on_variant(ONE_THREAD_VARIANT, lambda: [eng.execute(o.reduction_pd(alg, src, dst, attr), args, scale)])
+    return _on_one_thread(x2, lambda: [eng.execute(o.reduction_pd(alg, src, dst, attr), args, scale)])
 
 
 def _scaled_cast(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, scales: np.ndarray, per_row: bool,
@@ -638,7 +641,16 @@ def _scaled_cast(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, scales:
     if zero_point is not None:
         args[ATTR_ZERO_POINTS | DST] = (o.typed((1,), PLAIN[1], np.int32), zero_point)
     quantize = replace(step, kind="int8_quantize")       # its own line in report()["primitives"]
-    return _on_variant(ONE_THREAD_VARIANT, lambda: [eng.execute(o.reorder_pd(src, dst, attr), args, quantize)])
+    return _on_one_thread(x2, lambda: [eng.execute(o.reorder_pd(src, dst, attr), args, quantize)])
+
+
+def _on_one_thread(x2: np.ndarray, make) -> list:
+    """A quantize primitive's calls (``make()``) on one thread. Of one row they run as they are:
+    oneDNN's reduction and reorder then have one unit of work and run it on the calling thread,
+    no parallel region (after the worker slept, a bare call took what one in the one-thread
+    wrapper took, at 256 to 1,048,576 values, AMD EPYC), and the wrapper's three pool calls cost
+    1-3 us a linear in a forward (mlp b1 d1024: 1.07x, docs/int8.md). More rows: the wrapper."""
+    return make() if x2.shape[0] == 1 else _on_variant(ONE_THREAD_VARIANT, make)
 
 
 def default_variant(rows: int, k: int, n: int, offered: list["Variant"]) -> "Variant":
@@ -792,31 +804,45 @@ def _bind_int8_linear(eng: Int8Engine, step, y, ins, scratch) -> list:
         amax, zero_point = _grid_operands(attrs["grid"])
     elif not eng.row_scales:
         lo, amax = lo[:1], amax[:1]                    # one scale for the whole batch
-    mm = _matmul(eng, step, q, y2, amax, ins)
-    brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
-    conv_form = not brgemm and saturating()
-    rescale = conv_form
-    if conv_form:
-        for rescale in (False, True) if _conv_takes_all(step, x2, eng.row_scales) else (True,):
-            mm = _conv_form(eng, step, q, y2, amax, ins, rescale, shift)
-            brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in CONV_FORM]
-            if brgemm:
-                break
-    if not brgemm:          # e.g. ONNX's 1 x 25 x 25 test products: no brgemm kernel takes them
+    forms, rescale = _forms(eng, step, q, y2, amax, ins, shift)
+    if not forms:           # e.g. ONNX's 1 x 25 x 25 test products: no brgemm kernel takes them
         return _float_linear(eng, step, x2, y2, ins)
     quantize = (_scaled_cast(eng, step, x2, q, amax, False, zero_point) if attrs["grid"]
                 else quantize_calls(eng, step, x2, q, lo, amax, eng.row_scales, zero_point))
     scaling = "grid" if attrs["grid"] else eng.row_scales
     source = "u8+128" if attrs["shifted"] else q.dtype.name
     variant = eng.variant((x2.shape[0], k, n, source, attrs["relu"], attrs["residual"], scaling,
-                           len(attrs.get("epilogue", ()))), brgemm,
-                          lambda v: _trial_calls(mm, v, linear.weights))
+                           len(attrs.get("epilogue", ()))), list(forms),
+                          lambda v: _trial_calls(forms[v.implementation], v, linear.weights))
+    form = forms.get(variant.implementation, next(iter(forms.values())))   # a forced variant (tests)
 
     def make():
-        pd = mm.pd(variant)
-        return [eng.execute(pd, mm.arguments(pd, linear.weights), step)]
+        pd = form.pd(variant)
+        return [eng.execute(pd, form.arguments(pd, linear.weights), step)]
     product = _on_variant(variant, make)
     return quantize + product + (_rescale_calls(eng, step, y2, amax, ins) if rescale else [])
+
+
+def _forms(eng: Int8Engine, step, q, y2, amax, ins, shift) -> tuple[dict[str, Matmul], bool]:
+    """(implementation -> the form that runs on it, whether ``_rescale_calls`` must follow): the
+    matmul on oneDNN's brgemm kernels, and with one source scale its inner product on theirs
+    (``InnerProductForm``); where pairs saturate (``saturating``), the 1x1 convolution instead.
+    Empty where no such kernel takes the product."""
+    mm = _matmul(eng, step, q, y2, amax, ins)
+    brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
+    if not brgemm and saturating():
+        for rescale in (False, True) if _conv_takes_all(step, q, eng.row_scales) else (True,):
+            conv = _conv_form(eng, step, q, y2, amax, ins, rescale, shift)
+            names = [name for name in implementations(eng.dnnl, lambda: conv.pd(None)) if name in CONV_FORM]
+            if names:
+                return dict.fromkeys(names, conv), rescale
+        return {}, False
+    forms = dict.fromkeys(brgemm, mm)
+    if brgemm and _one_source_scale(step, q, eng.row_scales):
+        ip = _inner_product_form(eng, step, q, y2, amax, ins)
+        forms.update(dict.fromkeys((name for name in implementations(eng.dnnl, lambda: ip.pd(None))
+                                    if name in INNER_PRODUCT), ip))
+    return forms, False
 
 
 def _plain_as_conv(plain: np.ndarray) -> np.ndarray:
@@ -845,6 +871,46 @@ class ConvForm(Matmul):
         return {**self.args, WEIGHTS: weights.take(pd, keep, _plain_as_conv)}
 
 
+def _plain_as_inner_product(plain: np.ndarray) -> np.ndarray:
+    """A linear's plain (1, k, n) s8 weights as an inner product's (n, k): the same bytes."""
+    return plain.reshape(plain.shape[-2:]).T
+
+
+@dataclass(frozen=True)
+class InnerProductForm(Matmul):
+    """One int8 linear with one source scale (``_one_source_scale``) as oneDNN's int8 inner
+    product: (rows, k) x (n, k) -> (rows, n), the scales, the bias, a residual, the ReLU and the
+    epilogue in the primitive. The same brgemm kernels as the matmul with another blocking; 2-D,
+    so no per-row operand (on 2-D outputs oneDNN 3.2 runs that as its reference code). Against
+    the matmul at one row, one process, interleaved, AMD EPYC with AVX-512 VNNI: 1.3x at 256 x 256,
+    1.0-1.1x at 1,024-4,096 (docs/int8.md); measured per shape like the matmul's variants."""
+
+    def pd(self, variant: Variant | None):
+        o = self.owned
+        pd = o.inner_product_pd(self.src, o.typed((self.n, self.k), ANY, np.int8), self.bias_md, self.dst, self.attr)
+        return pd if variant is None else with_implementation(o.dnnl, pd, variant.implementation)
+
+    def arguments(self, pd, weights: QuantizedWeights, keep: bool = True) -> dict:
+        return {**self.args, WEIGHTS: weights.take(pd, keep, _plain_as_inner_product)}
+
+
+def _inner_product_form(eng: Int8Engine, step, q: np.ndarray, y2: np.ndarray, amax: np.ndarray,
+                        ins) -> InnerProductForm:
+    """The linear as an ``InnerProductForm``: one source scale (a file's grid or ``amax``), weight
+    scales per output channel, the bias (a file's zero point folded in, ``_zero_point_folded``)."""
+    (linear,), attrs, o = step.operands, step.attrs, eng.typed
+    n = len(linear.scales)
+    src, dst, bias_md = o.strided(q), o.strided(y2), o.strided(linear.bias)
+    args = {SRC: (src, q), DST: (dst, y2), BIAS: (bias_md, linear.bias),
+            ATTR_SCALES | SRC: (o.typed((1,), PLAIN[1], np.float32), amax.reshape(1)),
+            ATTR_SCALES | WEIGHTS: (o.typed((n,), PLAIN[1], np.float32), linear.scales)}
+    residual = [(BINARY_ADD, rows2d(ins[1]))] if attrs["residual"] else []
+    described, chain, more = _post_ops(o, attrs, residual, 2)
+    args.update(more)
+    attr = o.quantized_attr({SRC: 0, WEIGHTS: PER_OUT_CHANNEL}, described, chain)
+    return InnerProductForm(o, src, dst, bias_md, attr, args, q.shape[1], n)
+
+
 def _pixels(a: np.ndarray) -> np.ndarray:
     """Rows (rows, c) as the pixels of an NHWC image (1, c, 1, rows): the same bytes."""
     rows, c = a.shape
@@ -852,13 +918,17 @@ def _pixels(a: np.ndarray) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(a, (1, c, 1, rows), (rows * step, item, rows * step, step))
 
 
+def _one_source_scale(step, x2: np.ndarray, row_scales: bool) -> bool:
+    """Whether one scale quantizes all of a linear's rows: a file's grid, a tensor's scale, or one row."""
+    return bool(step.attrs["grid"]) or not row_scales or x2.shape[0] == 1
+
+
 def _conv_takes_all(step, x2: np.ndarray, row_scales: bool) -> bool:
     """Whether a linear's ``ConvForm`` can take its source scale, bias, residual, ReLU and epilogue
-    itself: one scale for all its rows (a file's grid, a tensor's scale, or one row) and no
-    constant in the epilogue (a per-column constant would need the conv's channel axis)."""
-    attrs = step.attrs
-    one_scale = bool(attrs["grid"]) or not row_scales or x2.shape[0] == 1
-    return one_scale and not any(isinstance(op, BinaryPostOp) for op in attrs.get("epilogue", ()))
+    itself: one source scale and no constant in the epilogue (a per-column constant would need the
+    conv's channel axis)."""
+    return (_one_source_scale(step, x2, row_scales)
+            and not any(isinstance(op, BinaryPostOp) for op in step.attrs.get("epilogue", ())))
 
 
 def _conv_form(eng: Int8Engine, step, q: np.ndarray, y2: np.ndarray, amax: np.ndarray, ins,
