@@ -100,6 +100,35 @@ def test_every_timing_steps_the_caller_aside_first(monkeypatch):
     assert len(steps) >= 2                              # sizing the blocks, and after the pause
 
 
+def test_a_forward_on_the_pool_first_keeps_the_caller_off_the_workers_cpus(monkeypatch):
+    """Stepped aside once, the caller came back: a worker waking it from a barrier may have it
+    placed on that worker's CPU, where it stays (beside a busy core: int8 mlp b8 d1024 a forward
+    in 400 us against 175; docs/kernels.md). So each forward on OpenMP's pool checks first."""
+    from engines import ENGINES, MODELS
+    moves = []
+    monkeypatch.setattr(openmp, "step_aside", lambda: moves.append(1) or True)
+    monkeypatch.setattr(openmp, "_worker_cpus", {7})
+    monkeypatch.setattr(openmp, "_sched_getcpu", lambda: 3)
+    openmp.keep_aside()
+    assert moves == []                                  # not on a worker's CPU: nothing done
+    monkeypatch.setattr(openmp, "_sched_getcpu", lambda: 7)
+    openmp.keep_aside()
+    assert moves == [1]
+    from engines import EngineUnavailable
+    monkeypatch.setenv(kernels.TUNE_ENV, "0")          # the forward on the pool, where there are two threads
+    model = MODELS["mlp"](dim=16, seed=1)
+    for name, first in (("onednn", True), ("packed", True), ("fused", False)):
+        try:
+            engine = ENGINES[name](model, 2)
+        except EngineUnavailable as exc:                # its extra is not installed here
+            pytest.skip(f"{name}: {exc}")
+        engine.forward(model.random_input(2, 0))
+        calls = engine._bound[2].calls
+        one_thread = getattr(engine, "forward_threads", {}).get(2, {}).get("threads") == 1
+        assert (calls[0][0] is openmp.keep_aside) == (first and not one_thread), name
+        assert sum(fn is openmp.keep_aside for fn, _ in calls) <= 1
+
+
 _AFFINITIES = """
 import ctypes, json, os, engines
 from engines.native import onednn, openmp

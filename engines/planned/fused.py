@@ -32,7 +32,7 @@ from ..kernels import Gemm, Linears, candidates, cpu_model, joined
 from ..ir.models import Model
 from ..ir.ops import (GELU_C, OPS, erf_calls, gather_keys, gelu_erf_calls, head_columns, keys_per_head, keys_scratch,
                       mean_column, rowwise_scratch, scores_scale, softmax_rows, split_heads, standardize_calls)
-from ..native import mkl
+from ..native import mkl, openmp
 from ..ir.calls import max_rows, maximum, ones_column, rows2d, tile, tiled_calls, weight_layout, zero_rows
 from ..planner import Step
 
@@ -337,6 +337,8 @@ class FusedEngine(BoundEngine):
     - ``own_memory()`` / ``bind(batch)`` (``BoundEngine``): extend them with ``super()`` for
       per-engine state allocated with the buffers, or made once per batch size.
 
+    - ``openmp_pool``: True where the steps run on GNU OpenMP's pool.
+
     ``shapes`` (buffer -> per-sample shape), ``view(buffer, batch)``, ``linears`` (the kernel
     choices, shared with workers) and ``max_batch`` may be read.
     """
@@ -354,6 +356,8 @@ class FusedEngine(BoundEngine):
     vector_math = None               # MKL's library where the engine runs erf and GELU on it (``op_calls``)
     lowerings = LOWER                # op kind -> its lowering; an engine with lowerings of its own extends it
     binders = BIND                   # step kind -> its binding; an engine with step kinds of its own extends it
+    openmp_pool = False              # steps on GNU OpenMP's pool (MKL, oneDNN): each forward first keeps
+                                     # the calling thread off its workers' CPUs (``openmp.keep_aside``)
 
     def __init__(self, model: Model, max_batch: int):
         super().__init__(model, max_batch)
@@ -452,5 +456,8 @@ class FusedEngine(BoundEngine):
                                      [self.view(t, batch) for t in step.scratch])
         result = self.view(self._output, batch)
         result.flags.writeable = False
-        self._bound[batch] = Bound(self.view("input", batch), joined(calls), result)
+        calls = joined(calls)
+        if self.openmp_pool:
+            calls = ((openmp.keep_aside, ()), *calls)
+        self._bound[batch] = Bound(self.view("input", batch), calls, result)
         return self._bound[batch]

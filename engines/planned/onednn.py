@@ -43,7 +43,7 @@ from ..kernels.table import KERNELS, one_thread, run_calls
 from ..kernels.timing import PARK_S, measure_forwards
 from ..errors import EngineUnavailable
 from ..memory import aligned_empty
-from ..native import mkl
+from ..native import mkl, openmp
 from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_DIV, BINARY_MAX, BINARY_MUL, BINARY_SUB, CLIP, DST, GELU_ERF, GELU_TANH,
                              GLOBAL_STATS, HARDSIGMOID, HARDSWISH, LOGISTIC, MEAN,
                              LINEAR, MULTIPLE_SRC, NORM_RELU, Owned, P, PLAIN, POOL_AVG_EXCLUDE, POOL_AVG_INCLUDE, POOL_MAX,
@@ -96,6 +96,7 @@ class OneDnnEngine(FusedEngine):
     # the OpenMP pool that runs the convolutions, or on one thread: a second pool (OpenBLAS's)
     # alternating with OpenMP's waits on its spinning workers (engines.kernels)
     kernel_candidates = candidates("onednn-primitives", "mkl")
+    openmp_pool = True
 
     def __init__(self, model, max_batch: int):
         self.dnnl = library()
@@ -181,7 +182,8 @@ class OneDnnEngine(FusedEngine):
         primitive's work for the threads there are when it is made, and asks for as many."""
         with one_thread("openmp-threads"):
             bound = self.bind(batch)
-        self._bound[batch] = bound._replace(calls=tuple(on_one_thread("openmp-threads", list(bound.calls))))
+        calls = [call for call in bound.calls if call[0] is not openmp.keep_aside]    # no worker to keep off
+        self._bound[batch] = bound._replace(calls=tuple(on_one_thread("openmp-threads", calls)))
         return self._bound[batch]
 
     def _judge_pool_twins(self, batch: int, bound) -> tuple:

@@ -39,6 +39,7 @@ class PackedEngine(FusedEngine):
     peak_slack_bytes = 2048
     pack_rows = kernels.PACK_ROWS
     kernel_candidates = kernels.candidates("mkl", "onednn-primitives")   # OpenMP's pool, and any kernel on one thread
+    openmp_pool = True
 
     def __init__(self, model, max_batch: int):
         self._mkl = self.vector_math = mkl.load()
