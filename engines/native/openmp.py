@@ -16,8 +16,9 @@ where the caller spinning at the region's barrier held that core for a scheduler
 forward of a small transformer took 5-10 ms instead of 0.3 (docs/kernels.md, "After an idle pause").
 A caller on a worker's CPU shares that core with the worker until the scheduler moves it, each
 region waiting for a time slice (a fresh process timed the pool at 430-570 us a call where it
-takes 13): ``step_aside`` moves it off, once the workers are bound and before every timing
-(docs/kernels.md, "The caller on a worker's CPU"). The workers stay on the CPUs after the first:
+takes 13): ``step_aside`` moves it off, once the workers are bound and before every timing, and
+``keep_aside`` at the start of each forward on the pool, where a worker's wake-up may have brought
+it back (docs/kernels.md, "The caller on a worker's CPU"). The workers stay on the CPUs after the first:
 bound away from the caller's CPU instead (the first, often), the slowest of 7 first forwards after
 an idle pause reached 7-9 ms in 5 of 15 pause lengths, against 3 of 30 as bound here.
 
