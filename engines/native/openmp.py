@@ -125,10 +125,10 @@ def step_aside() -> bool:
 
 def keep_aside() -> None:
     """``step_aside`` as a forward's first call (``FusedEngine.openmp_pool``), 0.2 us where there
-    is nothing to do. Moved aside once, the caller came back: each region's last worker wakes it
-    from its barrier, the scheduler may place it on that worker's CPU, and there it stays, each
-    region then a time slice (int8 mlp b8 d1024: 460-680 us a forward against 78-100, in 2 of 6
-    fresh processes; ``onednn`` 740-1,440 against 310 in 2 of 5; docs/kernels.md)."""
+    is nothing to do. Moved aside once, the caller came back where another process held its own
+    CPU: a worker waking it from a region's barrier may have it placed on that worker's CPU, and
+    there it stays, each region then a time slice (beside a busy core, int8 mlp b8 d1024: most
+    blocks of forwards 400-612 us a forward without, 150-210 with; docs/kernels.md)."""
     if _worker_cpus and _sched_getcpu() in _worker_cpus:
         step_aside()
 

@@ -649,7 +649,7 @@ def _on_one_thread(x2: np.ndarray, make) -> list:
     oneDNN's reduction and reorder then have one unit of work and run it on the calling thread,
     no parallel region (after the worker slept, a bare call took what one in the one-thread
     wrapper took, at 256 to 1,048,576 values, AMD EPYC), and the wrapper's three pool calls cost
-    1-3 us a linear in a forward (mlp b1 d1024: 1.07x, docs/int8.md). More rows: the wrapper."""
+    1-3 us a linear in a forward (docs/int8.md). More rows: the wrapper."""
     return make() if x2.shape[0] == 1 else _on_variant(ONE_THREAD_VARIANT, make)
 
 
