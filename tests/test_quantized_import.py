@@ -246,6 +246,21 @@ def test_int8_runs_a_qdq_file_on_its_own_scales_and_zero_points(name, files):
         assert np.mean(got == theirs) >= exact and np.abs(got - theirs).max() <= 1.001 * step, f"batch {batch}"
 
 
+@pytest.mark.parametrize("batch", [1, 8])
+def test_a_qdq_files_linears_give_the_same_result_on_the_inner_product(files, batch):
+    """On a file's grid one scale quantizes every row, so int8 offers oneDNN's inner product beside
+    its matmul at any batch (``InnerProductForm``): the same integer sums, scales and bias."""
+    from engines.planned.int8 import Int8Engine, Variant
+    if saturating():
+        pytest.skip("no int8 dot products on this CPU: its linears are 1x1 convolutions")
+    model = load_onnx(files["mlp-qdq"])
+    name = "brgemm:avx512_core_vnni"
+    forced = type("Forced", (Int8Engine,), {"forced_variant": Variant(name, False)})(model, batch)
+    x = model.random_input(batch, rng=batch)
+    np.testing.assert_allclose(forced.forward(x), ENGINES["int8"](model, batch).forward(x), rtol=1e-5, atol=1e-6)
+    assert {p["implementation"] for p in forced.report()["primitives"] if p["kind"] == "int8_linear"} == {name}
+
+
 def _initializers(seed: int, shapes: dict) -> list:
     """Named weights (name -> shape), each N(0, 1 / fan-in), drawn in order from one seed."""
     rng = np.random.default_rng(seed)
