@@ -127,8 +127,8 @@ def keep_aside() -> None:
     """``step_aside`` as a forward's first call (``FusedEngine.openmp_pool``), 0.2 us where there
     is nothing to do. Moved aside once, the caller came back where another process held its own
     CPU: a worker waking it from a region's barrier may have it placed on that worker's CPU, and
-    there it stays, each region then a time slice (beside a busy core, int8 mlp b8 d1024: most
-    blocks of forwards 400-612 us a forward without, 150-210 with; docs/kernels.md)."""
+    there it stays, each region then a time slice (beside a busy core, int8 mlp b8 d1024: half
+    the blocks of forwards at 400-612 us a forward without it, all at 150-210 with; docs/kernels.md)."""
     if _worker_cpus and _sched_getcpu() in _worker_cpus:
         step_aside()
 
