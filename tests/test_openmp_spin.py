@@ -98,6 +98,10 @@ def test_every_timing_steps_the_caller_aside_first(monkeypatch):
     monkeypatch.setattr(timing, "PARK_S", 0.0)
     timing.measure(kernels.Gemm(1, 8, 8), ["numpy"], budget_s=1e-3)
     assert len(steps) >= 2                              # sizing the blocks, and after the pause
+    checks = []                                         # and each timed block checks again
+    monkeypatch.setattr(openmp, "keep_aside", lambda: checks.append(1))
+    timing._interleaved({"one": [(np.negative, (a, a))], "two": [(np.abs, (a, a))]}, reps=2, rounds=3)
+    assert len(checks) == 6                             # 2 candidates x 3 rounds
 
 
 def test_a_forward_on_the_pool_first_keeps_the_caller_off_the_workers_cpus(monkeypatch):

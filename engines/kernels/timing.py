@@ -193,6 +193,7 @@ def _interleaved(bound: dict[str, list], reps: int, rounds: int) -> tuple[dict[s
         order = alive[r % len(alive):] + alive[:r % len(alive)]
         for name in (order if r % 2 == 0 else order[::-1]):
             calls = bound[name]
+            openmp.keep_aside()                     # a worker's wake-up may have brought the caller back
             t0 = time.perf_counter()
             for _ in range(reps):
                 run_calls(calls)
