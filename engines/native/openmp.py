@@ -90,19 +90,23 @@ def worker_cpus(environ, allowed, threads: int) -> dict[int, int]:
     return {k: cpus[k % len(cpus)] for k in range(1, threads)}
 
 
-def current_cpu() -> int | None:
-    """The CPU the calling thread runs on (libc's ``sched_getcpu``), or None where unknown."""
-    try:
-        cpu = _global_scope().sched_getcpu()
-    except AttributeError:
-        return None
-    return cpu if cpu >= 0 else None
-
-
 @functools.lru_cache(maxsize=None)
 def _global_scope() -> ctypes.CDLL:
     """The symbols in the process's global scope (libc's among them), one handle per process."""
     return ctypes.CDLL(None)
+
+
+def _no_cpu() -> int:
+    return -1
+
+
+_sched_getcpu = getattr(_global_scope(), "sched_getcpu", _no_cpu)     # libc's; -1: unknown
+
+
+def current_cpu() -> int | None:
+    """The CPU the calling thread runs on (libc's ``sched_getcpu``), or None where unknown."""
+    cpu = _sched_getcpu()
+    return cpu if cpu >= 0 else None
 
 
 def step_aside() -> bool:
@@ -131,13 +135,6 @@ def keep_aside() -> None:
     the blocks of forwards at 400-612 us a forward without it, all at 150-210 with; docs/kernels.md)."""
     if _worker_cpus and _sched_getcpu() in _worker_cpus:
         step_aside()
-
-
-def _no_cpu() -> int:
-    return -1
-
-
-_sched_getcpu = _no_cpu             # libc's, once pin_workers has bound workers
 
 
 def pin_workers(lib: ctypes.CDLL | None = None) -> str:
@@ -171,8 +168,6 @@ def pin_workers(lib: ctypes.CDLL | None = None) -> str:
         region = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(bind)
         parallel(region, None, threads, 0)
         _worker_cpus.update(done.values())
-        global _sched_getcpu
-        _sched_getcpu = getattr(_global_scope(), "sched_getcpu", _no_cpu)
         step_aside()                            # the caller off them from the start
         PINNED = f"workers pinned to CPU {', '.join(str(done[k]) for k in sorted(done))}, the calling thread free"
         return PINNED

@@ -696,13 +696,26 @@ class Matmul:
     k: int
     n: int
 
-    def pd(self, variant: Variant | None):
+    def describe(self):
+        """The primitive descriptor, oneDNN's first implementation (each form its own primitive)."""
         o = self.owned
-        pd = o.matmul_pd(self.src, o.typed((1, self.k, self.n), ANY, np.int8), self.bias_md, self.dst, self.attr)
-        return pd if variant is None else with_implementation(o.dnnl, pd, variant.implementation)
+        return o.matmul_pd(self.src, o.typed((1, self.k, self.n), ANY, np.int8), self.bias_md, self.dst, self.attr)
+
+    @staticmethod
+    def weight_view(plain: np.ndarray) -> np.ndarray:
+        """The plain (1, k, n) s8 weights with the dimensions this form's primitive takes."""
+        return plain
+
+    def pd(self, variant: Variant | None):
+        pd = self.describe()
+        return pd if variant is None else with_implementation(self.owned.dnnl, pd, variant.implementation)
 
     def arguments(self, pd, weights: QuantizedWeights, keep: bool = True) -> dict:
-        return {**self.args, WEIGHTS: weights.take(pd, keep)}
+        return {**self.args, WEIGHTS: weights.take(pd, keep, self.weight_view)}
+
+    def offered(self, names: tuple[str, ...]) -> list[str]:
+        """The implementations among ``names`` oneDNN offers for this form, best first."""
+        return [name for name in implementations(self.owned.dnnl, self.describe) if name in names]
 
 
 def _matmul(eng: Int8Engine, step, q, y2, amax, ins) -> Matmul:
@@ -829,19 +842,17 @@ def _forms(eng: Int8Engine, step, q, y2, amax, ins, shift) -> tuple[dict[str, Ma
     (``InnerProductForm``); where pairs saturate (``saturating``), the 1x1 convolution instead.
     Empty where no such kernel takes the product."""
     mm = _matmul(eng, step, q, y2, amax, ins)
-    brgemm = [name for name in implementations(eng.dnnl, lambda: mm.pd(None)) if name in BRGEMM]
+    brgemm = mm.offered(BRGEMM)
     if not brgemm and saturating():
         for rescale in (False, True) if _conv_takes_all(step, q, eng.row_scales) else (True,):
             conv = _conv_form(eng, step, q, y2, amax, ins, rescale, shift)
-            names = [name for name in implementations(eng.dnnl, lambda: conv.pd(None)) if name in CONV_FORM]
-            if names:
+            if names := conv.offered(CONV_FORM):
                 return dict.fromkeys(names, conv), rescale
         return {}, False
     forms = dict.fromkeys(brgemm, mm)
     if brgemm and _one_source_scale(step, q, eng.row_scales):
         ip = _inner_product_form(eng, step, q, y2, amax, ins)
-        forms.update(dict.fromkeys((name for name in implementations(eng.dnnl, lambda: ip.pd(None))
-                                    if name in INNER_PRODUCT), ip))
+        forms.update(dict.fromkeys(ip.offered(INNER_PRODUCT), ip))
     return forms, False
 
 
@@ -861,14 +872,12 @@ class ConvForm(Matmul):
     weight scales, nothing more: with a per-row operand or a bias as a post-op oneDNN took its
     reference code (100-1000x slower); ``_rescale_calls`` applies them after. No bias operand."""
 
-    def pd(self, variant: Variant | None):
-        o = self.owned
-        pd = o.conv_pd(self.src, o.typed((self.n, self.k, 1, 1), ANY, np.int8), self.bias_md, self.dst,
-                       (1, 1), (0, 0), (0, 0), (0, 0), self.attr)
-        return pd if variant is None else with_implementation(o.dnnl, pd, variant.implementation)
+    weight_view = staticmethod(_plain_as_conv)
 
-    def arguments(self, pd, weights: QuantizedWeights, keep: bool = True) -> dict:
-        return {**self.args, WEIGHTS: weights.take(pd, keep, _plain_as_conv)}
+    def describe(self):
+        o = self.owned
+        return o.conv_pd(self.src, o.typed((self.n, self.k, 1, 1), ANY, np.int8), self.bias_md, self.dst,
+                         (1, 1), (0, 0), (0, 0), (0, 0), self.attr)
 
 
 def _plain_as_inner_product(plain: np.ndarray) -> np.ndarray:
@@ -885,13 +894,12 @@ class InnerProductForm(Matmul):
     the matmul at one row, one process, interleaved, AMD EPYC with AVX-512 VNNI: 1.3x at 256 x 256,
     1.0-1.1x at 1,024-4,096 (docs/int8.md); measured per shape like the matmul's variants."""
 
-    def pd(self, variant: Variant | None):
-        o = self.owned
-        pd = o.inner_product_pd(self.src, o.typed((self.n, self.k), ANY, np.int8), self.bias_md, self.dst, self.attr)
-        return pd if variant is None else with_implementation(o.dnnl, pd, variant.implementation)
+    weight_view = staticmethod(_plain_as_inner_product)
 
-    def arguments(self, pd, weights: QuantizedWeights, keep: bool = True) -> dict:
-        return {**self.args, WEIGHTS: weights.take(pd, keep, _plain_as_inner_product)}
+    def describe(self):
+        o = self.owned
+        return o.inner_product_pd(self.src, o.typed((self.n, self.k), ANY, np.int8), self.bias_md, self.dst,
+                                  self.attr)
 
 
 def _inner_product_form(eng: Int8Engine, step, q: np.ndarray, y2: np.ndarray, amax: np.ndarray,
