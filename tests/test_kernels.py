@@ -12,7 +12,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from engines import ENGINES, MODELS, kernels
+from engines import ENGINES, MODELS, EngineUnavailable, kernels
 from engines.ir.models import ABS_TOL, REL_TOL
 from engines.memory import aligned
 from engines.ir.calls import tile
@@ -153,11 +153,32 @@ def test_onednn_offers_mkl_on_the_pool_only_for_large_products():
     """MKL's multi-thread GEMMs share oneDNN's OpenMP pool, and are offered from
     MKL_POOL_MIN_WORK multiply-adds; below, its one-thread ones only."""
     from engines.planned.onednn import MKL_POOL_MIN_WORK
-    engine = ENGINES["onednn"]
-    small = engine.offered_kernels(engine, kernels.Gemm(16, 64, 192))
-    large = engine.offered_kernels(engine, kernels.Gemm(-(-MKL_POOL_MIN_WORK // (96 * 384)), 96, 384))
+    engine = ENGINES["onednn"](MODELS["mlp"](dim=32), 2)
+    small = engine.offered_kernels(kernels.Gemm(16, 64, 192))
+    large = engine.offered_kernels(kernels.Gemm(-(-MKL_POOL_MIN_WORK // (96 * 384)), 96, 384))
     assert {"mkl-gemm", "mkl-packed"} <= set(large) and not {"mkl-gemm", "mkl-packed"} & set(small)
     assert {"mkl-gemm-1t", "onednn-matmul"} <= set(small) and set(small) < set(large) == set(engine.kernel_candidates)
+
+
+@pytest.mark.parametrize("engine", ["packed", "onednn"])
+def test_an_openmp_engine_is_offered_numpys_gemv_only_in_an_mlp_at_one_row(engine, tuned, monkeypatch):
+    """NumPy's GEMV runs on OpenBLAS's pool: offered to an engine of OpenMP's pool where the linear
+    has one row and no other step wakes OpenMP's workers; chosen where it is fastest, and right."""
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy": 50.0}))
+    mlp = MODELS["mlp"](dim=32, seed=1)
+    try:
+        at_one, at_two = ENGINES[engine](mlp, 1), ENGINES[engine](mlp, 2)
+    except EngineUnavailable as exc:                 # its extra (mkl, onednn) is not installed
+        pytest.skip(f"{engine} unavailable: {exc}")
+    transformer = ENGINES[engine](MODELS["transformer"](dim=16, seq=4, heads=2), 1)
+    one, two = kernels.Gemm(1, 32, 32), kernels.Gemm(2, 32, 32)
+    assert "numpy" in at_one.offered_kernels(one) and "numpy" not in at_two.offered_kernels(two)
+    assert "numpy" not in transformer.offered_kernels(kernels.Gemm(1, 16, 16))
+    assert set(at_one.offered_kernels(one)) - {"numpy"} == set(at_two.offered_kernels(two))
+    (report,) = at_one.report()["kernels"]
+    assert report["kernel"] == "numpy"
+    x = mlp.random_input(1, rng=0)
+    np.testing.assert_allclose(at_one.forward(x), mlp.reference(x), atol=ABS_TOL, rtol=0)
 
 
 def test_libraries_on_two_pools_are_refused():

@@ -313,6 +313,8 @@ def _bind_calls(eng, step, y, ins, scratch) -> list:
     return [c for fn, args in calls for c in (eng.matmul_calls(*args) if fn is np.matmul else [(fn, args)])]
 
 
+LINEAR_STEPS = ("linear", "linear_relu", "linear_add")      # the step kinds of a linear (its kernel's calls)
+
 BIND: dict[str, Callable] = {
     "linear": _bind_linear, "linear_relu": _bind_linear, "linear_add": _bind_linear,
     "standardize": _bind_standardize, "softmax": _bind_softmax, "attn_scores": _bind_attn_scores,
@@ -370,6 +372,18 @@ class FusedEngine(BoundEngine):
         # Kernel choices and their per-weight state (MKL's packs) are shared with workers.
         self.linears = Linears(self.offered_kernels, self.default_kernel)
         self.bind_judged(self.max_batch)  # chooses every linear's kernel now (engines.kernels)
+
+    def offered_kernels(self, gemm) -> tuple[str, ...]:
+        """``kernel_candidates``; on an engine of OpenMP's pool, NumPy's GEMV on OpenBLAS's pool
+        too where the linear has one row and every step of the forward is a linear (an MLP): no
+        other step wakes OpenMP's workers for the spinning OpenBLAS workers to slow, and OpenBLAS
+        streams a GEMV's weights fastest on some hosts (1 x 4096 x 4096 on an AMD EPYC with AVX-512:
+        37-40 GB/s against 22-28 on oneDNN's matmul and MKL's GEMM, 33-39 on MKL's batch of column
+        halves; docs/kernels.md). Offered beside convolutions, AlexNet's one-row classifier ran
+        1.3x slower."""
+        if self.openmp_pool and gemm.rows == 1 and all(step.kind in LINEAR_STEPS for step in self.steps):
+            return (*self.kernel_candidates, "numpy")
+        return self.kernel_candidates
 
     def own_memory(self) -> None:
         sizes = {t: 4 * self.max_batch * math.prod(s) for t, s in self.shapes.items() if t not in self.aliases}

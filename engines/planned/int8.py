@@ -56,7 +56,7 @@ from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, Quanti
 from ..kernels import Choice, cached_or_measured, on_one_thread, pool_threads, tuning_enabled
 from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
-from .fused import FusedStep, Lowering
+from .fused import LINEAR_STEPS, FusedStep, Lowering
 from .onednn import (SUM_KINDS, OneDnnEngine, bind_binary as bind_float_binary, bind_concat as bind_float_concat,
                      bind_conv as bind_float_conv,
                      bind_pool as bind_float_pool, binary_of_activations, bound_post_ops, chain_calls, eltwises,
@@ -78,7 +78,6 @@ INNER_PRODUCT = ("brgemm:avx512_core_amx", "brgemm:avx512_core_vnni")
 CONV_FORM = ("jit_uni_int8_1x1:avx2", "jit_uni_int8:avx2")
 AMX_ROWS = 16                   # an AMX tile's rows
 ONE_THREAD_MAX_WORK = 1 << 22   # multiply-adds up to which a matmul runs on one thread untuned
-LINEAR_KINDS = ("linear", "linear_relu", "linear_add")
 CONV_KINDS = ("conv", "conv_add", "conv_maxpool")
 PER_OUT_CHANNEL = 1 << 0         # scale mask of conv weights (oc, ic, kh, kw): one per output channel
 PER_GROUP_CHANNEL = 1 << 0 | 1 << 1   # of grouped ones (g, oc / g, ...): one per (group, channel)
@@ -164,7 +163,7 @@ class Int8Engine(OneDnnEngine):
         if op.kind in SUM_KINDS or _is_product(op):
             _integer_operands(lw, op, start)
             return
-        kinds = LINEAR_KINDS if op.kind == "linear" else ("dnnl_conv",) if op.kind in CONV_KINDS else ()
+        kinds = LINEAR_STEPS if op.kind == "linear" else ("dnnl_conv",) if op.kind in CONV_KINDS else ()
         at = next((j for j in range(len(lw.steps) - 1, start - 1, -1) if lw.steps[j].kind in kinds), None)
         if at is None:
             if op.kind == "linear":

@@ -133,9 +133,10 @@ class OneDnnEngine(FusedEngine):
         one thread (AMD EPYC 7003, in one process: ConvNeXt-T b8 0.57x -> 0.86x ONNX Runtime,
         Swin-T b1 0.59x -> 0.81x); offered on every product there, the tiny transformers ran 5-15 %
         slower (docs/importing.md)."""
+        offered = super().offered_kernels(gemm)
         if gemm.rows * gemm.k * gemm.n >= MKL_POOL_MIN_WORK:
-            return self.kernel_candidates
-        return tuple(k for k in self.kernel_candidates if KERNELS[k].library != "mkl" or KERNELS[k].one_thread)
+            return offered
+        return tuple(k for k in offered if KERNELS[k].library != "mkl" or KERNELS[k].one_thread)
 
     def default_kernel(self, gemm) -> str:
         """Without tuning: oneDNN's matmul, where it allocates nothing per call; else SciPy's
