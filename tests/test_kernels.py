@@ -66,12 +66,14 @@ def test_every_kernel_matches_float64(name, rows, transposed, residual):
 
 @pytest.mark.parametrize("name", AVAILABLE)
 def test_every_kernel_allocates_no_arrays(name):
-    """Traced bytes of a warm call at 4 and 256 rows: Python's bookkeeping only (argument tuples,
-    f2py's returned array object), the same at both sizes; a (rows, n) temporary would be 64 KiB."""
+    """Traced bytes of a warm call at 4 and 256 rows (a one-row kernel: 64 and 4,096 columns):
+    Python's bookkeeping only (argument tuples, f2py's returned array object), the same at both
+    sizes; a (rows, n) temporary would be 16-64 KiB."""
     peaks = []
-    for rows in (4, 256):
-        x, w, b, b_tiled, res, _ = operands(rows, 64, 64, False, True)
-        y = aligned(np.zeros((rows, 64)))
+    one_row = not kernels.KERNELS[name].offered_for(kernels.Gemm(4, 64, 64))      # numpy-nk
+    for rows, n in ((1, 64), (1, 4096)) if one_row else ((4, 64), (256, 64)):
+        x, w, b, b_tiled, res, _ = operands(rows, 64, n, False, True)
+        y = aligned(np.zeros((rows, n)))
         calls = bound(name, x, w, b, b_tiled, res, y)
         for _ in range(3):
             kernels.table.run_calls(calls)
@@ -100,8 +102,9 @@ def test_native_allocations_are_what_the_kernel_declares(name):
     a real per-call buffer shows in every session."""
     memray = pytest.importorskip("memray", reason="memray is part of the bench extra")
     from threadpoolctl import threadpool_limits
-    x, w, b, b_tiled, res, _ = operands(64, 256, 256, False, False)
-    calls = bound(name, x, w, b, b_tiled, res, aligned(np.zeros((64, 256))))
+    rows = 64 if kernels.KERNELS[name].only_for is None else 1                   # numpy-nk: one row
+    x, w, b, b_tiled, res, _ = operands(rows, 256, 256, False, False)
+    calls = bound(name, x, w, b, b_tiled, res, aligned(np.zeros((rows, 256))))
     with threadpool_limits(1), tempfile.TemporaryDirectory() as tmp:
         for _ in range(3):
             kernels.table.run_calls(calls)
@@ -114,7 +117,7 @@ def test_native_allocations_are_what_the_kernel_declares(name):
             peaks.append(memray.FileReader(path).metadata.peak_memory)
         peak = min(peaks)
     kernel = kernels.KERNELS[name]
-    if kernel.allocates or (kernel.fits is not None and not kernel.fits(kernels.Gemm(64, 256, 256))):
+    if kernel.allocates or (kernel.fits is not None and not kernel.fits(kernels.Gemm(rows, 256, 256))):
         # declared, or told by its ``fits``: oneDNN's f32 matmul on AVX2 alone is gemm:jit, which
         # allocates its packing buffers per call (17 KiB here), so the engines never choose it there
         assert peak > 16 * 1024, peak
@@ -162,9 +165,10 @@ def test_onednn_offers_mkl_on_the_pool_only_for_large_products():
 
 @pytest.mark.parametrize("engine", ["packed", "onednn"])
 def test_an_openmp_engine_is_offered_numpys_gemv_only_in_an_mlp_at_one_row(engine, tuned, monkeypatch):
-    """NumPy's GEMV runs on OpenBLAS's pool: offered to an engine of OpenMP's pool where the linear
-    has one row and no other step wakes OpenMP's workers; chosen where it is fastest, and right."""
-    monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy": 50.0}))
+    """NumPy's GEMVs run on OpenBLAS's pool: offered to an engine of OpenMP's pool where the linear
+    has one row and no other step wakes OpenMP's workers; chosen where fastest (here the one on
+    weights held (n, k)), and right."""
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy-nk": 50.0}))
     mlp = MODELS["mlp"](dim=32, seed=1)
     try:
         at_one, at_two = ENGINES[engine](mlp, 1), ENGINES[engine](mlp, 2)
@@ -174,11 +178,23 @@ def test_an_openmp_engine_is_offered_numpys_gemv_only_in_an_mlp_at_one_row(engin
     one, two = kernels.Gemm(1, 32, 32), kernels.Gemm(2, 32, 32)
     assert "numpy" in at_one.offered_kernels(one) and "numpy" not in at_two.offered_kernels(two)
     assert "numpy" not in transformer.offered_kernels(kernels.Gemm(1, 16, 16))
-    assert set(at_one.offered_kernels(one)) - {"numpy"} == set(at_two.offered_kernels(two))
+    assert set(at_one.offered_kernels(one)) - {"numpy", "numpy-nk"} == set(at_two.offered_kernels(two))
     (report,) = at_one.report()["kernels"]
-    assert report["kernel"] == "numpy"
+    assert report["kernel"] == "numpy-nk"
+    assert at_one.report()["kernel_copies_bytes"] == 2 * 32 * 32 * 4      # each linear's (n, k) copy, said
     x = mlp.random_input(1, rng=0)
     np.testing.assert_allclose(at_one.forward(x), mlp.reference(x), atol=ABS_TOL, rtol=0)
+
+
+def test_the_nk_copy_is_offered_only_for_one_row_on_weights_that_stay_in_cache(tuned, monkeypatch):
+    """``Kernel.only_for``: NumPy's product on the (n, k) copy allocates from two rows, and beyond
+    NK_MAX_BYTES of weights the copy would double a large weight's memory."""
+    seen = []
+    monkeypatch.setattr(kernels.timing, "measure", lambda gemm, names, *a, **k: seen.append(names) or dict.fromkeys(names, 1e-6))
+    large = kernels.table.NK_MAX_BYTES // 4 // 1024
+    for gemm in (kernels.Gemm(1, 32, 32), kernels.Gemm(2, 32, 32), kernels.Gemm(1, 1024, large)):
+        kernels.choose(gemm, ("numpy", "numpy-nk"), "numpy")
+    assert seen == [["numpy", "numpy-nk"]]            # at two rows, and there, numpy alone: nothing to measure
 
 
 def test_libraries_on_two_pools_are_refused():
@@ -425,7 +441,7 @@ def test_tuned_engine_is_right_and_reports_every_linear(engine, tuned):
     for r in report:                 # the engine's own default is measured too; a kernel whose ``fits``
         gemm = kernels.Gemm(*map(int, r["gemm"].split("x")))     # rejects the shape is not offered
         offered = {c for c in {*eng.offered_kernels(gemm), r["default"]} if c not in kernels.unavailable()
-                   and (kernels.KERNELS[c].fits is None or kernels.KERNELS[c].fits(gemm))}
+                   and kernels.KERNELS[c].offered_for(gemm)}
         assert r["kernel"] in offered and set(r["candidates_us"]) == offered
 
 
@@ -654,3 +670,18 @@ def test_joined_makes_each_run_of_one_thread_calls_on_one_pool_one_call():
     assert ran == [1, 2, 3, 4, 5, 6, 7]
     assert counts == [1, 2, 1, 2, -1, -2]                             # one set and one give-back per run
     assert kernels.joined([]) == ()
+
+
+def test_the_forward_judge_runs_an_untimed_forward_before_each_timed_block(monkeypatch):
+    """Variants that hold the weights in layouts of their own read different bytes: each block
+    starts from its own variant's cache state, not from its rival's."""
+    ran = []
+    variants = {name: [(ran.append, (name,))] for name in ("nk", "kn")}
+    sizes = []
+    blocks = kernels.timing._blocks
+    monkeypatch.setattr(kernels.timing, "_blocks", lambda *a, **k: sizes.append(blocks(*a, **k)) or (2, 3, 4))
+    assert set(kernels.timing.measure_forwards(variants)) == {"nk", "kn"}
+    blocks = [ran[i:i + 6] for i in range(4, len(ran), 6)]      # after _blocks' sizing calls, two each
+    assert len(ran) == 4 + 2 * 3 * 6 and all(len(set(block)) == 1 for block in blocks), ran
+    (reps, rounds, warm), = sizes           # 2 ms of untimed calls against a block of 1 ms, and the
+    assert warm > reps and rounds < kernels.timing.MAX_ROUNDS       # budget counts them: fewer rounds

@@ -7,7 +7,7 @@ def test_the_matmul_roof_times_every_multi_thread_kernel_that_runs_here():
     timed = roofs._matmul_seconds(64, repeats=1)
     expected = {n for n, k in kernels.KERNELS.items()
                 if not k.one_thread and not k.allocates and n not in kernels.unavailable()
-                and (k.fits is None or k.fits(kernels.Gemm(64, 64, 64)))}     # oneDNN's matmul, not on AVX2 alone
+                and k.offered_for(kernels.Gemm(64, 64, 64))}     # not oneDNN's matmul on AVX2 alone, nor numpy-nk
     assert set(timed) == expected and "numpy" in timed and all(t > 0 for t in timed.values())
 
 

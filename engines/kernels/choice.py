@@ -111,7 +111,7 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
     tuning is off or nothing can run."""
     big = gemm.rows * gemm.k * gemm.n >= ONE_THREAD_MAX_WORK
     runnable = [c for c in dict.fromkeys((*candidates, default))
-                if c not in unavailable() and (KERNELS[c].fits is None or KERNELS[c].fits(gemm))
+                if c not in unavailable() and KERNELS[c].offered_for(gemm)
                 and (c == default or not (big and KERNELS[c].one_thread))]
     if not tuning_enabled() or not runnable:
         return Choice(default, f"default ({TUNE_ENV} off)" if not tuning_enabled() else "default", default)

@@ -20,6 +20,7 @@ MIN_ROUNDS, MAX_ROUNDS = 5, 41
 CAP_S = 0.6                 # past this much timing per GEMM, stop after CAP_ROUNDS (large products)
 CAP_ROUNDS = 3
 FORWARD_BLOCK_S = 1e-3      # one timed block of whole forwards (measure_forwards)
+FORWARD_WARM_S = 2e-3       # untimed forwards before each block, at least one (measure_forwards)
 FORWARD_BUDGET_S = 0.15     # total timing of one linear's rivals in the forward
 FORWARD_MIN_ROUNDS = 3      # a forward of 60 ms (b128 d4096) then costs 5 forwards per rival in all
 PARK_S = 0.25               # idle before timing: longer than MKL's (200 ms) and OpenBLAS's (~0.1 s) spin
@@ -103,7 +104,7 @@ def measure(gemm: Gemm, names: list[str], budget_s: float = ROUND_BUDGET_S) -> d
     weights cold: ``weight_copies``), timed in blocks interleaved in rotating order after PARK_S
     idle and each candidate's settling calls; a candidate far behind is dropped early (inf)."""
     bound, copies = _scratch_calls(gemm, names)
-    reps, rounds = _blocks(bound, BLOCK_SECONDS, budget_s)
+    reps, rounds, _ = _blocks(bound, BLOCK_SECONDS, budget_s)
     if _last_measured[0] != list(bound) or time.perf_counter() - _last_measured[1] > BACK_TO_BACK_S:
         time.sleep(PARK_S)                          # what ran before (another engine) parks its pool
     openmp.step_aside()                             # after that pause the caller may wake on a worker's CPU
@@ -116,15 +117,23 @@ def measure_forwards(variants: dict[str, list], budget_s: float = FORWARD_BUDGET
     """Median seconds per forward of each variant (``name -> the calls of one whole forward``,
     on one engine's buffers), timed as ``measure`` times GEMMs but without the idle first: the
     variants differ in one linear's kernel, and each runs among its real neighbours, on the
-    pools and with the cache state the forward itself leaves."""
-    reps, rounds = _blocks(variants, FORWARD_BLOCK_S, budget_s, FORWARD_MIN_ROUNDS)
-    times, alive = _interleaved(variants, reps, rounds)      # _blocks' warm calls settled them
+    pools and with the cache state the forward itself leaves. Hence FORWARD_WARM_S of untimed
+    forwards before each timed block: a kernel that holds the weights in its own layout
+    (``numpy-nk``, ``mkl-packed``) reads other bytes than its rival, and each block would
+    otherwise start from the rival's cache. An mlp b1 d2048 on an AMD EPYC (32 MiB of weights a
+    layout, its L3's size): ``numpy-nk`` judged 0.92-0.95x ``numpy`` after no untimed forward or
+    one, 1.05-1.16x after three, in a phase where it ran 1.1-1.7x as fast in forwards of its own
+    (docs/kernels.md). The rounds fit the budget with the untimed forwards counted."""
+    reps, rounds, warm = _blocks(variants, FORWARD_BLOCK_S, budget_s, FORWARD_MIN_ROUNDS, FORWARD_WARM_S)
+    times, alive = _interleaved(variants, reps, rounds, warm)
     return {name: float(np.median(t)) if name in alive else float("inf") for name, t in times.items()}
 
 
-def _blocks(bound: dict[str, list], block_s: float, budget_s: float, min_rounds: int = MIN_ROUNDS) -> tuple[int, int]:
-    """Calls per timed block (about ``block_s``) and rounds (``budget_s`` in all, ``min_rounds`` to
-    MAX_ROUNDS), from one warm call of each candidate."""
+def _blocks(bound: dict[str, list], block_s: float, budget_s: float, min_rounds: int = MIN_ROUNDS,
+            warm_s: float = 0.0) -> tuple[int, int, int]:
+    """Calls per timed block (about ``block_s``), rounds (``budget_s`` in all, ``min_rounds`` to
+    MAX_ROUNDS) and untimed calls before each block (about ``warm_s``, at least one where it is
+    not 0), from one warm call of each candidate."""
     openmp.step_aside()                             # the caller off the pool's workers' CPUs
     one = {}
     for name, calls in bound.items():               # warm up, and size the blocks
@@ -133,7 +142,8 @@ def _blocks(bound: dict[str, list], block_s: float, budget_s: float, min_rounds:
         run_calls(calls)
         one[name] = max(time.perf_counter() - t0, 1e-7)
     reps = max(1, int(block_s / max(one.values())))
-    return reps, int(min(MAX_ROUNDS, max(min_rounds, budget_s / (reps * sum(one.values())))))
+    warm = -(-warm_s // max(one.values())) if warm_s else 0
+    return reps, int(min(MAX_ROUNDS, max(min_rounds, budget_s / ((reps + warm) * sum(one.values()))))), int(warm)
 
 
 def _settled_medians(bound: dict[str, list], reps: int, rounds: int) -> dict[str, float]:
@@ -181,9 +191,10 @@ def _normal(rng, shape, block: int = DRAWN_BLOCK) -> np.ndarray:
     return out
 
 
-def _interleaved(bound: dict[str, list], reps: int, rounds: int) -> tuple[dict[str, list[float]], list[str]]:
-    """Seconds per call of each block of ``reps`` calls, candidates in rotating order, reversed
-    every other round; and the candidates still in after DROP_AFTER rounds."""
+def _interleaved(bound: dict[str, list], reps: int, rounds: int, warm: int = 0) -> tuple[dict[str, list[float]], list[str]]:
+    """Seconds per call of each block of ``reps`` calls, after ``warm`` untimed ones, candidates
+    in rotating order, reversed every other round; and the candidates still in after DROP_AFTER
+    rounds."""
     times: dict[str, list[float]] = {name: [] for name in bound}
     alive = list(bound)
     start = time.perf_counter()
@@ -193,6 +204,8 @@ def _interleaved(bound: dict[str, list], reps: int, rounds: int) -> tuple[dict[s
         order = alive[r % len(alive):] + alive[:r % len(alive)]
         for name in (order if r % 2 == 0 else order[::-1]):
             calls = bound[name]
+            for _ in range(warm):
+                run_calls(calls)
             openmp.keep_aside()                     # a worker's wake-up may have brought the caller back
             t0 = time.perf_counter()
             for _ in range(reps):

@@ -213,8 +213,9 @@ class CompiledEngine(BoundEngine):
         self._store = self.storage(self.sizes)   # name -> flat float32 array for max_batch
 
     def report(self) -> dict:
-        """What each linear runs on (``engines.kernels.Linears.report``)."""
-        return {"kernels": self.linears.report()}
+        """What each linear runs on (``engines.kernels.Linears.report``), and the bytes of the
+        weights' copies its kernels hold beside ``weight_bytes`` (``numpy-nk``'s (n, k) copies)."""
+        return {"kernels": self.linears.report(), "kernel_copies_bytes": self.linears.state_bytes}
 
     def storage(self, sizes: dict[str, int]) -> dict[str, np.ndarray]:
         raise NotImplementedError

@@ -382,7 +382,7 @@ class FusedEngine(BoundEngine):
         halves; docs/kernels.md). Offered beside convolutions, AlexNet's one-row classifier ran
         1.3x slower."""
         if self.openmp_pool and gemm.rows == 1 and all(step.kind in LINEAR_STEPS for step in self.steps):
-            return (*self.kernel_candidates, "numpy")
+            return (*self.kernel_candidates, "numpy", "numpy-nk")
         return self.kernel_candidates
 
     def own_memory(self) -> None:
@@ -436,8 +436,10 @@ class FusedEngine(BoundEngine):
 
     def report(self) -> dict:
         """What each linear runs on: per GEMM (rows x in x out, T: weights stored transposed) the
-        kernel chosen, how (measured, cached, default) and what every candidate measured."""
-        return {"cpu": cpu_model(), "kernels": self.linears.report()}
+        kernel chosen, how (measured, cached, default) and what every candidate measured; and the
+        bytes of the weights' copies its kernels hold beside ``weight_bytes`` (MKL's packs,
+        oneDNN's reordered layouts, ``numpy-nk``'s (n, k) copies)."""
+        return {"cpu": cpu_model(), "kernels": self.linears.report(), "kernel_copies_bytes": self.linears.state_bytes}
 
     def matvec_call(self, x, col, out):
         """The call for out = x @ col, col a (n, 1) column."""

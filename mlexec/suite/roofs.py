@@ -39,7 +39,7 @@ def _matmul_seconds(n: int, repeats: int) -> dict[str, float]:
     skip = kernels.unavailable()
     out = {}
     for name, kernel in kernels.KERNELS.items():
-        if kernel.one_thread or kernel.allocates or name in skip or (kernel.fits and not kernel.fits(gemm)):
+        if kernel.one_thread or kernel.allocates or name in skip or not kernel.offered_for(gemm):
             continue
         calls = kernels.bind(name, a, c, w, b, tile(b, n), None, kernel.prepare(w) if kernel.prepare else None)
         out[name] = best_time(lambda: [fn(*args) for fn, args in calls], repeats)
