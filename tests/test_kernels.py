@@ -164,11 +164,14 @@ def test_onednn_offers_mkl_on_the_pool_only_for_large_products():
 
 
 @pytest.mark.parametrize("engine", ["packed", "onednn"])
-def test_an_openmp_engine_is_offered_numpys_gemv_only_in_an_mlp_at_one_row(engine, tuned, monkeypatch):
-    """NumPy's GEMVs run on OpenBLAS's pool: offered to an engine of OpenMP's pool where the linear
-    has one row and no other step wakes OpenMP's workers; chosen where fastest (here the one on
-    weights held (n, k)), and right."""
-    monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy-nk": 50.0}))
+def test_an_openmp_engine_runs_an_mlps_one_row_linears_on_numpys_pool(engine, tuned, monkeypatch):
+    """Where the linear has one row and every step is a linear, an engine of OpenMP's pool is
+    offered OpenBLAS's pool (NumPy's GEMVs) and one-thread kernels, and its default is NumPy's:
+    one pool in the forward and in the timing that chooses. Chosen where fastest (here the GEMV
+    on weights held (n, k)), said, and right. Elsewhere, as before."""
+    measured = []
+    fastest = _alone({"numpy-nk": 50.0})
+    monkeypatch.setattr(kernels.timing, "measure", lambda gemm, names, *a, **k: measured.append(names) or fastest(gemm, names))
     mlp = MODELS["mlp"](dim=32, seed=1)
     try:
         at_one, at_two = ENGINES[engine](mlp, 1), ENGINES[engine](mlp, 2)
@@ -176,11 +179,13 @@ def test_an_openmp_engine_is_offered_numpys_gemv_only_in_an_mlp_at_one_row(engin
         pytest.skip(f"{engine} unavailable: {exc}")
     transformer = ENGINES[engine](MODELS["transformer"](dim=16, seq=4, heads=2), 1)
     one, two = kernels.Gemm(1, 32, 32), kernels.Gemm(2, 32, 32)
-    assert "numpy" in at_one.offered_kernels(one) and "numpy" not in at_two.offered_kernels(two)
-    assert "numpy" not in transformer.offered_kernels(kernels.Gemm(1, 16, 16))
-    assert set(at_one.offered_kernels(one)) - {"numpy", "numpy-nk"} == set(at_two.offered_kernels(two))
+    pools = {kernels.POOLS[kernels.KERNELS[k].library] for k in measured[0] if not kernels.KERNELS[k].one_thread}
+    assert pools == {"NumPy's OpenBLAS"} and {"numpy", "numpy-nk"} <= set(measured[0]), measured[0]
+    assert "numpy" not in at_two.offered_kernels(two) and "numpy" not in transformer.offered_kernels(kernels.Gemm(1, 16, 16))
+    assert {kernels.POOLS[kernels.KERNELS[k].library] for k in at_two.offered_kernels(two)
+            if not kernels.KERNELS[k].one_thread} == {"OpenMP"}
     (report,) = at_one.report()["kernels"]
-    assert report["kernel"] == "numpy-nk"
+    assert (report["kernel"], report["default"]) == ("numpy-nk", "numpy")
     assert at_one.report()["kernel_copies_bytes"] == 2 * 32 * 32 * 4      # each linear's (n, k) copy, said
     x = mlp.random_input(1, rng=0)
     np.testing.assert_allclose(at_one.forward(x), mlp.reference(x), atol=ABS_TOL, rtol=0)
@@ -191,7 +196,7 @@ def test_the_nk_copy_is_offered_only_for_one_row_on_weights_that_stay_in_cache(t
     NK_MAX_BYTES of weights the copy would double a large weight's memory."""
     seen = []
     monkeypatch.setattr(kernels.timing, "measure", lambda gemm, names, *a, **k: seen.append(names) or dict.fromkeys(names, 1e-6))
-    large = kernels.table.NK_MAX_BYTES // 4 // 1024
+    large = kernels.table.NK_MAX_BYTES // 4 // 1024 + 1     # a column past it
     for gemm in (kernels.Gemm(1, 32, 32), kernels.Gemm(2, 32, 32), kernels.Gemm(1, 1024, large)):
         kernels.choose(gemm, ("numpy", "numpy-nk"), "numpy")
     assert seen == [["numpy", "numpy-nk"]]            # at two rows, and there, numpy alone: nothing to measure

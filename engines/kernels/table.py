@@ -183,7 +183,7 @@ class Kernel:
     # does not, it is no candidate for that Gemm
     fits: Callable | None = None
     # The Gemms it is a candidate for at all (None: every one), where it can win and allocates
-    # nothing: ``numpy-nk``'s one-row products on weights that stay in cache
+    # nothing: ``numpy-nk``'s one-row products on weights that may stay in cache
     only_for: Callable | None = None
 
     def offered_for(self, gemm: Gemm) -> bool:
@@ -195,13 +195,13 @@ class Kernel:
 # 95 us) and, in some phases of the host, at 1 x 2048 (304-326 against 430-475 us; in others
 # 0.85x: 32 MiB of weights in its 32 MiB L3); level at 1 x 4096 (from DRAM either way), 0.94x at
 # 1 x 256, 0.73-0.75x at 8 rows (docs/kernels.md). Offered at one row (from two, NumPy's product
-# on the transposed view allocates: 49 KiB at 8 x 1024 x 512) below NK_MAX_BYTES of weights:
+# on the transposed view allocates: 49 KiB at 8 x 1024 x 512) up to NK_MAX_BYTES of weights:
 # beyond, the copy doubles a large weight's memory for nothing.
 NK_MAX_BYTES = 16 << 20
 
 
 def _cached_gemv(gemm: Gemm) -> bool:
-    return gemm.rows == 1 and 4 * gemm.k * gemm.n < NK_MAX_BYTES
+    return gemm.rows == 1 and 4 * gemm.k * gemm.n <= NK_MAX_BYTES
 
 
 _LOADERS: dict[str, Callable[[], object]] = {

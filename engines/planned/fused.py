@@ -28,7 +28,7 @@ import numpy as np
 
 from ..base import EngineUnavailable
 from .compiled import Bound, BoundEngine, arena_storage
-from ..kernels import Gemm, Linears, candidates, cpu_model, joined
+from ..kernels import KERNELS, Gemm, Linears, candidates, cpu_model, joined
 from ..ir.models import Model
 from ..ir.ops import (GELU_C, OPS, erf_calls, gather_keys, gelu_erf_calls, head_columns, keys_per_head, keys_scratch,
                       mean_column, rowwise_scratch, scores_scale, softmax_rows, split_heads, standardize_calls)
@@ -370,20 +370,28 @@ class FusedEngine(BoundEngine):
         self.weight_bytes = sum(a.nbytes for step in self.steps for a in step.operands if isinstance(a, np.ndarray))
         self.own_memory()
         # Kernel choices and their per-weight state (MKL's packs) are shared with workers.
-        self.linears = Linears(self.offered_kernels, self.default_kernel)
+        self.linears = Linears(self.offered_kernels, self._linear_default)
         self.bind_judged(self.max_batch)  # chooses every linear's kernel now (engines.kernels)
 
     def offered_kernels(self, gemm) -> tuple[str, ...]:
-        """``kernel_candidates``; on an engine of OpenMP's pool, NumPy's GEMV on OpenBLAS's pool
-        too where the linear has one row and every step of the forward is a linear (an MLP): no
-        other step wakes OpenMP's workers for the spinning OpenBLAS workers to slow, and OpenBLAS
-        streams a GEMV's weights fastest on some hosts (1 x 4096 x 4096 on an AMD EPYC with AVX-512:
-        37-40 GB/s against 22-28 on oneDNN's matmul and MKL's GEMM, 33-39 on MKL's batch of column
-        halves; docs/kernels.md). Offered beside convolutions, AlexNet's one-row classifier ran
-        1.3x slower."""
-        if self.openmp_pool and gemm.rows == 1 and all(step.kind in LINEAR_STEPS for step in self.steps):
-            return (*self.kernel_candidates, "numpy", "numpy-nk")
+        """``kernel_candidates``; where ``on_openblas(gemm)``, NumPy's pool's kernels and the
+        one-thread ones instead."""
+        if self.on_openblas(gemm):
+            return (*(k for k in self.kernel_candidates if KERNELS[k].one_thread), "numpy", "numpy-nk")
         return self.kernel_candidates
+
+    def on_openblas(self, gemm) -> bool:
+        """Whether an engine of OpenMP's pool runs this linear on OpenBLAS's pool instead: it has
+        one row and every step of the forward is a linear (an MLP), so that one pool runs the
+        whole forward, and the timing that chooses, as everywhere else. OpenBLAS streams a GEMV's
+        weights fastest on some hosts (1 x 4096 x 4096 on an AMD EPYC with AVX-512: 37-40 GB/s
+        against 22-28 on oneDNN's matmul and MKL's GEMM, 33-39 on MKL's batch of column halves;
+        docs/kernels.md). Beside convolutions on OpenMP's pool, AlexNet's one-row classifier on
+        OpenBLAS's ran 1.3x slower."""
+        return self.openmp_pool and gemm.rows == 1 and all(step.kind in LINEAR_STEPS for step in self.steps)
+
+    def _linear_default(self, gemm) -> str:
+        return "numpy" if self.on_openblas(gemm) else self.default_kernel(gemm)
 
     def own_memory(self) -> None:
         sizes = {t: 4 * self.max_batch * math.prod(s) for t, s in self.shapes.items() if t not in self.aliases}
