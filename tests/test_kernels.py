@@ -165,18 +165,24 @@ def test_onednn_offers_mkl_on_the_pool_only_for_large_products():
 
 @pytest.mark.parametrize("engine", ["packed", "onednn"])
 def test_an_openmp_engine_runs_an_mlps_one_row_linears_on_numpys_pool(engine, tuned, monkeypatch):
-    """Where the linear has one row and every step is a linear, an engine of OpenMP's pool is
-    offered OpenBLAS's pool (NumPy's GEMVs) and one-thread kernels, and its default is NumPy's:
-    one pool in the forward and in the timing that chooses. Chosen where fastest (here the GEMV
-    on weights held (n, k)), said, and right. Elsewhere, as before."""
+    """Where the linear has one row and every step is a linear whose weights stream from memory
+    (here: over 4 KiB), an engine of OpenMP's pool is offered OpenBLAS's pool (NumPy's GEMVs)
+    and one-thread kernels, and its default is NumPy's: one pool in the forward and in the
+    timing that chooses. Chosen where fastest (here the GEMV on weights held (n, k)), said, and
+    right. Elsewhere (weights in cache, more rows, other steps), as before."""
+    from engines.planned import fused
     measured = []
     fastest = _alone({"numpy-nk": 50.0})
     monkeypatch.setattr(kernels.timing, "measure", lambda gemm, names, *a, **k: measured.append(names) or fastest(gemm, names))
     mlp = MODELS["mlp"](dim=32, seed=1)
     try:
-        at_one, at_two = ENGINES[engine](mlp, 1), ENGINES[engine](mlp, 2)
+        cached = ENGINES[engine](mlp, 1)
     except EngineUnavailable as exc:                 # its extra (mkl, onednn) is not installed
         pytest.skip(f"{engine} unavailable: {exc}")
+    assert not cached.on_openblas(kernels.Gemm(1, 32, 32)) and "numpy" not in cached.offered_kernels(kernels.Gemm(1, 32, 32))
+    monkeypatch.setattr(fused, "CACHED_BYTES", 32 * 32 * 4 - 1)
+    measured.clear()
+    at_one, at_two = ENGINES[engine](mlp, 1), ENGINES[engine](mlp, 2)
     transformer = ENGINES[engine](MODELS["transformer"](dim=16, seq=4, heads=2), 1)
     one, two = kernels.Gemm(1, 32, 32), kernels.Gemm(2, 32, 32)
     pools = {kernels.POOLS[kernels.KERNELS[k].library] for k in measured[0] if not kernels.KERNELS[k].one_thread}
@@ -193,10 +199,10 @@ def test_an_openmp_engine_runs_an_mlps_one_row_linears_on_numpys_pool(engine, tu
 
 def test_the_nk_copy_is_offered_only_for_one_row_on_weights_that_stay_in_cache(tuned, monkeypatch):
     """``Kernel.only_for``: NumPy's product on the (n, k) copy allocates from two rows, and beyond
-    NK_MAX_BYTES of weights the copy would double a large weight's memory."""
+    CACHED_BYTES of weights the copy would double a large weight's memory."""
     seen = []
     monkeypatch.setattr(kernels.timing, "measure", lambda gemm, names, *a, **k: seen.append(names) or dict.fromkeys(names, 1e-6))
-    large = kernels.table.NK_MAX_BYTES // 4 // 1024 + 1     # a column past it
+    large = kernels.table.CACHED_BYTES // 4 // 1024 + 1     # a column past it
     for gemm in (kernels.Gemm(1, 32, 32), kernels.Gemm(2, 32, 32), kernels.Gemm(1, 1024, large)):
         kernels.choose(gemm, ("numpy", "numpy-nk"), "numpy")
     assert seen == [["numpy", "numpy-nk"]]            # at two rows, and there, numpy alone: nothing to measure

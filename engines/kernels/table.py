@@ -195,13 +195,14 @@ class Kernel:
 # 95 us) and, in some phases of the host, at 1 x 2048 (304-326 against 430-475 us; in others
 # 0.85x: 32 MiB of weights in its 32 MiB L3); level at 1 x 4096 (from DRAM either way), 0.94x at
 # 1 x 256, 0.73-0.75x at 8 rows (docs/kernels.md). Offered at one row (from two, NumPy's product
-# on the transposed view allocates: 49 KiB at 8 x 1024 x 512) up to NK_MAX_BYTES of weights:
+# on the transposed view allocates: 49 KiB at 8 x 1024 x 512) on weights of up to CACHED_BYTES:
 # beyond, the copy doubles a large weight's memory for nothing.
-NK_MAX_BYTES = 16 << 20
+CACHED_BYTES = 16 << 20     # a one-row product's weights up to this size may stay in cache (the AMD
+                            # EPYC's L3 of 32 MiB holds two); beyond, they stream from memory
 
 
 def _cached_gemv(gemm: Gemm) -> bool:
-    return gemm.rows == 1 and 4 * gemm.k * gemm.n <= NK_MAX_BYTES
+    return gemm.rows == 1 and 4 * gemm.k * gemm.n <= CACHED_BYTES
 
 
 _LOADERS: dict[str, Callable[[], object]] = {
