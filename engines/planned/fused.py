@@ -375,10 +375,10 @@ class FusedEngine(BoundEngine):
         self.bind_judged(self.max_batch)  # chooses every linear's kernel now (engines.kernels)
 
     def offered_kernels(self, gemm) -> tuple[str, ...]:
-        """``kernel_candidates``; where ``on_openblas(gemm)``, NumPy's pool's kernels and the
-        one-thread ones instead."""
+        """``kernel_candidates``; where ``on_openblas(gemm)``, NumPy's GEMV on its pool and the
+        one-thread kernels instead."""
         if self.on_openblas(gemm):
-            return (*(k for k in self.kernel_candidates if KERNELS[k].one_thread), "numpy", "numpy-nk")
+            return (*(k for k in self.kernel_candidates if KERNELS[k].one_thread), "numpy")
         return self.kernel_candidates
 
     def on_openblas(self, gemm) -> bool:
