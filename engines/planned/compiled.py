@@ -97,6 +97,12 @@ class BoundEngine(Engine):
         """The kernels a linear of ``gemm``'s shape may run on: the class's ``kernel_candidates``."""
         return self.kernel_candidates
 
+    def report(self) -> dict:
+        """What each linear runs on (``engines.kernels.Linears.report``), and the bytes of the
+        weights' copies its kernels hold beside ``weight_bytes`` (MKL's packs, oneDNN's reordered
+        layouts, ``numpy-nk``'s (n, k) copies)."""
+        return {"kernels": self.linears.report(), "kernel_copies_bytes": self.linears.state_bytes}
+
     def own_memory(self) -> None:
         """Allocate this engine's own activation buffers (``worker`` calls it on a copy)."""
         raise NotImplementedError
@@ -211,11 +217,6 @@ class CompiledEngine(BoundEngine):
 
     def own_memory(self) -> None:
         self._store = self.storage(self.sizes)   # name -> flat float32 array for max_batch
-
-    def report(self) -> dict:
-        """What each linear runs on (``engines.kernels.Linears.report``), and the bytes of the
-        weights' copies its kernels hold beside ``weight_bytes`` (``numpy-nk``'s (n, k) copies)."""
-        return {"kernels": self.linears.report(), "kernel_copies_bytes": self.linears.state_bytes}
 
     def storage(self, sizes: dict[str, int]) -> dict[str, np.ndarray]:
         raise NotImplementedError

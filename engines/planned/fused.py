@@ -317,7 +317,7 @@ def _bind_calls(eng, step, y, ins, scratch) -> list:
 LINEAR_STEPS = ("linear", "linear_relu", "linear_add")      # the step kinds of a linear (its kernel's calls)
 
 BIND: dict[str, Callable] = {
-    "linear": _bind_linear, "linear_relu": _bind_linear, "linear_add": _bind_linear,
+    **dict.fromkeys(LINEAR_STEPS, _bind_linear),
     "standardize": _bind_standardize, "softmax": _bind_softmax, "attn_scores": _bind_attn_scores,
     "attn_context": _bind_attn_context, "gelu": _bind_gelu, "calls": _bind_calls,
 }
@@ -379,7 +379,7 @@ class FusedEngine(BoundEngine):
         one-thread kernels instead."""
         if self.on_openblas(gemm):
             return (*(k for k in self.kernel_candidates if KERNELS[k].one_thread), "numpy")
-        return self.kernel_candidates
+        return super().offered_kernels(gemm)
 
     def on_openblas(self, gemm) -> bool:
         """Whether an engine of OpenMP's pool runs this linear on OpenBLAS's pool instead: it has
@@ -450,9 +450,8 @@ class FusedEngine(BoundEngine):
     def report(self) -> dict:
         """What each linear runs on: per GEMM (rows x in x out, T: weights stored transposed) the
         kernel chosen, how (measured, cached, default) and what every candidate measured; and the
-        bytes of the weights' copies its kernels hold beside ``weight_bytes`` (MKL's packs,
-        oneDNN's reordered layouts, ``numpy-nk``'s (n, k) copies)."""
-        return {"cpu": cpu_model(), "kernels": self.linears.report(), "kernel_copies_bytes": self.linears.state_bytes}
+        bytes of its kernels' own copies of the weights (``BoundEngine.report``)."""
+        return {"cpu": cpu_model(), **super().report()}
 
     def matvec_call(self, x, col, out):
         """The call for out = x @ col, col a (n, 1) column."""
