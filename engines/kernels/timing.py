@@ -12,7 +12,7 @@ import numpy as np
 from ..memory import aligned, aligned_empty
 from ..native import openmp
 from ..ir.calls import tile
-from .table import KERNELS, Gemm, bind, run_calls
+from .table import CACHED_BYTES, KERNELS, Gemm, bind, run_calls
 
 BLOCK_SECONDS = 2e-4        # one timed block: long enough that perf_counter's cost is noise
 ROUND_BUDGET_S = 0.12       # total timing per GEMM, spread over the rounds
@@ -28,10 +28,10 @@ BACK_TO_BACK_S = 0.05       # no idle before a measurement of the same candidate
                             # this closely (one build's GEMMs): only their own pools can be spinning
 SETTLE_CALLS, SETTLE_S = 2, 0.005   # untimed calls of each candidate after that (``_settle``)
 DROP_AFTER, DROP_RATIO = 2, 2.0  # after this many rounds, drop candidates this much slower than the best
-# Weights from COLD_WEIGHT_BYTES up are timed cycling through copies making COLD_BYTES: a large
-# weight reused from cache ranks the kernels otherwise than a forward reading it from memory does
-# (measured: docs/kernels.md).
-COLD_WEIGHT_BYTES = 16 << 20
+# Weights from CACHED_BYTES up (``table``: what may stay in cache) are timed cycling through copies
+# making COLD_BYTES: a large weight reused from cache ranks the kernels otherwise than a forward
+# reading it from memory does (measured: docs/kernels.md). At exactly CACHED_BYTES (1 x 2048 x 2048)
+# a weight is both timed cold and offered ``numpy-nk``: two of them fill the AMD EPYC's 32 MiB L3.
 COLD_BYTES = 128 << 20
 DRAWN_BLOCK = 1 << 16       # scratch operands: this many random values drawn, then repeated (``_normal``)
 
@@ -89,11 +89,11 @@ def spare_cores(seconds: float) -> float:
 
 
 def weight_copies(gemm: Gemm) -> int:
-    """How many weight matrices a measurement cycles through: one, or from COLD_WEIGHT_BYTES up
+    """How many weight matrices a measurement cycles through: one, or from CACHED_BYTES up
     enough to make COLD_BYTES, so that each call reads its weights from memory as a forward
     over a large model's layers does, not from the cache the previous call warmed."""
     nbytes = 4 * gemm.k * gemm.n
-    return 1 if nbytes < COLD_WEIGHT_BYTES else -(-COLD_BYTES // nbytes)
+    return 1 if nbytes < CACHED_BYTES else -(-COLD_BYTES // nbytes)
 
 
 _last_measured: list = [None, 0.0]                  # [candidates, when] of this process's last measurement
