@@ -534,6 +534,31 @@ def test_the_fastest_rival_across_the_pool_line_is_judged_even_behind_closer_one
     assert (report["kernel"], report["how"]) == ("numpy", "measured in the forward")
 
 
+def test_a_pool_kernel_dropped_alone_is_judged_in_the_forward_against_a_one_thread_choice(tuned, monkeypatch):
+    """The pool's kernel dropped after two rounds alone (a slow phase of the second core), the
+    one-thread kernels close: the pool's is judged in the forward all the same, and kept there
+    where it is faster."""
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"scipy-1t": 100.0, "numpy-1t": 101.0,
+                                                           "onednn-matmul-1t": 102.0, "numpy": float("inf")}))
+    judged = []
+    monkeypatch.setattr(kernels.timing, "measure_forwards",
+                        lambda v, *a, **k: judged.append(list(v)) or {n: 50e-6 if n == "numpy" else 80e-6 for n in v})
+    (report,) = ENGINES["static"](MODELS["mlp"](dim=32, seed=1), 4).report()["kernels"]
+    assert judged == [["scipy-1t", "numpy", "numpy-1t"]] * 2
+    assert (report["kernel"], report["how"]) == ("numpy", "measured in the forward")
+
+
+def test_a_pool_kernel_timed_far_behind_alone_is_not_judged_in_the_forward(tuned, monkeypatch):
+    """Timed through every round and far behind, the pool's kernel is not a rival: only one
+    dropped after two rounds is."""
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"scipy-1t": 100.0, "numpy-1t": 101.0, "numpy": 300.0}))
+    judged = []
+    monkeypatch.setattr(kernels.timing, "measure_forwards",
+                        lambda v, *a, **k: judged.append(list(v)) or {n: 80e-6 for n in v})
+    ENGINES["static"](MODELS["mlp"](dim=32, seed=1), 4)
+    assert judged and all("numpy" not in variants for variants in judged)
+
+
 @pytest.mark.parametrize("second, kept", [({"numpy": 80e-6, "scipy-1t": 50e-6}, "scipy-1t"),
                                           ({"numpy": 50e-6, "scipy-1t": 80e-6}, "numpy")])
 def test_a_kernel_that_won_one_forward_timing_replaces_the_choice_only_if_a_second_agrees(second, kept, tuned,

@@ -175,6 +175,17 @@ def _keep(choice: Choice, load0: tuple[float | None, float | None], seconds: flo
     return choice
 
 
+def _pool_twin(kernel: str, times: dict[str, float]) -> str | None:
+    """The pool kernel to set against the one-thread ``kernel`` (``times``: what each candidate
+    measured alone, inf where dropped): its own kernel on the pool where that was a candidate
+    (``onednn-ip-1t`` -> ``onednn-ip``), else the pool's candidate fastest alone, else None."""
+    own = kernel.removesuffix("-1t")
+    if own != kernel and own in times:
+        return own
+    pooled = [n for n in times if KERNELS[n].one_thread is None]
+    return min(pooled, key=times.get) if pooled else None
+
+
 class Linears:
     """The linears of one engine: each one's kernel chosen (``choose``), its calls bound, its
     per-weight state (MKL's packs) made once, and every choice kept for ``report``.
@@ -228,7 +239,11 @@ class Linears:
         millisecond or more is little changed by what its neighbours leave in the cache or by a
         pool's wake-up (the two shapes where the forward chose otherwise were 2 x 512 x 512 and
         4 x 1024 x 1024), and judging the transformer d512 s128's four such shapes took 5.4 s of
-        its 9.5 s build at batch 8 (loaded Intel Xeon)."""
+        its 9.5 s build at batch 8 (loaded Intel Xeon). A one-thread choice whose pool twin
+        (``_pool_twin``) was dropped alone, DROP_RATIO behind in two rounds, has that twin
+        across the line all the same: the pool's slow phases on a 2-core host last a second or so,
+        and one cached static's 64 x 1024 x 256 on ``onednn-ip-1t`` for good (transformer b1 d256
+        s64, AMD EPYC: 297 us a call, NumPy's pool 190)."""
         found = {}
         for key in self.bound_keys:
             choice = self.choices[key]
@@ -239,6 +254,9 @@ class Linears:
             close = [n for n in sorted(alone, key=alone.get) if alone[n] <= FORWARD_CLOSE * min(alone.values())]
             pooled = KERNELS[choice.kernel].one_thread is None
             across = [n for n in close if (KERNELS[n].one_thread is None) != pooled][:1]
+            twin = None if pooled or across else _pool_twin(choice.kernel, choice.times_s)
+            if twin is not None and not np.isfinite(choice.times_s[twin]):
+                across = [twin]                     # dropped alone after two rounds: judged all the same
             rivals = list(dict.fromkeys([choice.kernel, *across, *close]))[:FORWARD_RIVALS]
             if len(rivals) > 1:
                 found[key] = rivals
@@ -257,14 +275,9 @@ class Linears:
         for key in self.bound_keys:
             choice = self.choices[key]
             kernel = self.forced.get(key, choice.kernel)
-            if not KERNELS[kernel].one_thread:
-                continue
-            own = kernel.removesuffix("-1t")
-            pooled = {n: t for n, t in choice.times_s.items() if np.isfinite(t) and KERNELS[n].one_thread is None}
-            if own != kernel and own in choice.times_s:
-                twins[key] = own
-            elif pooled:
-                twins[key] = min(pooled, key=pooled.get)
+            twin = _pool_twin(kernel, choice.times_s) if KERNELS[kernel].one_thread else None
+            if twin is not None:
+                twins[key] = twin
         return twins
 
     def judge(self, key: str, forwards: dict[str, list]) -> Choice:
