@@ -86,8 +86,10 @@ def test_another_batch_is_refused_naming_the_fixed_one(data, size, tmp_path):
     message = f"batch {other} refused: the file fixes the batch at {size}"
     for refuse in (lambda: model.input_shape(other), lambda: model.random_input(other),
                    lambda: ENGINES["arena"](model, other), lambda: model.flops(other) and model.rows(other)):
-        with pytest.raises(BatchRefused, match=message):
+        with pytest.raises(BatchRefused, match=message) as refused:
             refuse()
+        said = str(refused.value)            # the fixed batch and how to run it, each said once
+        assert said.count("fixes the batch") == 1 and said.count(f"at {size}") == 1, said
     path = tmp_path / "fixed.onnx"
     path.write_bytes(data)
     with pytest.raises(ValueError, match=message):

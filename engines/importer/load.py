@@ -593,7 +593,8 @@ def _fixed_ways(proto, sig: Signature, dynamic, rng):
             problems = exc.problems
         where = f" ({', '.join(literal)})" if literal else ""
         fixed = None if n == 1 else FixedBatch(n, True, f"the file fixes the batch at {n}{where}: its input is "
-                                                      f"{sig.shape(n)}; export with a dynamic batch axis for others")
+                                                      f"{sig.shape(n)}; run it at batch {n}, or export it with a dynamic batch "
+                                                      f"axis for others")
         yield problems or Batching(proto2, acts, one, fixed)
         why = f"at batch 2 {problems[0]}" if problems else "the per-sample model differs from the file at its batch"
     where = ", ".join(literal) if literal else "a shape computed in the graph"

@@ -42,7 +42,8 @@ class FixedBatch:
     IR is per sample as for any model and runs ``size`` rows. Otherwise no axis is the batch (a
     rank-0 or rank-1 input, an op that mixes the first axis with others): the IR's shapes are
     the file's whole shapes, run as one row, and ``Model.rows``/``as_rows``/``from_rows`` put that
-    one row around the file's input and output. ``reason`` says which, and why, for messages."""
+    one row around the file's input and output. ``reason`` says which, why, and how to run it: the
+    whole message after "batch N refused: "."""
     size: int
     per_sample: bool
     reason: str
@@ -106,8 +107,7 @@ class Model:
         fixed = self.fixed_batch
         if fixed is None or batch == fixed.size:
             return 1 if self.whole else batch
-        raise BatchRefused(f"{self.name}: batch {batch} refused: the file fixes the batch at {fixed.size} "
-                           f"({fixed.reason}); run it at batch {fixed.size}")
+        raise BatchRefused(f"{self.name}: batch {batch} refused: {fixed.reason}")
 
     def as_rows(self, x: np.ndarray) -> np.ndarray:
         """A caller's input as the IR's (rows, *per-sample) array: a view, never a copy."""
