@@ -242,8 +242,8 @@ class Linears:
         its 9.5 s build at batch 8 (loaded Intel Xeon). A one-thread choice whose pool twin
         (``_pool_twin``) was dropped alone, DROP_RATIO behind in two rounds, has that twin
         across the line all the same: the pool's slow phases on a 2-core host last a second or so,
-        and one cached static's 64 x 1024 x 256 on ``onednn-ip-1t`` for good (transformer b1 d256
-        s64, AMD EPYC: 297 us a call, NumPy's pool 190)."""
+        and such a drop kept static's 64 x 1024 x 256 on ``onednn-ip-1t`` in the cache
+        (transformer b1 d256 s64, AMD EPYC: 297 us a call, where NumPy's pool took 190)."""
         found = {}
         for key in self.bound_keys:
             choice = self.choices[key]
