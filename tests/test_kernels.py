@@ -559,6 +559,41 @@ def test_a_pool_kernel_timed_far_behind_alone_is_not_judged_in_the_forward(tuned
     assert judged and all("numpy" not in variants for variants in judged)
 
 
+def test_the_second_cores_gain_is_the_best_pool_kernel_over_its_own_one_thread_variant():
+    big, small = kernels.Gemm(64, 512, 512), kernels.Gemm(8, 256, 256)
+    times = {"numpy": 3.0, "numpy-1t": 3.3, "onednn-ip": 1.0, "onednn-ip-1t": 1.6, "scipy-1t": 0.5,
+             "onednn-matmul": float("inf"), "onednn-matmul-1t": 1.0}
+    assert kernels.choice.second_core_gain(big, times) == pytest.approx(1.6)     # the dropped pair aside
+    assert kernels.choice.second_core_gain(small, times) is None                 # wake-ups may eat the gain
+    assert kernels.choice.second_core_gain(big, {"numpy": 1.0, "scipy-1t": 0.5}) is None    # no pair
+
+
+@pytest.mark.parametrize("engine", ["static", "fused"])
+def test_a_choice_timed_without_the_pools_second_core_runs_the_pool_and_is_neither_judged_nor_cached(
+        engine, tuned, monkeypatch):
+    """NumPy's pool timed at 1.03x its one thread (the AMD EPYC's second core gone for a few
+    seconds), oneDNN's one-thread matmul 12 % ahead of it: the pool runs, said so, and the next
+    build measures again."""
+    monkeypatch.setattr(kernels.choice, "LONE_CORE_WORK", 4 * 32 * 32)        # the mlp's 4 x 32 x 32
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy": 344.0, "numpy-1t": 354.0,
+                                                           "onednn-matmul-1t": 302.0, "scipy-1t": 412.0}))
+    monkeypatch.setattr(kernels.timing, "measure_forwards", lambda *a, **k: pytest.fail("judged"))
+    (report,) = ENGINES[engine](MODELS["mlp"](dim=32, seed=1), 4).report()["kernels"]
+    assert report["kernel"] == "numpy" and report["how"].startswith("measured on one core (the pool ran 1.03x")
+    assert kernels.choice.cache.read(kernels.cache_path()) == {}
+
+
+def test_a_choice_timed_with_the_pools_second_core_is_measured_as_before(tuned, monkeypatch):
+    monkeypatch.setattr(kernels.choice, "LONE_CORE_WORK", 4 * 32 * 32)
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy": 310.0, "numpy-1t": 530.0,
+                                                           "onednn-matmul-1t": 250.0, "scipy-1t": 600.0}))
+    monkeypatch.setattr(kernels.timing, "measure_forwards", lambda v, *a, **k: {n: 80e-6 for n in v})
+    (report,) = ENGINES["static"](MODELS["mlp"](dim=32, seed=1), 4).report()["kernels"]
+    assert (report["kernel"], report["how"]) == ("onednn-matmul-1t", "measured in the forward")
+    (cached,) = kernels.choice.cache.read(kernels.cache_path()).values()
+    assert cached["kernel"] == "onednn-matmul-1t"
+
+
 @pytest.mark.parametrize("second, kept", [({"numpy": 80e-6, "scipy-1t": 50e-6}, "scipy-1t"),
                                           ({"numpy": 50e-6, "scipy-1t": 80e-6}, "numpy")])
 def test_a_kernel_that_won_one_forward_timing_replaces_the_choice_only_if_a_second_agrees(second, kept, tuned,

@@ -45,7 +45,9 @@ the fastest.
   (``cached_or_measured``).
   A measurement during which this process's threads waited for a core, or
   other processes used more than the cores its pool leaves spare
-  (``BUSY_SHARE``), is used but not cached.
+  (``BUSY_SHARE``), is used but not cached. So is one where no pool kernel gained over its own
+  one-thread variant on a product where pools gain 1.5-2x (``choice.second_core_gain``): the
+  pool's second core was gone while it was timed, and the fastest pool kernel runs.
 - **Switch**: on by default. ``MLEXEC_TUNE=0`` measures nothing and uses each
   engine's fixed default (the choices made before tuning existed);
   ``MLEXEC_TUNE=again`` measures every GEMM afresh and overwrites the cache.

@@ -84,6 +84,30 @@ FORWARD_RIVALS = 3
 ONE_THREAD_MAX_WORK = 1 << 27
 
 
+# A GEMM of LONE_CORE_WORK multiply-adds or more that no pool kernel ran LONE_CORE_GAIN times as fast
+# as the same kernel on one thread was timed while the pool's second core gave nothing. On a 2-core AMD
+# EPYC host the second core comes and goes for seconds at a time with no steal time counted (NumPy's
+# 64 x 256 x 768 took 158-160 us on two threads for 1.5 s, then 190-208; docs/results): a whole-grid
+# run timed NumPy's pool at 1.46-2.0x its one thread on every product from 2^22 up but one,
+# 64 x 512 x 512 at 1.03x, where `fused` then kept oneDNN's one-thread matmul (302 against 344 us alone)
+# and ran that forward at 0.74x `naive` for the rest of the run. Such a timing says nothing of the
+# pool on a whole machine: the choice is the fastest pool kernel (or the default), judged no further,
+# and not cached.
+LONE_CORE_WORK = 1 << 22
+LONE_CORE_GAIN = 1.2
+ONE_CORE = "measured on one core"          # how such a choice is reported
+
+
+def second_core_gain(gemm: Gemm, times: dict[str, float]) -> float | None:
+    """The most any pool kernel in ``times`` gained over its own one-thread variant (``x`` against
+    ``x-1t``), where ``gemm`` is LONE_CORE_WORK or more and a pair was timed; else None."""
+    if gemm.rows * gemm.k * gemm.n < LONE_CORE_WORK:
+        return None
+    gains = [times[n + "-1t"] / t for n, t in times.items()
+             if n + "-1t" in times and 0 < t < float("inf") and np.isfinite(times[n + "-1t"])]
+    return max(gains, default=None)
+
+
 def tuning_enabled() -> bool:
     """On unless ``MLEXEC_TUNE`` is 0 (off, false, no): each engine's fixed defaults then."""
     return os.environ.get(TUNE_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
@@ -94,7 +118,8 @@ def tuning_enabled() -> bool:
 class Choice:
     kernel: str
     how: str                                        # "measured", "measured in the forward", "measured
-                                                    # while busy ...", "cached", or "default (MLEXEC_TUNE off)"
+                                                    # while busy ...", "measured on one core ...",
+                                                    # "cached", or "default (MLEXEC_TUNE off)"
     default: str                                    # what the engine runs untuned
     times_s: dict[str, float] = field(default_factory=dict)      # each candidate alone
     seconds: float = 0.0                            # spent measuring
@@ -116,15 +141,28 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
     if not tuning_enabled() or not runnable:
         return Choice(default, f"default ({TUNE_ENV} off)" if not tuning_enabled() else "default", default)
     return cached_or_measured(f"{gemm.key}|{','.join(runnable)}", runnable, default, lambda: timing.measure(
-        gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")})
+        gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")}, lambda times: _on_one_core(gemm, times, default))
 
 
-def cached_or_measured(entry: str, names: list[str], default: str, measure: Callable[[], dict[str, float]]) -> Choice:
+def _on_one_core(gemm: Gemm, times: dict[str, float], default: str) -> tuple[str, str] | None:
+    """(the kernel to run, why) where ``times`` were taken while the pool's second core gave nothing
+    (``second_core_gain`` under LONE_CORE_GAIN): the fastest pool kernel (``fastest``). None otherwise."""
+    gain = second_core_gain(gemm, times)
+    pooled = {n: t for n, t in times.items() if KERNELS[n].one_thread is None and np.isfinite(t)}
+    if gain is None or gain >= LONE_CORE_GAIN or not pooled:
+        return None
+    return fastest(pooled, default), f"the pool ran {gain:.2f}x its one thread"
+
+
+def cached_or_measured(entry: str, names: list[str], default: str, measure: Callable[[], dict[str, float]],
+                       one_core: Callable[[dict[str, float]], tuple[str, str] | None] = lambda times: None) -> Choice:
     """The choice among ``names`` kept under ``entry`` (what it was measured for, the candidates
     included): this process's, else the cache's, else the fastest of ``measure()`` (name -> seconds;
     ``default`` unless another is KEEP_DEFAULT faster), cached unless the machine was busy. The
     kernel table's GEMMs come here through ``choose``; so do choices the table does not hold (the
-    int8 engine's variants, timed by that engine), so that a second build of them measures nothing."""
+    int8 engine's variants, timed by that engine), so that a second build of them measures nothing.
+    ``one_core(times)`` says where the timing ran without the pool's second core: (the kernel then
+    chosen, why), used in this process and neither judged in the forward nor cached."""
     memo_key = (str(cache.cache_path()), entry)
     if memo_key in _MEMO:                           # measured by an earlier build: nothing spent now
         return replace(_MEMO[memo_key], seconds=0.0)
@@ -137,7 +175,12 @@ def cached_or_measured(entry: str, names: list[str], default: str, measure: Call
         t0, load0 = time.perf_counter(), _load()
         times = measure()
         seconds = time.perf_counter() - t0
-        choice = _keep(Choice(fastest(times, default), "measured", default, times, seconds, entry=entry), load0, seconds)
+        lone = one_core(times)
+        if lone is not None:
+            choice = Choice(lone[0], f"{ONE_CORE} ({lone[1]}), not cached", default, times, seconds, entry=entry)
+        else:
+            choice = _keep(Choice(fastest(times, default), "measured", default, times, seconds, entry=entry), load0,
+                           seconds)
     _MEMO[memo_key] = choice
     return choice
 
@@ -248,7 +291,8 @@ class Linears:
         for key in self.bound_keys:
             choice = self.choices[key]
             alone = {n: t for n, t in choice.times_s.items() if np.isfinite(t)}
-            if not choice.how.startswith("measured") or choice.forward_s or len(alone) < 2 \
+            if not choice.how.startswith("measured") or choice.how.startswith(ONE_CORE) or choice.forward_s \
+                    or len(alone) < 2 \
                     or self.work.get(key, 0) >= ONE_THREAD_MAX_WORK:
                 continue
             close = [n for n in sorted(alone, key=alone.get) if alone[n] <= FORWARD_CLOSE * min(alone.values())]
