@@ -521,25 +521,13 @@ def test_close_rivals_are_judged_in_whole_forwards_and_the_fastest_there_is_kept
     assert (again["kernel"], again["how"]) == ("scipy-1t", "cached")
 
 
-def test_the_fastest_rival_across_the_pool_line_is_judged_even_behind_closer_ones(tuned, monkeypatch):
-    """Three one-thread kernels closest alone, a pool's fourth: the pool's is judged in the forward
-    (where the two timings disagree), in place of the third one-thread one."""
+@pytest.mark.parametrize("pool_alone", [110.0, float("inf")], ids=["fourth", "dropped"])
+def test_the_pools_kernel_is_judged_in_the_forward_against_one_thread_choices(pool_alone, tuned, monkeypatch):
+    """Three one-thread kernels closest alone, the pool's fourth or dropped after two rounds (a slow
+    phase of the second core): the pool's is judged in the forward (where the two timings disagree),
+    in place of the third one-thread one, and kept there where it is faster."""
     monkeypatch.setattr(kernels.timing, "measure", _alone({"scipy-1t": 100.0, "numpy-1t": 101.0,
-                                                           "onednn-matmul-1t": 102.0, "numpy": 110.0}))
-    judged = []
-    monkeypatch.setattr(kernels.timing, "measure_forwards",
-                        lambda v, *a, **k: judged.append(list(v)) or {n: 50e-6 if n == "numpy" else 80e-6 for n in v})
-    (report,) = ENGINES["static"](MODELS["mlp"](dim=32, seed=1), 4).report()["kernels"]
-    assert judged == [["scipy-1t", "numpy", "numpy-1t"]] * 2
-    assert (report["kernel"], report["how"]) == ("numpy", "measured in the forward")
-
-
-def test_a_pool_kernel_dropped_alone_is_judged_in_the_forward_against_a_one_thread_choice(tuned, monkeypatch):
-    """The pool's kernel dropped after two rounds alone (a slow phase of the second core), the
-    one-thread kernels close: the pool's is judged in the forward all the same, and kept there
-    where it is faster."""
-    monkeypatch.setattr(kernels.timing, "measure", _alone({"scipy-1t": 100.0, "numpy-1t": 101.0,
-                                                           "onednn-matmul-1t": 102.0, "numpy": float("inf")}))
+                                                           "onednn-matmul-1t": 102.0, "numpy": pool_alone}))
     judged = []
     monkeypatch.setattr(kernels.timing, "measure_forwards",
                         lambda v, *a, **k: judged.append(list(v)) or {n: 50e-6 if n == "numpy" else 80e-6 for n in v})
