@@ -87,6 +87,16 @@ def test_engines_report_what_they_hold(small_models):
     assert static.activation_bytes <= report["no_reuse_bytes"]   # the tensors' total, scratch shared
 
 
+@pytest.mark.parametrize("engine", ["packed", "onednn"])
+def test_weights_held_count_the_copies_the_kernels_made(engine):
+    """MKL's packs, oneDNN's reordered layouts: held beside the steps' own weights, counted in
+    ``weight_bytes`` (as the kernels hold them now) and reported apart."""
+    eng = make_engine(engine, MODELS["mlp"](dim=256, seed=0), 64)     # untuned: MKL's packed GEMM
+    copies = eng.report()["kernel_copies_bytes"]
+    held = sum(a.nbytes for step in eng.steps for a in step.operands if isinstance(a, np.ndarray))
+    assert copies > 0 and eng.weight_bytes == held + copies
+
+
 def test_static_gives_each_tensor_its_own_buffer_and_scratch_one_workspace(small_models):
     static = ENGINES["static"](small_models["transformer"], 4)
     per_op = [op.scratch for op in static._ops if op.scratch]

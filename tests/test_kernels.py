@@ -213,6 +213,9 @@ def test_a_one_row_linear_on_the_nk_copy_is_right_and_its_copy_counted(engine, t
     (report,) = eng.report()["kernels"]
     assert report["kernel"].startswith("numpy-nk")
     assert eng.report()["kernel_copies_bytes"] == 2 * 32 * 32 * 4       # each linear's own copy
+    if engine != "onednn":                     # untuned, the default holds no copy (onednn's does)
+        monkeypatch.setenv(kernels.TUNE_ENV, "0")
+        assert eng.weight_bytes == ENGINES[engine](mlp, 1).weight_bytes + 2 * 32 * 32 * 4   # counted as held
     x = mlp.random_input(1, rng=0)
     np.testing.assert_allclose(eng.forward(x), mlp.reference(x), atol=ABS_TOL, rtol=0)
 

@@ -97,11 +97,26 @@ class BoundEngine(Engine):
         """The kernels a linear of ``gemm``'s shape may run on: the class's ``kernel_candidates``."""
         return self.kernel_candidates
 
+    @property
+    def weight_bytes(self) -> int:
+        """The parameters as the steps hold them, plus the copies the kernels made of them
+        (``kernel_copies_bytes``), as held now: a kernel chosen at a new batch may add its own."""
+        return self._weight_bytes + self.kernel_copies_bytes()
+
+    @weight_bytes.setter
+    def weight_bytes(self, value: int) -> None:
+        self._weight_bytes = value
+
+    def kernel_copies_bytes(self) -> int:
+        """The bytes of the weights' copies this engine's kernels hold (MKL's packs, oneDNN's
+        reordered layouts, ``numpy-nk``'s (n, k) copies)."""
+        linears = getattr(self, "linears", None)            # none yet while the steps are made
+        return 0 if linears is None else linears.state_bytes
+
     def report(self) -> dict:
         """What each linear runs on (``engines.kernels.Linears.report``), and the bytes of the
-        weights' copies its kernels hold beside ``weight_bytes`` (MKL's packs, oneDNN's reordered
-        layouts, ``numpy-nk``'s (n, k) copies)."""
-        return {"kernels": self.linears.report(), "kernel_copies_bytes": self.linears.state_bytes}
+        weights' copies its kernels hold, counted in ``weight_bytes``."""
+        return {"kernels": self.linears.report(), "kernel_copies_bytes": self.kernel_copies_bytes()}
 
     def own_memory(self) -> None:
         """Allocate this engine's own activation buffers (``worker`` calls it on a copy)."""

@@ -295,6 +295,11 @@ class OneDnnEngine(FusedEngine):
             return self.owned.md((batch, *shape), self.dnnl.layout)
         return self.owned.md((batch, *self.shapes[buffer]), PLAIN[len(self.shapes[buffer]) + 1])
 
+    def kernel_copies_bytes(self) -> int:
+        """The linears' copies, and the weights reordered for the convolutions and other primitives."""
+        weights = getattr(self, "weights", None)
+        return super().kernel_copies_bytes() + (0 if weights is None else weights.nbytes)
+
     def report(self) -> dict:
         """fused's report, with the activation layout and, per primitive, the implementation
         oneDNN chose on this CPU (``brgconv:avx512_core``, ``jit:avx2``, ...; ``ref`` is its

@@ -44,7 +44,6 @@ class PackedEngine(FusedEngine):
     def __init__(self, model, max_batch: int):
         self._mkl = self.vector_math = mkl.load()
         super().__init__(model, max_batch)
-        self.weight_bytes += self.linears.state_bytes   # the packs of the linears that chose them
 
     def default_kernel(self, gemm: kernels.Gemm) -> str:
         """Without tuning: MKL's packed GEMM for every linear of more than one row above
