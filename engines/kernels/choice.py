@@ -284,7 +284,7 @@ class Linears:
         4 x 1024 x 1024), and judging the transformer d512 s128's four such shapes took 5.4 s of
         its 9.5 s build at batch 8 (loaded Intel Xeon). A one-thread choice whose pool twin
         (``_pool_twin``) was dropped alone, DROP_RATIO behind in two rounds, has that twin
-        across the line all the same: the pool's slow phases on a 2-core host last a second or so,
+        across the line all the same: the pool's slow phases on a 2-core host last a second or more,
         and such a drop kept static's 64 x 1024 x 256 on ``onednn-ip-1t`` in the cache
         (transformer b1 d256 s64, AMD EPYC: 297 us a call, where NumPy's pool took 190)."""
         found = {}
