@@ -574,6 +574,17 @@ def test_a_choice_timed_without_the_pools_second_core_runs_the_pool_and_is_neith
     assert kernels.choice.cache.read(kernels.cache_path()) == {}
 
 
+def test_a_pool_far_behind_on_one_core_is_not_forced_and_the_choice_not_cached(tuned, monkeypatch):
+    """Without the second core and the pool 1.5x behind the fastest one-thread kernel (one core
+    for good, say): the fastest runs, for this process only."""
+    monkeypatch.setattr(kernels.choice, "LONE_CORE_WORK", 4 * 32 * 32)
+    monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy": 450.0, "numpy-1t": 460.0, "scipy-1t": 300.0}))
+    monkeypatch.setattr(kernels.timing, "measure_forwards", lambda *a, **k: pytest.fail("judged"))
+    (report,) = ENGINES["static"](MODELS["mlp"](dim=32, seed=1), 4).report()["kernels"]
+    assert report["kernel"] == "scipy-1t" and report["how"].startswith("measured on one core")
+    assert kernels.choice.cache.read(kernels.cache_path()) == {}
+
+
 def test_a_choice_timed_with_the_pools_second_core_is_measured_as_before(tuned, monkeypatch):
     monkeypatch.setattr(kernels.choice, "LONE_CORE_WORK", 4 * 32 * 32)
     monkeypatch.setattr(kernels.timing, "measure", _alone({"numpy": 310.0, "numpy-1t": 530.0,
