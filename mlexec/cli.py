@@ -50,10 +50,15 @@ def format_result(result: dict) -> str:
             continue
         rows.append([e["name"], fmt_time(e["median_s"]),
                      "-" if e["speedup_vs_naive"] is None else f"{e['speedup_vs_naive']:.2f}x",
-                     fmt_bytes(e["peak_bytes"]), fmt_bytes(e["activation_bytes"]), fmt_bytes(e["weight_bytes"]),
+                     *(fmt_bytes(e[k] if e["memory_seen"] else None) for k in ("peak_bytes", "activation_bytes")),
+                     fmt_bytes(e["weight_bytes"]),
                      "-" if e["memory_saved_pct"] is None else f"{e['memory_saved_pct']:.1f}%",
                      error_label(e), "pass" if e["passed"] else f"FAIL (> {e.get('tolerance', result['tolerance']):g})"])
     out.append(_table(rows))
+    unseen = [e["name"] for e in result["engines"] if e["available"] and not e["memory_seen"]]
+    if unseen:
+        out.append(f"peak fwd, activations, mem saved: not measured for {', '.join(unseen)} (a runtime's own "
+                   "allocator, which tracemalloc does not see)")
     out += ["", "naive run, per op (* = among the slowest):"]
     origins = any(o.get("origin") for o in result["ops"])       # an imported model: its file's nodes
     ops = [["op", "kind", "median", "share", "output"] + (["from nodes"] if origins else [])]

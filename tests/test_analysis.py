@@ -26,6 +26,22 @@ def test_result_is_measured_and_consistent(small):
     assert result["model"]["case"] == "mlp-b1-d64"      # the suite's and the report's id (mlexec.case)
 
 
+def test_a_peers_memory_is_not_claimed(small):
+    """ONNX Runtime allocates through its own allocator, which tracemalloc does not see: no memory
+    saved is claimed for it, and the table says why."""
+    result = run_analysis("1.0, 0.5", engines="naive,arena,onnxruntime", **small)
+    by_name = {e["name"]: e for e in result["engines"]}
+    if not by_name["onnxruntime"]["available"]:
+        pytest.skip(f"onnxruntime unavailable: {by_name['onnxruntime']['reason']}")
+    peer, arena = by_name["onnxruntime"], by_name["arena"]
+    assert not peer["memory_seen"] and peer["memory_saved_pct"] is None
+    assert arena["memory_seen"] and arena["memory_saved_pct"] is not None
+    from mlexec.cli import format_result
+    table = format_result(result)
+    row = next(line for line in table.splitlines() if line.startswith("onnxruntime"))
+    assert "%" not in row and "not measured for onnxruntime" in table
+
+
 def test_a_sequence_model_is_named_with_its_seq(small):
     result = run_analysis("1.0", model="transformer", engines="naive", **{**small, "dim": 32, "repeat": 1})
     assert result["model"]["case"] == "transformer-b1-d32-s64"

@@ -37,6 +37,16 @@ def test_results_page_has_table_and_charts(client):
     assert page.count('class="bar-row"') == 2 + 2 + 3   # 2 engines twice, 3 ops of the mlp
 
 
+def test_a_peers_memory_is_left_out_of_the_table_and_chart(client):
+    page = client.post("/analyze", data=dict(FORM, engines=["naive", "onnxruntime"])).get_data(as_text=True)
+    if 'data-engine="onnxruntime"><td>onnxruntime</td><td colspan' in page:
+        pytest.skip("onnxruntime unavailable here (the peers extra)")
+    row = page[page.index('data-engine="onnxruntime"'):].split("</tr>")[0]
+    assert row.count("<td>-</td>") == 3                 # peak, activations, memory saved
+    chart = page[page.index('id="chart-memory"'):].split("<h2>")[0]
+    assert "onnxruntime" not in chart and "Not shown: onnxruntime" in page
+
+
 def test_uploaded_csv_is_used(client):
     import io
     data = dict(FORM, input="", input_file=(io.BytesIO(b"1\n2\n3\n"), "data.csv"))
