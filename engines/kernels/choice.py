@@ -88,7 +88,7 @@ ONE_THREAD_MAX_WORK = 1 << 27
 # as the same kernel on one thread was timed while the pool's second core gave nothing. On a 2-core AMD
 # EPYC host the second core comes and goes for seconds at a time with no steal time counted (NumPy's
 # 64 x 256 x 768 took 158-160 us on two threads for 1.5 s, then 190-208; docs/results): a whole-grid
-# run timed NumPy's pool at 1.46-2.0x its one thread on every product from 2^22 up but one,
+# run timed NumPy's pool at 1.30-1.88x its one thread on every product from 2^22 up but one,
 # 64 x 512 x 512 at 1.03x, where `fused` then kept oneDNN's one-thread matmul (302 against 344 us alone)
 # and ran that forward at 0.74x `naive` for the rest of the run. Such a timing says nothing of the
 # pool on a whole machine: the choice is the fastest pool kernel where it is LONE_CORE_SLACK of the
@@ -299,9 +299,8 @@ class Linears:
         for key in self.bound_keys:
             choice = self.choices[key]
             alone = {n: t for n, t in choice.times_s.items() if np.isfinite(t)}
-            if not choice.how.startswith("measured") or choice.how.startswith(ONE_CORE) or choice.forward_s \
-                    or len(alone) < 2 \
-                    or self.work.get(key, 0) >= ONE_THREAD_MAX_WORK:
+            if not choice.how.startswith("measured") or choice.how.startswith(ONE_CORE) \
+                    or choice.forward_s or len(alone) < 2 or self.work.get(key, 0) >= ONE_THREAD_MAX_WORK:
                 continue
             close = [n for n in sorted(alone, key=alone.get) if alone[n] <= FORWARD_CLOSE * min(alone.values())]
             pooled = KERNELS[choice.kernel].one_thread is None
