@@ -14,8 +14,8 @@ chosen engines and returns a JSON-serializable dict:
   speedup vs ``naive`` (with the heap pinned: ``mlexec.heap``), peak bytes
   allocated during one warm ``forward`` (tracemalloc, which sees NumPy's array allocations), the
   engine's planned ``activation_bytes`` and ``weight_bytes``, memory saved vs
-  ``naive`` (not for a peer: ``memory_seen`` False, its runtime's allocator is not traced), and the max abs error against the float64 reference with a
-  pass/fail at the engine's ``abs_tol`` (``engines.ir.models.ABS_TOL``, or an int8 engine's own),
+  ``naive`` (not for a peer: ``memory_seen`` False, its runtime's allocator is not traced), and
+  the max abs error against the float64 reference with a pass/fail at the engine's ``abs_tol`` (``engines.ir.models.ABS_TOL``, or an int8 engine's own),
   and ``quantized`` where the engine computes in 8 bits (its error is quantization's);
 - a per-op breakdown of the eager (naive) run: median time and output bytes
   of every op, with its share of the total and the slowest ops ranked.
@@ -440,7 +440,7 @@ def _checked(name: str, engine, x, reference) -> dict:
     tolerance = engine.tolerance[0]      # int8 states its own, looser bar; so does a quantized file
     # quantized: the engine computes in 8 bits, its error is quantization's and its bar its own
     # a peer's runtime allocates through its own allocator, which tracemalloc does not see: its
-    # peak is NumPy's share only (ONNX Runtime at mlp d1024: 530 B), no memory saved to claim
+    # peak is NumPy's share only (ONNX Runtime on a small CNN file: 530 B), no memory saved to claim
     return {"name": name, "available": True, "weight_bytes": int(engine.weight_bytes),
             "activation_bytes": int(engine.activation_bytes), "peak_bytes": _peak_forward_bytes(engine, x),
             "memory_seen": not engine.peer,
