@@ -16,7 +16,8 @@ chosen engines and returns a JSON-serializable dict:
   engine's planned ``activation_bytes`` and ``weight_bytes``, memory saved vs
   ``naive`` (not for a peer: ``memory_seen`` False, its runtime's allocator is not traced), and
   the max abs error against the float64 reference with a pass/fail at the engine's ``abs_tol``
-  (``engines.ir.models.ABS_TOL``, or an int8 engine's own), and ``quantized`` where the engine computes in 8 bits (its error is quantization's);
+  (``engines.ir.models.ABS_TOL``, or an int8 engine's own), and ``quantized`` where the engine
+  computes in 8 bits (its error is quantization's);
 - a per-op breakdown of the eager (naive) run: median time and output bytes
   of every op, with its share of the total and the slowest ops ranked.
 
