@@ -103,10 +103,10 @@ ONE_CORE = "measured on one core"          # how such a choice is reported
 def second_core_gain(gemm: Gemm, times: dict[str, float]) -> float | None:
     """The most any pool kernel in ``times`` gained over its own one-thread variant (``x`` against
     ``x-1t``), where ``gemm`` is LONE_CORE_WORK or more and a pair was timed; else None."""
-    if gemm.rows * gemm.k * gemm.n < LONE_CORE_WORK:
+    if gemm.work < LONE_CORE_WORK:
         return None
     gains = [times[n + "-1t"] / t for n, t in times.items()
-             if n + "-1t" in times and 0 < t < float("inf") and np.isfinite(times[n + "-1t"])]
+             if n + "-1t" in times and np.isfinite(t) and t > 0 and np.isfinite(times[n + "-1t"])]
     return max(gains, default=None)
 
 
@@ -136,14 +136,16 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
     """The fastest of ``candidates`` and ``default`` for ``gemm`` on this machine: from the cache,
     else measured (and cached). ``default`` unless another is KEEP_DEFAULT faster, and when
     tuning is off or nothing can run."""
-    big = gemm.rows * gemm.k * gemm.n >= ONE_THREAD_MAX_WORK
+    big = gemm.work >= ONE_THREAD_MAX_WORK
     runnable = [c for c in dict.fromkeys((*candidates, default))
                 if c not in unavailable() and KERNELS[c].offered_for(gemm)
                 and (c == default or not (big and KERNELS[c].one_thread))]
     if not tuning_enabled() or not runnable:
         return Choice(default, f"default ({TUNE_ENV} off)" if not tuning_enabled() else "default", default)
-    return cached_or_measured(f"{gemm.key}|{','.join(runnable)}", runnable, default, lambda: timing.measure(
-        gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")}, lambda times: _on_one_core(gemm, times, default))
+    return cached_or_measured(
+        f"{gemm.key}|{','.join(runnable)}", runnable, default,
+        lambda: timing.measure(gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")},
+        lambda times: _on_one_core(gemm, times, default))
 
 
 def _on_one_core(gemm: Gemm, times: dict[str, float], default: str) -> tuple[str, str] | None:
@@ -266,7 +268,7 @@ class Linears:
         name = self.forced.get(gemm.key, choice.kernel) if unit else choice.kernel
         if gemm.key not in self.bound_keys:
             self.bound_keys.append(gemm.key)
-        self.work[gemm.key] = gemm.rows * gemm.k * gemm.n
+        self.work[gemm.key] = gemm.work
         kernel = KERNELS[name]
         state = None
         if kernel.prepare is not None:

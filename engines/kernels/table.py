@@ -23,6 +23,11 @@ class Gemm:
     residual: bool = False
 
     @property
+    def work(self) -> int:
+        """Its multiply-adds."""
+        return self.rows * self.k * self.n
+
+    @property
     def key(self) -> str:
         return f"{self.rows}x{self.k}x{self.n}" + ("T" if self.transposed else "") + ("+res" if self.residual else "")
 

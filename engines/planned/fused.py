@@ -443,7 +443,7 @@ class FusedEngine(BoundEngine):
     def default_kernel(self, gemm: Gemm) -> str:
         """The kernel without tuning (MLEXEC_TUNE=0): SciPy's gemm/gemv with the bias fused up to
         blas_max_work, NumPy's matmul above it and for weights stored transposed."""
-        if gemm.rows * gemm.k * gemm.n > self.blas_max_work or gemm.transposed:
+        if gemm.work > self.blas_max_work or gemm.transposed:
             return "numpy"
         return "scipy"
 

@@ -134,7 +134,7 @@ class OneDnnEngine(FusedEngine):
         Swin-T b1 0.59x -> 0.81x); offered on every product there, the tiny transformers ran 5-15 %
         slower (docs/importing.md)."""
         offered = super().offered_kernels(gemm)
-        if gemm.rows * gemm.k * gemm.n >= MKL_POOL_MIN_WORK:
+        if gemm.work >= MKL_POOL_MIN_WORK:
             return offered
         return tuple(k for k in offered if KERNELS[k].library != "mkl" or KERNELS[k].one_thread)
 

@@ -51,7 +51,7 @@ class PackedEngine(FusedEngine):
         attention products run on. (fused's choice, SciPy's or NumPy's OpenBLAS, put a second
         pool in the forward: ResNet-50's one 2-thread NumPy matmul, its last linear, slowed the
         next forward's MKL convolutions 2x while OpenBLAS's workers spun.)"""
-        if gemm.rows == 1 or gemm.rows * gemm.k * gemm.n <= self.blas_max_work:
+        if gemm.rows == 1 or gemm.work <= self.blas_max_work:
             return "mkl-gemm"
         return "mkl-packed"
 
