@@ -4,7 +4,8 @@
 
 1. liveness: the first step that writes each tensor and the last step that reads it;
 2. in place: a step's output takes over an input's storage when the op allows
-   it, the input is read for the last time there and the sizes match;
+   it, the input is read for the last time there and the sizes match (of two, the older
+   storage);
 3. placement: storages sorted by size, largest first, each put at the lowest
    offset gap that no storage with an overlapping lifetime occupies, the greedy
    by-size strategy of TFLite's arena planner; the same in order of first use
@@ -33,9 +34,10 @@ from .memory import ALIGNMENT
 # their first convs and pools fused, at 1.0625x by every fixed order, reach it within 17 tries
 # of the size order with each size scaled by a seeded random factor in [0.5, 1.5); DenseNet-121
 # (1.020x) within 16. A try costs 0.1-5 ms on the nine light CNNs (docs/cnn.md). A perturbed size
-# order never puts a small storage before a big one: GPT-2's exports (1.111x: a 4 KiB residual
-# must go below the 12-16 KiB products) reach it only by a shuffle, the 20th. A try places each
-# storage against those placed (n^2 pairs for n storages), so a small schedule gets more of them,
+# order never puts a small storage before a big one: GPT-2's exports, as aliased before the
+# residual stream kept one storage (1.111x: a 4 KiB residual must go below the 12-16 KiB
+# products), reach it only by a shuffle, the 20th. A try places each storage against those
+# placed (n^2 pairs for n storages), so a small schedule gets more of them,
 # as many as SEARCH_WORK pairs allow, up to MAX_SEARCH_TRIES: GPT-NeoX's export (57 storages,
 # 0.25 ms a try) is at 1.125x after 64 tries and reaches the bound within 192.
 SEARCH_TRIES = 64
@@ -122,12 +124,17 @@ def _liveness(sizes, steps, keep) -> tuple[dict[str, int], dict[str, int]]:
 
 def _in_place(sizes, steps, first, last) -> dict[str, str]:
     """2. tensor -> the tensor whose storage it takes: an output joins its input's storage where
-    the step allows it, reads the input for the last time and the sizes match."""
+    the step allows it, reads the input for the last time and the sizes match. Of two such inputs
+    (a residual add) it joins the storage that began first, whichever operand that is, so that
+    a residual stream keeps one storage through every block. Joining the other moved the stream
+    into each block's last product: a staircase of overlapping storages that no order packed,
+    ViT-B/16 at 1.097x its lower bound (docs/engines.md)."""
     root: dict[str, str] = {t: t for t in sizes}
     for i, step in enumerate(steps):
-        for out, src in step.inplace:
-            if (out in sizes and src in sizes and last[src] == i and first[out] == i
-                    and sizes[out] == sizes[src]):
+        joinable = [(out, src) for out, src in step.inplace if out in sizes and src in sizes
+                    and last[src] == i and first[out] == i and sizes[out] == sizes[src]]
+        for out, src in sorted(joinable, key=lambda pair: first[root[pair[1]]]):
+            if root[out] == out:
                 root[out] = root[src]
     return root
 
