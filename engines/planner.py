@@ -128,7 +128,7 @@ def _in_place(sizes, steps, first, last) -> dict[str, str]:
     (a residual add) it joins the storage that began first, whichever operand that is, so that
     a residual stream keeps one storage through every block. Joining the other moved the stream
     into each block's last product: a staircase of overlapping storages that no order packed,
-    ViT-B/16 at 1.097x its lower bound (docs/engines.md)."""
+    ViT-B/16 at 1.097x its lower bound (docs/importing.md)."""
     root: dict[str, str] = {t: t for t in sizes}
     for i, step in enumerate(steps):
         joinable = [(out, src) for out, src in step.inplace if out in sizes and src in sizes
