@@ -14,11 +14,12 @@ from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantT
 
 from engines import ENGINES, EngineUnavailable, OnnxImportError, load_onnx  # noqa: E402
 from engines.ir.models import MODELS, QUANTIZED_ABS_TOL  # noqa: E402
-from engines.native.onednn import BINARY_MUL  # noqa: E402
+from engines.native.onednn import BINARY_MAX, BINARY_MUL, BinaryPostOp  # noqa: E402
 from engines.native.onednn_int8 import quantize_columns  # noqa: E402
 from engines.peers.onnxrt import export  # noqa: E402
 from engines.peers.onnxrt_int8 import reduce_range  # noqa: E402
 from engines.planned.int8 import saturating  # noqa: E402
+from engines.planned.onednn import SOURCE  # noqa: E402
 from tests.conformance import float_engines  # noqa: E402
 from tests.test_zero_alloc import tracemalloc_peak  # noqa: E402
 
@@ -343,16 +344,19 @@ def _silu_block():
     return _classifier("silu", nodes, inits, "c2")
 
 
-def test_int8_reads_a_quantized_sigmoid_as_integers_in_its_product(tmp_path):
-    """SiLU's product (oneDNN's binary multiply) reads the quantized sigmoid as 8-bit integers, its
-    second source scaled by their grid's scale (zero point 0 on u8; an s8 grid's -128 leaves it
-    floats), and the sigmoid's step writes them: a quarter of the bytes each way; at least 99 % of
-    the outputs equal the file's arithmetic, on oneDNN's jit code."""
+@pytest.mark.parametrize("name", ["int8", "onednn"])
+def test_a_quantized_silu_is_one_call(tmp_path, name):
+    """SiLU's sigmoid, its quantize step, the product by the sigmoid's input and the product's
+    quantize step: one oneDNN binary call, max(x, x) taking them as post-ops, the product one on
+    x itself (two calls before: the sigmoid's, then the product reading its integers); at least
+    99 % of the outputs equal the file's arithmetic, on oneDNN's jit code."""
     data, model, engine = _on_int8(tmp_path, _silu_block(), activation_type=QuantType.QUInt8)   # as the peer
-    (mul,) = [s for s in engine.steps if s.kind == "dnnl_binary" and s.attrs["alg"] == BINARY_MUL]
-    (sigmoid,) = [s for s in engine.steps if s.kind == "dnnl_binary" and s.out == mul.reads[1]]
-    assert mul.attrs["src_grids"][0] is None and mul.attrs["src_grids"][1] == sigmoid.attrs["dst_grid"]
-    assert sigmoid.attrs["dst_grid"][1] == 0
+    if name != "int8":
+        engine = ENGINES[name](model, 8)
+    binaries = [s for s in engine.steps if s.kind == "dnnl_binary"]
+    (silu,) = [s for s in binaries if BinaryPostOp(BINARY_MUL, SOURCE) in s.attrs["eltwises"]]
+    assert silu.attrs["alg"] == BINARY_MAX and silu.reads[0] == silu.reads[1]
+    assert not [s for s in binaries if s.attrs["alg"] == BINARY_MUL]
     _matches_the_files_arithmetic_on_jit_code(data, model, engine)
 
 

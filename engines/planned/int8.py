@@ -160,7 +160,7 @@ class Int8Engine(OneDnnEngine):
         if op.kind == "maxpool" and lw.steps[start:] and lw.steps[-1].kind == "dnnl_pool":
             self._integer_pool(lw, op)
             return
-        if op.kind in SUM_KINDS or _is_product(op):
+        if op.kind in SUM_KINDS:
             _integer_operands(lw, op, start)
             return
         kinds = LINEAR_STEPS if op.kind == "linear" else ("dnnl_conv",) if op.kind in CONV_KINDS else ()
@@ -449,9 +449,9 @@ def _grid_step(grid: tuple) -> tuple:
 def _takes_integers(lw: Lowering, op, tensor: str, sums: bool = False) -> bool:
     """Whether ``op`` can read ``tensor`` as its grid's integers: a conv, as its quantized input,
     or a max pool of it that only such convs read after (``Int8Engine._integer_pool``); with
-    ``sums``, also a residual sum or a product that onednn lowers to its binary primitive, as its
+    ``sums``, also a residual sum that onednn lowers to its binary primitive, as its
     ``_integer_slot``."""
-    if sums and (op.kind in SUM_KINDS or _is_product(op)):
+    if sums and op.kind in SUM_KINDS:
         return tensor == _integer_slot(lw, op)
     if not _first_input(op, tensor):
         return False
@@ -462,30 +462,24 @@ def _takes_integers(lw: Lowering, op, tensor: str, sums: bool = False) -> bool:
         all(lw.ops[r].kind in CONV_KINDS and _takes_integers(lw, lw.ops[r], op.output) for r in readers)
 
 
-def _is_product(op) -> bool:
-    return op.kind == "binary" and op.attrs.get("fn") == "mul"
-
-
 def _integer_slot(lw: Lowering, op) -> str | None:
-    """The operand of a residual sum or a product of two (C, H, W) activations (onednn's binary
-    add or multiply) that may be read as its grid's integers: one at most, since oneDNN 3.2's
-    binary writing floats has jit code only for a float first source (an 8-bit one ran its
-    reference code, 100-500x slower); the one more ops read, whose other readers (a block's next
-    convs) then need no quantize pass. A product's only on a grid of zero point 0 (SiLU's
-    quantized sigmoid), as x · scale · q has no term for one."""
+    """The operand of a residual sum of two (C, H, W) activations (onednn's binary add) that may be
+    read as its grid's integers: one at most, since oneDNN 3.2's binary writing floats has jit code
+    only for a float first source (an 8-bit one ran its reference code, 100-500x slower); the one
+    more ops read, whose other readers (a block's next convs) then need no quantize pass. (SiLU's
+    product, which read its quantized sigmoid's integers so, is in the sigmoid's step since
+    2026-12-07: ``onednn._times_source``.)"""
     if not binary_of_activations(lw.model.shapes, op) or op.inputs[0] == op.inputs[1]:
         return None
-    slots = [t for t in op.inputs if not _is_product(op) or ((grid := _file_grid(lw, t)) and grid[1] == 0)]
-    return max(slots, key=lambda t: len(lw.readers.get(t, ())), default=None)
+    return max(op.inputs, key=lambda t: len(lw.readers.get(t, ())))
 
 
 def _integer_operands(lw: Lowering, op, start: int) -> None:
-    """A residual sum or a product that onednn lowered to its binary primitive (from step ``start``)
+    """A residual sum that onednn lowered to its binary primitive (from step ``start``)
     reads its ``_integer_slot``'s integers where that operand's writer can write them and every
     reader takes them (``_integer_writer``): ``src_grids``, that grid at its operand's place
     (``_bind_binary``). MobileNetV2's block outputs, read by the next block's first conv and its
-    sum, were written as floats, and that conv quantized them again; EfficientNet's SiLU wrote its
-    quantized sigmoid as floats for the product alone."""
+    sum, were written as floats, and that conv quantized them again."""
     slot = _integer_slot(lw, op)
     if slot is None:
         return
@@ -494,7 +488,7 @@ def _integer_operands(lw: Lowering, op, start: int) -> None:
     writer = _integer_writer(lw, lw.where[slot] if at is None else lw.steps[at].reads[k], slot, grid)
     if writer is None:
         return
-    if at is None or lw.steps[at].attrs["alg"] != (BINARY_MUL if _is_product(op) else BINARY_ADD):   # its writer writes integers for it
+    if at is None or lw.steps[at].attrs["alg"] != BINARY_ADD:   # its writer writes integers for it
         raise AssertionError(f"{op.output!r}: a binary of {slot!r}'s integers lowered to {lw.steps[start:]}")
     _mark_integer(lw, writer, grid)
     grids = (grid, None) if k == 0 else (None, grid)
@@ -1095,14 +1089,14 @@ def _integer_output(eng: Int8Engine, buffer: str, grid: tuple, y) -> tuple:
 
 def _bind_binary(eng: Int8Engine, step, y, ins, scratch) -> list:
     """onednn's binary step; where it writes its grid's integers (``dst_grid``), its post-ops end
-    in x / scale + zero point (``_integer_chain``). An add or a product reading an operand's
-    integers (``src_grids``) takes them as its second source, scaled by their grid's scale; an add
-    subtracts scale x zero point as its first post-op (oneDNN's binary takes source scales, not
-    zero points; a product's is 0)."""
+    in x / scale + zero point (``_integer_chain``). An add reading an operand's integers
+    (``src_grids``) takes them as its second source, scaled by their grid's scale, and subtracts
+    scale x zero point as its first post-op (oneDNN's binary takes source scales, not zero
+    points)."""
     grids, out_grid = step.attrs.get("src_grids", (None, None)), step.attrs.get("dst_grid")
     k = next((k for k, grid in enumerate(grids) if grid), None)     # the integer operand; a sum's commute
     chain = tuple(step.attrs.get("eltwises", ()))
-    if k is not None and grids[k][1]:           # a sum's; a product's zero point is 0 (``_integer_slot``)
+    if k is not None and grids[k][1]:           # a zero point to take off
         chain = ((LINEAR, 1.0, -grids[k][0] * grids[k][1]),) + chain
     if out_grid is not None:
         chain = _integer_chain(chain, out_grid)

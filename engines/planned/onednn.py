@@ -570,7 +570,7 @@ def _lower_eltwise(lw: Lowering, i: int, op) -> bool:
         return False
     attrs = activation_of(op.kind, op.attrs) or {"activation": op.kind}      # a GELU is no conv's activation
     if native:              # with the activations and quantize steps after it: one jit binary, max(x, x)
-        chain, last = _following_eltwises(lw, i, eltwises(attrs))
+        chain, last = _following_eltwises(lw, i, eltwises(attrs), source=op.inputs[0])
         if last is not op:
             _chain_step(lw, op, src, last, chain)
             return True
@@ -636,7 +636,7 @@ def _chain_step(lw: Lowering, op, src: str, last, chain: tuple) -> None:
     lw.steps.append(FusedStep("dnnl_binary", out, (src, src), attrs={"alg": BINARY_MAX, "eltwises": chain}))
 
 
-def _following_eltwises(lw: Lowering, i: int, chain: tuple = ()) -> tuple[tuple, object]:
+def _following_eltwises(lw: Lowering, i: int, chain: tuple = (), source: str | None = None) -> tuple[tuple, object]:
     """The activations (``ELTWISE``), static quantization steps and scalar ops (``_scalar_linear``)
     after op i, each the only reader of the one before (wherever it lies in the order: each
     reads nothing else, so it may run earlier), the model's output not among them: ``chain``
@@ -644,8 +644,9 @@ def _following_eltwises(lw: Lowering, i: int, chain: tuple = ()) -> tuple[tuple,
     op i's primitive (``lw.skip``). Not GELU's tanh form without AVX-512: oneDNN 3.2's own
     gelu_tanh post-op after int8's 512 x 1024 product (transformer d256, b8) took 1.46 ms where the
     product's 512 x 768 twin without it took 0.10 (AVX2 AMD EPYC); there it is its own step
-    (``_gelu_tanh_calls``)."""
-    return _following(lw, i, chain, binaries=False)
+    (``_gelu_tanh_calls``). ``source``: op i's input, where a product by it may follow
+    (``_times_source``)."""
+    return _following(lw, i, chain, binaries=False, source=source)
 
 
 def following_post_ops(lw: Lowering, i: int) -> tuple[tuple, object]:
@@ -655,7 +656,7 @@ def following_post_ops(lw: Lowering, i: int) -> tuple[tuple, object]:
     return _following(lw, i, (), binaries=True)
 
 
-def _following(lw: Lowering, i: int, chain: tuple, binaries: bool) -> tuple[tuple, object]:
+def _following(lw: Lowering, i: int, chain: tuple, binaries: bool, source: str | None = None) -> tuple[tuple, object]:
     op = lw.ops[i]
     while (nxt := lw.next_reader(op)) is not None and nxt.output != lw.model.output:   # that one goes out in NCHW
         if nxt.kind in ELTWISE:
@@ -669,6 +670,8 @@ def _following(lw: Lowering, i: int, chain: tuple, binaries: bool) -> tuple[tupl
             chain += (linear,)
         elif binaries and (binary := _constant_binary(lw, nxt)) is not None:
             chain += (binary,)
+        elif _times_source(lw, op, nxt, source):
+            chain += (BinaryPostOp(BINARY_MUL, SOURCE),)
         else:
             break
         lw.skip.add(lw.readers[op.output][0])
@@ -685,6 +688,28 @@ def _constant_binary(lw: Lowering, op) -> BinaryPostOp | None:
         return None
     const = lw.model.params[op.params[0]]
     return BinaryPostOp(alg, np.ascontiguousarray(const, np.float32)) if const.shape == shape[-1:] else None
+
+
+# A binary post-op's second operand that is the step's own first source (``_times_source``)
+SOURCE = "source"
+
+
+def _times_source(lw: Lowering, op, nxt, source: str | None) -> bool:
+    """Whether ``nxt`` multiplies ``op``'s output by ``source``, the chain's own input, of its
+    shape: SiLU's x · sigmoid(x) in a quantized file, where the sigmoid's quantize step keeps it
+    from the import's ``silu``. As a post-op on x, the product is one binary call less per SiLU
+    (EfficientNet-B0: 49 of its 140 binary calls at b1)."""
+    return (source is not None and nxt.kind == "binary" and nxt.attrs.get("fn") == "mul" and not nxt.params
+            and sorted(nxt.inputs) == sorted((op.output, source)) and op.output != source
+            and lw.model.shapes[source] == lw.model.shapes[nxt.output])
+
+
+def with_source(chain: tuple, md: P, x: np.ndarray) -> tuple[tuple, dict]:
+    """``chain`` with each post-op on the step's own source (``SOURCE``) given that source's
+    descriptor ``md``, and their execution arguments (``x``)."""
+    ours = [at for at, op in enumerate(chain) if isinstance(op, BinaryPostOp) and op.operand is SOURCE]
+    return (tuple(BinaryPostOp(op.alg, md) if at in ours else op for at, op in enumerate(chain)),
+            {post_op_arg(at): (md, x) for at in ours})
 
 
 def constant_md(owned: Owned, const: np.ndarray, ndim: int) -> P:
@@ -1188,9 +1213,9 @@ def bind_binary(eng: OneDnnEngine, step, y, ins, scratch, dst=None, chain=None) 
     else:
         src1, b = eng.md(step.reads[1], batch), ins[1]
     dst = dst or (eng.md(step.out, batch), y)
-    chain = step.attrs.get("eltwises", ()) if chain is None else chain
+    chain, args = with_source(step.attrs.get("eltwises", ()) if chain is None else chain, src0, ins[0])
     pd = o.binary_pd(step.attrs["alg"], src0, src1, dst[0], o.attr(eltwises=chain))
-    return [eng.execute(pd, {SRC: (src0, ins[0]), SRC_1: (src1, b), DST: dst}, step)]
+    return [eng.execute(pd, {SRC: (src0, ins[0]), SRC_1: (src1, b), DST: dst, **args}, step)]
 
 
 def _bind_batchnorm(eng: OneDnnEngine, step, y, ins, scratch) -> list:
