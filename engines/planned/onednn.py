@@ -1177,11 +1177,11 @@ def _bind_eltwise(eng: OneDnnEngine, step, y, ins, scratch) -> list:
                       lambda o, src, dst: o.eltwise_pd(alg, src, dst, alpha, beta, o.attr(eltwises=tuple(rest))))
 
 
-def gelu_tanh_chain(x_md) -> tuple:
+def gelu_tanh_chain() -> tuple:
     """GELU's tanh form, 0.5x(1 + tanh(c(x + 0.044715x^3))) with c = sqrt(2/pi), is x * logistic(2c(x
-    + 0.044715x^3)): after x * x, these post-ops, the second operand of each product x (``x_md``)."""
+    + 0.044715x^3)): after x * x, these post-ops, the second operand of each product x (``SOURCE``)."""
     c = 2 * math.sqrt(2 / math.pi)
-    return (LINEAR, c * 0.044715, c), BinaryPostOp(BINARY_MUL, x_md), (LOGISTIC, 0.0, 0.0), BinaryPostOp(BINARY_MUL, x_md)
+    return (LINEAR, c * 0.044715, c), BinaryPostOp(BINARY_MUL, SOURCE), (LOGISTIC, 0.0, 0.0), BinaryPostOp(BINARY_MUL, SOURCE)
 
 
 def _gelu_tanh_calls(eng: OneDnnEngine, step, y, ins, rest: tuple) -> list:
@@ -1191,11 +1191,10 @@ def _gelu_tanh_calls(eng: OneDnnEngine, step, y, ins, rest: tuple) -> list:
     EPYC 7003). On AVX-512 oneDNN's own stays (not measured there)."""
     batch, o, x = y.shape[0], eng.owned, ins[0]
     src, dst = eng.md(step.reads[0], batch), eng.md(step.out, batch)
-    chain = gelu_tanh_chain(src)
-    more, args = bound_post_ops(o, rest, len(chain), y.ndim)
-    args.update({post_op_arg(at): (src, x) for at, op in enumerate(chain) if isinstance(op, BinaryPostOp)})
+    chain, args = with_source(gelu_tanh_chain(), src, x)
+    more, more_args = bound_post_ops(o, rest, len(chain), y.ndim)
     pd = o.binary_pd(BINARY_MUL, src, src, dst, o.attr(eltwises=chain + more))
-    return [eng.execute(pd, {SRC: (src, x), SRC_1: (src, x), DST: (dst, y), **args}, step)]
+    return [eng.execute(pd, {SRC: (src, x), SRC_1: (src, x), DST: (dst, y), **args, **more_args}, step)]
 
 
 def _bind_softmax(eng: OneDnnEngine, step, y, ins, scratch) -> list:
