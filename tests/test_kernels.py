@@ -554,9 +554,9 @@ def test_the_second_cores_gain_is_the_best_pool_kernel_over_its_own_one_thread_v
     big, small = kernels.Gemm(64, 512, 512), kernels.Gemm(8, 256, 256)
     times = {"numpy": 3.0, "numpy-1t": 3.3, "onednn-ip": 1.0, "onednn-ip-1t": 1.6, "scipy-1t": 0.5,
              "onednn-matmul": float("inf"), "onednn-matmul-1t": 1.0}
-    assert kernels.choice.second_core_gain(big, times) == pytest.approx(1.6)     # the dropped pair aside
-    assert kernels.choice.second_core_gain(small, times) is None                 # wake-ups may eat the gain
-    assert kernels.choice.second_core_gain(big, {"numpy": 1.0, "scipy-1t": 0.5}) is None    # no pair
+    assert kernels.choice.second_core_gain(big.work, times) == pytest.approx(1.6)     # the dropped pair aside
+    assert kernels.choice.second_core_gain(small.work, times) is None                 # wake-ups may eat the gain
+    assert kernels.choice.second_core_gain(big.work, {"numpy": 1.0, "scipy-1t": 0.5}) is None    # no pair
 
 
 @pytest.mark.parametrize("engine", ["static", "fused"])

@@ -55,11 +55,11 @@ the fastest.
 from __future__ import annotations
 
 from .cache import CACHE_ENV, cache_path, cpu_model, machine
-from .choice import TUNE_ENV, Choice, Linears, cached_or_measured, choose, tuning_enabled
+from .choice import TUNE_ENV, Choice, Linears, cached_or_measured, choose, on_one_core, tuning_enabled
 from .timing import measure, weight_copies
 from .table import (KERNELS, PACK_ROWS, POOLS, Gemm, Kernel, bind, candidates, joined, on_one_thread, pool_threads,
                     unavailable)
 
 __all__ = ["CACHE_ENV", "KERNELS", "PACK_ROWS", "POOLS", "TUNE_ENV", "Choice", "Gemm", "Kernel", "Linears", "bind",
            "cache_path", "cached_or_measured", "candidates", "choose", "cpu_model", "joined", "machine", "measure",
-           "on_one_thread", "pool_threads", "tuning_enabled", "unavailable", "weight_copies"]
+           "on_one_core", "on_one_thread", "pool_threads", "tuning_enabled", "unavailable", "weight_copies"]

@@ -100,14 +100,33 @@ LONE_CORE_SLACK = 1.25                     # the pool runs if no more than this 
 ONE_CORE = "measured on one core"          # how such a choice is reported
 
 
-def second_core_gain(gemm: Gemm, times: dict[str, float]) -> float | None:
+def second_core_gain(work: int, times: dict[str, float], least: int | None = None) -> float | None:
     """The most any pool kernel in ``times`` gained over its own one-thread variant (``x`` against
-    ``x-1t``), where ``gemm`` is LONE_CORE_WORK or more and a pair was timed; else None."""
-    if gemm.work < LONE_CORE_WORK:
+    ``x-1t``), where ``work`` (multiply-adds) is ``least`` (LONE_CORE_WORK) or more and a pair was
+    timed; else None."""
+    if work < (LONE_CORE_WORK if least is None else least):
         return None
     gains = [times[n + "-1t"] / t for n, t in times.items()
              if n + "-1t" in times and np.isfinite(t) and t > 0 and np.isfinite(times[n + "-1t"])]
     return max(gains, default=None)
+
+
+def on_one_core(work: int, times: dict[str, float], default: str,
+                least: int | None = None) -> tuple[str, str] | None:
+    """(the kernel to run, why) where ``times`` (name -> seconds; a one-thread variant is named
+    ``x-1t``, as the table's kernels and the int8 engine's variants are) were taken while the
+    pool's second core gave nothing (``second_core_gain`` under LONE_CORE_GAIN), else None: the
+    fastest pool kernel (``fastest``) where it ran within LONE_CORE_SLACK of the fastest alone,
+    else the fastest (a process that has one core for good loses no more than that)."""
+    gain = second_core_gain(work, times, least)
+    if gain is None or gain >= LONE_CORE_GAIN:
+        return None
+    timed = {n: t for n, t in times.items() if np.isfinite(t)}
+    pooled = {n: t for n, t in timed.items() if not n.endswith("-1t")}
+    best = fastest(timed, default)
+    if pooled and min(pooled.values()) <= LONE_CORE_SLACK * timed[best]:
+        best = fastest(pooled, default)
+    return best, f"the pool ran {gain:.2f}x its one thread"
 
 
 def tuning_enabled() -> bool:
@@ -145,23 +164,7 @@ def choose(gemm: Gemm, candidates: tuple[str, ...], default: str) -> Choice:
     return cached_or_measured(
         f"{gemm.key}|{','.join(runnable)}", runnable, default,
         lambda: timing.measure(gemm, runnable) if len(runnable) > 1 else {runnable[0]: float("nan")},
-        lambda times: _on_one_core(gemm, times, default))
-
-
-def _on_one_core(gemm: Gemm, times: dict[str, float], default: str) -> tuple[str, str] | None:
-    """(the kernel to run, why) where ``times`` were taken while the pool's second core gave nothing
-    (``second_core_gain`` under LONE_CORE_GAIN), else None: the fastest pool kernel (``fastest``)
-    where it ran within LONE_CORE_SLACK of the fastest alone, else the fastest (a process that has
-    one core for good loses no more than that)."""
-    gain = second_core_gain(gemm, times)
-    if gain is None or gain >= LONE_CORE_GAIN:
-        return None
-    timed = {n: t for n, t in times.items() if np.isfinite(t)}
-    pooled = {n: t for n, t in timed.items() if KERNELS[n].one_thread is None}
-    best = fastest(timed, default)
-    if pooled and min(pooled.values()) <= LONE_CORE_SLACK * timed[best]:
-        best = fastest(pooled, default)
-    return best, f"the pool ran {gain:.2f}x its one thread"
+        lambda times: on_one_core(gemm.work, times, default))
 
 
 def cached_or_measured(entry: str, names: list[str], default: str, measure: Callable[[], dict[str, float]],

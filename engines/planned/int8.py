@@ -53,7 +53,7 @@ from ..native.onednn import (ANY, BIAS, BINARY_ADD, BINARY_MAX, BINARY_MUL, CLIP
 from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, QuantizedWeights, TypedOwned, implementation,
                                   implementations,
                                   int8_dot_product, post_op_arg, quantize_columns, with_implementation)
-from ..kernels import Choice, cached_or_measured, on_one_thread, pool_threads, tuning_enabled
+from ..kernels import Choice, cached_or_measured, on_one_core, on_one_thread, pool_threads, tuning_enabled
 from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
 from .fused import LINEAR_STEPS, FusedStep, Lowering
@@ -78,6 +78,12 @@ INNER_PRODUCT = ("brgemm:avx512_core_amx", "brgemm:avx512_core_vnni")
 CONV_FORM = ("jit_uni_int8_1x1:avx2", "jit_uni_int8:avx2")
 AMX_ROWS = 16                   # an AMX tile's rows
 ONE_THREAD_MAX_WORK = 1 << 22   # multiply-adds up to which a matmul runs on one thread untuned
+# From this many multiply-adds, a timing in which no pool variant gained over its one-thread twin
+# ran without the pool's second core (``kernels.on_one_core``: the pool runs, nothing is cached).
+# AMD EPYC, 2 cores, fresh caches: at 1 x 1024 x 1024 and up the pool ran 1.36-1.98x its one thread
+# in a fast phase and 0.96-1.04x in a slow one, where one thread was cached and then ran 1.75x as
+# long in every later fast phase; at 1 x 512 x 512 and 8 x 256 x 256 it gained 1.18-1.25x at best.
+LONE_CORE_WORK = 1 << 20
 CONV_KINDS = ("conv", "conv_add", "conv_maxpool")
 PER_OUT_CHANNEL = 1 << 0         # scale mask of conv weights (oc, ic, kh, kw): one per output channel
 PER_GROUP_CHANNEL = 1 << 0 | 1 << 1   # of grouped ones (g, oc / g, ...): one per (group, channel)
@@ -297,7 +303,8 @@ class Int8Engine(OneDnnEngine):
         OpenMP's pool and on one thread (``trial(variant)`` gives a variant's calls), the one the
         kernel cache holds for it on this machine, else measured and cached as the float kernels
         are (``kernels.cached_or_measured``: a process measured it once per build, and its
-        choice moved from process to process on a busy 2-core host); without tuning
+        choice moved from process to process on a busy 2-core host), but not a timing without the
+        pool's second core (``LONE_CORE_WORK``); without tuning
         (``MLEXEC_TUNE=0``) ``default_variant``. ``forced_variant``, where set, wins."""
         if self.forced_variant is not None:
             return self.forced_variant
@@ -306,7 +313,8 @@ class Int8Engine(OneDnnEngine):
         if tuning_enabled():
             entry = "int8|" + "|".join(map(str, key)) + "|" + ",".join(offered)
             self.measured[key] = choice = cached_or_measured(
-                entry, list(offered), str(variant), lambda: measure_forwards({n: trial(v) for n, v in offered.items()}))
+                entry, list(offered), str(variant), lambda: measure_forwards({n: trial(v) for n, v in offered.items()}),
+                lambda times: on_one_core(math.prod(key[:3]), times, str(variant), LONE_CORE_WORK))
             variant = offered[choice.kernel]
         self.chosen[key] = variant
         return variant
