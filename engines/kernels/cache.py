@@ -22,10 +22,11 @@ from ..native.threads import blas_threads
 KERNEL_ENV = ("OPENBLAS_CORETYPE", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
               "GOMP_SPINCOUNT", "OMP_WAIT_POLICY", PIN_ENV, *BIND_ENV)
 CACHE_ENV = "MLEXEC_CACHE_DIR"
-CACHE_VERSION = 6           # bump when a kernel's calls or the judging change: older choices are then ignored
+CACHE_VERSION = 7           # bump when a kernel's calls or the judging change: older choices are then ignored
                             # (3: choices measured while the cores were busy are no longer cached;
                             # 4: nor those measured while other processes used the spare cores;
-                            # 6: a pool kernel dropped alone is judged in the forward against one thread)
+                            # 6: a pool kernel dropped alone is judged in the forward against one thread;
+                            # 7: nor int8 variants timed without the pool's second core, which 6 cached)
 
 
 def machine() -> dict:
