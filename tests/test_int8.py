@@ -271,20 +271,34 @@ def test_a_layout_of_the_same_bytes_is_held_once():
 
 
 def test_a_one_row_quantize_runs_outside_the_one_thread_wrapper(monkeypatch):
-    """Of one row, oneDNN's reduction and reorder run on the calling thread anyway: no wrapper
-    (its pool calls cost more than the quantize); of more rows they stay on one thread in it."""
-    from engines.kernels.table import _one_thread
+    """Made on one thread, of one row oneDNN's reduction and reorder run on the calling thread
+    anyway: no wrapper (its pool calls cost more than the quantize); of more rows they stay on one
+    thread in it."""
+    from engines.kernels.table import _LIBS, _one_thread, pool_threads
     from engines.planned import int8
     _vnni_or_skip()
-    monkeypatch.setattr(int8, "pool_threads", lambda pool: 2)        # as on any machine of 2 cores or more
     model = MODELS["mlp"](dim=64, seed=5)
     pooled = type("Pooled", (Int8Engine,), {"forced_variant": int8.Variant("brg:avx512_core_vnni", False)})
+
+    before = pool_threads("openmp-threads")       # (loads the pool's setter)
+    set_threads = _LIBS["openmp-threads"][0]
+    set_threads(2)                                # a pool of two, whatever the cores here
+    monkeypatch.setattr(int8, "pool_threads", lambda pool: 2)
+    made_on = []                                  # the pool's threads as each quantize primitive was made
+    execute = pooled.execute
+    monkeypatch.setattr(pooled, "execute", lambda self, pd, args, step: (
+        step.kind in ("int8_quantize", "int8_scale") and made_on.append(pool_threads("openmp-threads")),
+        execute(self, pd, args, step))[1])
 
     def wrapped(batch):
         engine = pooled(model, batch)
         engine.forward(model.random_input(batch, 13))
         return sum(fn is _one_thread for fn, _ in engine._bound[batch].calls)
-    assert wrapped(1) == 0 and wrapped(3) == 2
+    try:
+        assert wrapped(1) == 0 and wrapped(3) == 2
+    finally:
+        set_threads(before)
+    assert made_on and set(made_on) == {1}        # made on the pool, a one-row reorder split itself over it
 
 
 def test_the_variants_are_measured_once_per_machine_and_then_read_from_the_kernel_cache(monkeypatch, tmp_path):

@@ -54,6 +54,7 @@ from ..native.onednn_int8 import (ATTR_SCALES, ATTR_ZERO_POINTS, PER_ROW, Quanti
                                   implementations,
                                   int8_dot_product, post_op_arg, quantize_columns, with_implementation)
 from ..kernels import Choice, cached_or_measured, on_one_core, on_one_thread, pool_threads, tuning_enabled
+from ..kernels.table import one_thread
 from ..kernels.timing import measure_forwards
 from ..memory import aligned_empty
 from .fused import LINEAR_STEPS, FusedStep, Lowering
@@ -646,12 +647,14 @@ def _scaled_cast(eng: "Int8Engine", step, x2: np.ndarray, q: np.ndarray, scales:
 
 
 def _on_one_thread(x2: np.ndarray, make) -> list:
-    """A quantize primitive's calls (``make()``) on one thread. Of one row they run as they are:
-    oneDNN's reduction and reorder then have one unit of work and run it on the calling thread,
-    no parallel region (after the worker slept, a bare call took what one in the one-thread
-    wrapper took, at 256 to 1,048,576 values, AMD EPYC), and the wrapper's three pool calls cost
-    1-3 us a linear in a forward (docs/int8.md). More rows: the wrapper."""
-    return make() if x2.shape[0] == 1 else _on_variant(ONE_THREAD_VARIANT, make)
+    """A quantize primitive's calls (``make()``), made on one thread. Of more rows they also run on
+    one thread (the wrapper); of one row they run as they are: oneDNN's reorder then keeps the one
+    thread it was made for, and its reduction has one unit of work and runs it on the calling
+    thread, no parallel region, while the wrapper's three pool calls cost 1-3 us a linear in a
+    forward (docs/int8.md). Made on the pool, a one-row reorder of 2,048 values or more split
+    itself over the pool's threads: 3.8 against 1.0 us at 2,048, 4.3 against 1.3 at 4,096
+    (AMD EPYC, the pool awake)."""
+    return _on_variant(ONE_THREAD_VARIANT, make, wrapped=x2.shape[0] > 1)
 
 
 def default_variant(rows: int, k: int, n: int, offered: list["Variant"]) -> "Variant":
@@ -782,15 +785,15 @@ def _float_linear(eng: Int8Engine, step, x2, y2, ins) -> list:
     return calls
 
 
-def _on_variant(variant: Variant, make) -> list:
-    """``make()`` (which returns the calls of a primitive) run as the variant asks: on one thread,
-    and its calls then run on one thread too, or as they are."""
+def _on_variant(variant: Variant, make, wrapped: bool = True) -> list:
+    """``make()`` (which returns the calls of primitives) run as the variant asks: on one thread, the
+    primitives then made on one thread and their calls run on one thread (unless not ``wrapped``),
+    or as they are."""
     if not variant.one_thread or pool_threads(ONE_THREAD) == 1:    # already on one thread: no wrapper
         return make()
-    made = []
-    for fn, args in on_one_thread(ONE_THREAD, [(lambda: made.extend(make()), ())]):
-        fn(*args)
-    return on_one_thread(ONE_THREAD, made)
+    with one_thread(ONE_THREAD):
+        made = make()
+    return on_one_thread(ONE_THREAD, made) if wrapped else made
 
 
 def _trial_calls(mm: Matmul, variant: Variant, weights: QuantizedWeights) -> list:
