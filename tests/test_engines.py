@@ -210,23 +210,38 @@ def test_weights_stored_transposed_give_the_same_result(engine_name, small_model
 
 # --- softmax: one shift for the tensor, per-row shifts only where a row lies far below ----------
 
-def _softmax32(x, monkeypatch=None, limit=None):
+def _softmax32(x, monkeypatch=None, limit=None, block=None, out=None):
+    """``ops.softmax_calls`` run on x (float32), in blocks of ``block`` rows (all by default),
+    into ``out`` (a new array by default; x itself: in place)."""
     if limit is not None:
         monkeypatch.setattr(ops, "SOFTMAX_SHIFT_LIMIT", limit)
     x = np.ascontiguousarray(x, dtype=np.float32)
-    y, tmp, stat = np.empty_like(x), np.empty_like(x), np.empty((x.shape[0], 1), np.float32)
-    ops.softmax_rows(y, x, tmp, stat)
+    y = np.empty_like(x) if out is None else out
+    tmp, stat = np.empty((block or len(x), x.shape[1]), np.float32), np.empty((len(x), 1), np.float32)
+    for fn, args in ops.softmax_calls(y, x if out is None else y, tmp, stat):
+        fn(*args)
     return y
 
 
 @given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 40), width=st.integers(1, 150),
-       spread=st.floats(0.0, 200.0), offset=st.floats(-1e4, 1e4))
+       spread=st.floats(0.0, 200.0), offset=st.floats(-1e4, 1e4), block=st.integers(1, 40))
 @settings(max_examples=60, deadline=None)
-def test_softmax_matches_the_reference_whatever_the_rows_spread(seed, rows, width, spread, offset):
-    # Rows up to 200 apart (past the shift limit, so some take the per-row path) and far from 0.
+def test_softmax_matches_the_reference_whatever_the_rows_spread(seed, rows, width, spread, offset, block):
+    # Rows up to 200 apart (past the shift limit, so some take the per-row path) and far from 0,
+    # in blocks of any number of rows (the last one short).
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((rows, width)) * 3 + rng.uniform(-spread, 0, (rows, 1)) + offset).astype(np.float32)
-    np.testing.assert_allclose(_softmax32(x), ops.softmax_eager(x.astype(np.float64)), atol=1e-6, rtol=1e-4)
+    np.testing.assert_allclose(_softmax32(x, block=min(block, rows)), ops.softmax_eager(x.astype(np.float64)),
+                               atol=1e-6, rtol=1e-4)
+
+
+def test_softmax_scratch_is_one_block_of_rows():
+    """The shifted input's scratch: at most SOFTMAX_BLOCK values a sample (one row at least), not
+    the input's size (ViT-B/16's 12 x 197 x 197 scores: 1.86 MB)."""
+    tmp, stat = ops.softmax_scratch([(12, 197, 197)])
+    assert tmp == (ops.SOFTMAX_BLOCK // 197, 197) and stat == (12, 197, 1)
+    assert ops.softmax_scratch([(3, 5)]) == ((3, 5), (3, 1))                     # small: all rows
+    assert ops.softmax_scratch([(4, 2 * ops.SOFTMAX_BLOCK)])[0] == (1, 2 * ops.SOFTMAX_BLOCK)
 
 
 def test_softmax_row_far_below_the_peak_takes_the_per_row_shift(monkeypatch, rng):
@@ -244,11 +259,12 @@ def test_softmax_row_far_below_the_peak_takes_the_per_row_shift(monkeypatch, rng
 def test_softmax_in_place_with_a_row_far_below_the_peak(rng):
     # arena runs softmax in place (y is x): the per-row redo must not read the overwritten input
     # (ONNX's test_softmax_large_number: rows [0, 1, 2, 3] and [10000, ..., 10003]).
+    # In blocks of one row, the peak (kept in the last row's statistic) is also that block's own.
     x = np.array([[0, 1, 2, 3], [10000, 10001, 10002, 10003]], np.float32)
     ref = ops.softmax_eager(x.astype(np.float64))
-    y, tmp, stat = x.copy(), np.empty_like(x), np.empty((2, 1), np.float32)
-    ops.softmax_rows(y, y, tmp, stat)
-    np.testing.assert_allclose(y, ref, atol=1e-6)
+    for block in (1, 2):
+        y = x.copy()
+        np.testing.assert_allclose(_softmax32(y, block=block, out=y), ref, atol=1e-6)
 
 
 def test_softmax_propagates_nan_to_its_row_only(rng):

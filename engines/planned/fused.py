@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 
@@ -32,7 +31,8 @@ from ..kernels import KERNELS, Gemm, Linears, candidates, cpu_model, joined
 from ..kernels.table import CACHED_BYTES
 from ..ir.models import Model
 from ..ir.ops import (GELU_C, OPS, erf_calls, gather_keys, gelu_erf_calls, head_columns, keys_per_head, keys_scratch,
-                      mean_column, rowwise_scratch, scores_scale, softmax_rows, split_heads, standardize_calls)
+                      mean_column, rowwise_scratch, scores_scale, softmax_calls, softmax_scratch, split_heads,
+                      standardize_calls)
 from ..native import mkl, openmp
 from ..ir.calls import max_rows, maximum, ones_column, rows2d, tile, tiled_calls, weight_layout, zero_rows
 from ..planner import Step
@@ -115,9 +115,10 @@ class Lowering:
         self.where[tensor] = self.buffer(tensor, shape)
         return self.where[tensor]
 
-    def row_scratch(self, op) -> tuple[str, str]:
-        """Buffers for a row-wise op's temporary and per-row statistic (``ops.rowwise_scratch``)."""
-        tmp, stat = rowwise_scratch([self.model.shapes[op.output]])
+    def row_scratch(self, op, scratch=rowwise_scratch) -> tuple[str, str]:
+        """Buffers for a row-wise op's temporary and per-row statistic (``ops.rowwise_scratch``, or
+        ``scratch``'s shapes)."""
+        tmp, stat = scratch([self.model.shapes[op.output]])
         return self.buffer(op.output + ".tmp", tmp), self.buffer(op.output + ".stat", stat)
 
     def in_place(self, op) -> bool:
@@ -220,7 +221,7 @@ def _lower_softmax(lw: Lowering, i: int, op) -> bool:
     if not lw.in_place(op):
         return False
     buffer = lw.where[op.output] = lw.where[op.inputs[0]]
-    lw.steps.append(FusedStep("softmax", buffer, (buffer,), lw.row_scratch(op)))
+    lw.steps.append(FusedStep("softmax", buffer, (buffer,), lw.row_scratch(op, softmax_scratch)))
     return True
 
 
@@ -272,9 +273,8 @@ def _bind_standardize(eng, step, y, ins, scratch) -> list:
 
 def _bind_softmax(eng, step, y, ins, scratch) -> list:
     """ops' softmax, its row sums on the engine's matvec."""
-    x, (tmp, stat), y2 = rows2d(ins[0]), (rows2d(a) for a in scratch), rows2d(y)
-    fn, args = eng.matvec_call(y2, ones_column(x.shape[1]), stat)
-    return [(softmax_rows, (y2, x, tmp, stat, partial(fn, *args)))]
+    ones = ones_column(y.shape[-1])
+    return softmax_calls(y, ins[0], *scratch, lambda a, out: [eng.matvec_call(a, ones, out)])
 
 
 def _bind_attn_scores(eng, step, y, ins, scratch) -> list:
