@@ -565,20 +565,25 @@ def _gelu_with_erf(rows, width, combine):
 def test_erf_and_gelu_run_as_a_polynomial_in_row_blocks_without_allocating():
     """Erf and the GELU pattern run Abramowitz-Stegun 7.1.26 in NumPy passes (SciPy's float32 erf
     took 6-7 ms on 512 x 1024): within 1e-6 of float64 erf over -6..6 and at 0, -0, ±inf and NaN,
-    over more rows than one scratch block, allocating nothing per warm forward."""
+    over more rows than one scratch block, into a new array or in place, allocating nothing per
+    warm forward."""
     from engines.ir.ops import OPS, erf_scratch
     from scipy.special import erf
     rows, width = 40, 900                           # 18 rows a block per sample: three blocks
-    assert erf_scratch([(rows, width)]) == ((16384 // width, width),)
+    assert erf_scratch([(rows, width)]) == ((16384 // width, width),) * 2
     for kind, exact in (("erf", erf), ("gelu_erf", lambda v: 0.5 * v * (1 + erf(v / math.sqrt(2))))):
+        assert OPS[kind].inplace == (0,)
         x = np.linspace(-6, 6, 2 * rows * width, dtype=np.float32).reshape(2, rows, width)
         x[0, 0, :5] = [0.0, -0.0, np.inf, -np.inf, np.nan]
-        out, (scratch,) = np.empty_like(x), [np.empty((2, *s), np.float32) for s in erf_scratch([(rows, width)])]
         with np.errstate(invalid="ignore"):         # GELU at -inf: -inf * 0, NaN as in float64
-            for fn, args in OPS[kind].calls(out, x, scratch):
-                fn(*args)
             ref = exact(x.astype(np.float64))
-        np.testing.assert_allclose(out, ref, atol=1e-6, rtol=0, equal_nan=True, err_msg=kind)
+        for in_place in (False, True):
+            out = x.copy() if in_place else np.empty_like(x)
+            scratch = [np.empty((2, *s), np.float32) for s in erf_scratch([(rows, width)])]
+            with np.errstate(invalid="ignore"):
+                for fn, args in OPS[kind].calls(out, out if in_place else x, *scratch):
+                    fn(*args)
+            np.testing.assert_allclose(out, ref, atol=1e-6, rtol=0, equal_nan=True, err_msg=f"{kind} {in_place}")
     model = load_onnx(_gelu_with_erf(rows, width, "Mul"))
     assert sorted(op.kind for op in model.ops if "erf" in op.kind) == ["erf", "gelu_erf"]
     for name in ("static", "arena", "fused", "packed"):
@@ -590,8 +595,8 @@ def test_erf_and_gelu_run_as_a_polynomial_in_row_blocks_without_allocating():
 
 def test_packed_runs_erf_and_gelu_on_mkl_vector_math():
     """packed binds erf and the GELU pattern to MKL's vsErf and vsCdfNorm (one call each per step,
-    no NumPy passes): within 1e-6 of float64 over -6..6 and at 0, -0, ±inf and NaN, allocating
-    nothing per warm forward."""
+    no NumPy passes): within 1e-6 of float64 over -6..6 and at 0, -0, ±inf and NaN, in place,
+    allocating nothing per warm forward."""
     from scipy.special import erf
     rows, width = 40, 900                           # GELU(x) + erf(x)
     model = load_onnx(_gelu_with_erf(rows, width, "Add"))
@@ -612,6 +617,15 @@ def test_packed_runs_erf_and_gelu_on_mkl_vector_math():
     x = model.random_input(2, rng=0)
     np.testing.assert_allclose(engine.forward(x), model.reference(x), atol=1e-5, rtol=0)
     assert tracemalloc_peak(engine, x) <= 4096
+    # in place, in blocks of 18 rows (the last one short): a CDF and a product each
+    from engines.native.mkl import gelu_erf_calls
+    y, scratch = x.reshape(-1, width).copy(), np.empty((18, width), np.float32)
+    calls = gelu_erf_calls(mkl, y, y, scratch)
+    assert len(calls) == 2 * 5
+    for fn, args in calls:
+        fn(*args)
+    x64 = x.reshape(-1, width).astype(np.float64)
+    np.testing.assert_allclose(y, 0.5 * x64 * (1 + erf(x64 / math.sqrt(2))), atol=1e-6, rtol=0)
 
 
 def test_onednn_runs_an_erf_of_its_own_on_mkl_vector_math():

@@ -478,40 +478,43 @@ _AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 ERF_BLOCK_ELEMENTS = 16384      # scratch per sample, and so the rows one block of calls covers
 
 
-def erf_scratch(in_shapes, **_attrs):
-    """One block of rows, ERF_BLOCK_ELEMENTS per sample at most."""
+def erf_scratch(in_shapes, block: int = ERF_BLOCK_ELEMENTS, **_attrs):
+    """Two blocks of rows, ``block`` values per sample at most each: erfc's and its t."""
     shape = in_shapes[0]
     rows = math.prod(shape[:-1])
-    return ((min(rows, max(1, ERF_BLOCK_ELEMENTS // shape[-1])), shape[-1]),)
+    rows_block = (min(rows, max(1, block // shape[-1])), shape[-1])
+    return rows_block, rows_block
 
 
-def _erf_blocks(out, x, scratch, scale: float, finish) -> Calls:
-    """Per row block: s = erfc(|x| scale) (out used for t, then exp(-(x scale)^2)), then
-    ``finish(y, x, s)``'s calls for the block's result in out."""
-    y, x, s = rows2d(out), rows2d(x), rows2d(scratch)
+def _erf_blocks(out, x, scratch, t_scratch, scale: float, finish) -> Calls:
+    """Per row block: s = erfc(|x| scale) (t_scratch holding t, then exp(-(x scale)^2)), then
+    ``finish(y, x, s, t)``'s calls for the block's result in out. out is written only by
+    ``finish``, which reads x at the same element first: out may be x (in place)."""
+    y, x, s, t = rows2d(out), rows2d(x), rows2d(scratch), rows2d(t_scratch)
     calls = []
     for i in range(0, len(y), len(s)):
         yb, xb = y[i:i + len(s)], x[i:i + len(s)]
-        sb = s[:len(yb)]
-        calls += [(np.absolute, (xb, yb)), (np.multiply, (yb, _AS_P * scale, yb)), (np.add, (yb, 1.0, yb)),
-                  (np.reciprocal, (yb, yb)), (np.multiply, (yb, _AS_A[4], sb))]
+        sb, tb = s[:len(yb)], t[:len(yb)]
+        calls += [(np.absolute, (xb, tb)), (np.multiply, (tb, _AS_P * scale, tb)), (np.add, (tb, 1.0, tb)),
+                  (np.reciprocal, (tb, tb)), (np.multiply, (tb, _AS_A[4], sb))]
         for a in reversed(_AS_A[:4]):                                  # Horner: s = t (a1 + t (a2 + ...))
-            calls += [(np.add, (sb, a, sb)), (np.multiply, (sb, yb, sb))]
-        calls += [(np.multiply, (xb, xb, yb)), (np.multiply, (yb, -scale * scale, yb)), (np.exp, (yb, yb)),
-                  (np.multiply, (sb, yb, sb))] + finish(yb, xb, sb)
+            calls += [(np.add, (sb, a, sb)), (np.multiply, (sb, tb, sb))]
+        calls += [(np.multiply, (xb, xb, tb)), (np.multiply, (tb, -scale * scale, tb)), (np.exp, (tb, tb)),
+                  (np.multiply, (sb, tb, sb))] + finish(yb, xb, sb, tb)
     return calls
 
 
-def erf_calls(out, x, scratch) -> Calls:
-    """erf(x) = sign(x) (1 - erfc(|x|)). Reads x after writing out: out must not alias x."""
-    return _erf_blocks(out, x, scratch, 1.0, lambda y, x, s: [(np.subtract, (1.0, s, y)), (np.copysign, (y, x, y))])
+def erf_calls(out, x, scratch, t_scratch) -> Calls:
+    """erf(x) = sign(x) (1 - erfc(|x|)); out may be x."""
+    return _erf_blocks(out, x, scratch, t_scratch, 1.0,
+                       lambda y, x, s, t: [(np.subtract, (1.0, s, s)), (np.copysign, (s, x, y))])
 
 
-def gelu_erf_calls(out, x, scratch) -> Calls:
+def gelu_erf_calls(out, x, scratch, t_scratch) -> Calls:
     """x Phi(x) = (x + |x| (1 - erfc(|x| / sqrt 2))) / 2, with no copysign (4x dearer a pass than a
-    multiply here). out must not alias x."""
-    return _erf_blocks(out, x, scratch, SQRT1_2, lambda y, x, s: [
-        (np.absolute, (x, y)), (np.subtract, (1.0, s, s)), (np.multiply, (y, s, y)), (np.add, (y, x, y)),
+    multiply here); out may be x."""
+    return _erf_blocks(out, x, scratch, t_scratch, SQRT1_2, lambda y, x, s, t: [
+        (np.absolute, (x, t)), (np.subtract, (1.0, s, s)), (np.multiply, (t, s, t)), (np.add, (t, x, y)),
         (np.multiply, (y, 0.5, y))])
 
 
@@ -932,11 +935,11 @@ OPS: dict[str, OpKind] = {
     "sqrt": OpKind(**unary(np.sqrt, lambda out, x: [(np.sqrt, (x, out))])),
     "tanh": OpKind(**unary(np.tanh, lambda out, x: [(np.tanh, (x, out))])),
     "neg": OpKind(**unary(np.negative, lambda out, x: [(np.negative, (x, out))])),
-    "erf": OpKind(**unary(lambda x: _erf()(x), erf_calls, inplace=()), scratch=erf_scratch),
+    "erf": OpKind(**unary(lambda x: _erf()(x), erf_calls), scratch=erf_scratch),
     "sigmoid": OpKind(**unary(lambda x: 1 / (1 + np.exp(-x)), sigmoid_calls, flops=4), eager_temps=1),
     "silu": OpKind(**unary(lambda x: x / (1 + np.exp(-x)), silu_calls, flops=5, inplace=()), eager_temps=1),
     "clip": OpKind(**unary(clip_eager, clip_calls, flops=2)),
-    "gelu_erf": OpKind(**unary(gelu_erf_eager, gelu_erf_calls, flops=5, inplace=()), scratch=erf_scratch,
+    "gelu_erf": OpKind(**unary(gelu_erf_eager, gelu_erf_calls, flops=5), scratch=erf_scratch,
                        eager_temps=2),
     "expand": OpKind(expand_eager, expand_calls, flops_per_element=0),
     "reshape": OpKind(reshape_eager, reshape_calls, flops_per_element=0, view=True),

@@ -66,16 +66,27 @@ def load() -> ctypes.CDLL:
     return lib
 
 
-def erf_calls(lib, out, x) -> list:
+def erf_calls(lib, out, x, *_scratch) -> list:
+    """erf(x) into out, which may be x (MKL's vector math runs element by element)."""
     return [(lib.vsErf, (x.size, ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(out.ctypes.data)))]
 
 
-def gelu_erf_calls(lib, out, x) -> list:
-    """x Phi(x): the normal CDF into out, then times x (x is read after out is written: the op
-    kind never runs in place)."""
-    n, px, py = x.size, ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(out.ctypes.data)
-    return [(lib.vsCdfNorm, (n, px, py)), (lib.vsMul, (n, px, py, py))]
+# Values per sample a block of ``gelu_erf_calls`` covers: its scratch. ViT-B/16's 197 x 3,072 at b1,
+# AMD EPYC, two threads: blocks of 2^14 values took 1.52x the time of one call over all (MKL's vector
+# math runs a small call on one thread), 2^16 1.43x, 2^17 1.05x; at b8, 1.00-1.05x from 2^14.
+GELU_BLOCK = 1 << 17
 
+
+def gelu_erf_calls(lib, out, x, scratch, *_t) -> list:
+    """x Phi(x) in blocks of ``scratch``'s rows (``GELU_BLOCK`` values a sample): the normal CDF
+    into the scratch, then times x into out, which may be x."""
+    y2, x2, s2 = (a.reshape(-1, a.shape[-1]) for a in (out, x, scratch))
+    calls = []
+    for i in range(0, len(x2), len(s2)):
+        xb, yb = x2[i:i + len(s2)], y2[i:i + len(s2)]
+        px, py, ps = (ctypes.c_void_p(a.ctypes.data) for a in (xb, yb, s2))
+        calls += [(lib.vsCdfNorm, (xb.size, px, ps)), (lib.vsMul, (xb.size, px, ps, py))]
+    return calls
 
 
 def sgemm_call(lib, a: np.ndarray, b: np.ndarray, out: np.ndarray):

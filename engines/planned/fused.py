@@ -46,8 +46,10 @@ def _import_blas():
     return sgemm, sgemv
 
 
-# the op kinds that run on MKL's vector math instead of their own calls, where an engine loaded it
+# the op kinds that run on MKL's vector math instead of their own calls, where an engine loaded it,
+# and the block their scratch is sized for there (``ops.erf_scratch``'s ``block``)
 _VECTOR_MATH = {erf_calls: mkl.erf_calls, gelu_erf_calls: mkl.gelu_erf_calls}
+_VECTOR_BLOCK = {gelu_erf_calls: mkl.GELU_BLOCK}
 
 
 @dataclass(frozen=True)
@@ -121,9 +123,11 @@ class Lowering:
         tmp, stat = scratch([self.model.shapes[op.output]])
         return self.buffer(op.output + ".tmp", tmp), self.buffer(op.output + ".stat", stat)
 
-    def in_place(self, op) -> bool:
-        """Whether ``op`` may overwrite its input: it reads it alone, and it isn't the caller's input copy."""
-        return self.only_reader.get(op.inputs[0]) is op and self.where[op.inputs[0]] != "input"
+    def in_place(self, op, index: int = 0) -> bool:
+        """Whether ``op`` may overwrite its input ``index``: it reads it alone, and it isn't the
+        caller's input copy."""
+        tensor = op.inputs[index]
+        return self.only_reader.get(tensor) is op and self.where[tensor] != "input"
 
 
 # --- lowering: one entry per op kind fused's own way; False falls back to the op's calls ----------
@@ -235,11 +239,22 @@ def _lower_reshape(lw: Lowering, i: int, op) -> bool:
 
 
 def _lower_calls(lw: Lowering, i: int, op) -> bool:
-    """Any other op: its own ``engines.ir.ops`` calls, its operands prepared once."""
+    """Any other op: its own ``engines.ir.ops`` calls, its operands prepared once; into the buffer
+    of an input it may overwrite (``OpKind.inplace``) where nothing else reads that input and the
+    buffer has the output's shape, as the planner joins them for ``static`` and ``arena``."""
     kind, model = OPS[op.kind], lw.model
+    attrs = dict(op.attrs)
+    if kind.calls in _VECTOR_BLOCK and lw.engine.vector_math is not None:
+        attrs["block"] = _VECTOR_BLOCK[kind.calls]
     scratch = tuple(lw.buffer(f"{op.output}.scratch{j}", s) for j, s in
-                    enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs], op.attrs)))
-    out = lw.output(op.output, model.shapes[op.output])
+                    enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs], attrs)))
+    shape = tuple(model.shapes[op.output])
+    joinable = [lw.where[op.inputs[j]] for j in kind.inplace if j < len(op.inputs) and lw.in_place(op, j)
+                and lw.engine.shapes[lw.where[op.inputs[j]]] == shape]
+    if joinable:
+        out = lw.where[op.output] = joinable[0]
+    else:
+        out = lw.output(op.output, shape)
     lw.steps.append(FusedStep("calls", out, tuple(lw.where[t] for t in op.inputs), scratch,
                               (kind.calls, *kind.operands([model.params[p] for p in op.params],
                                                           max_rows(model.shapes[op.output], lw.engine.max_batch))),
@@ -474,7 +489,7 @@ class FusedEngine(BoundEngine):
         fast = _VECTOR_MATH.get(op_calls)
         if fast is None or self.vector_math is None or not all(a.flags.c_contiguous for a in (y, *ins)):
             return op_calls(y, *ins, *prepared, *scratch, **attrs)
-        return fast(self.vector_math, y, *ins)
+        return fast(self.vector_math, y, *ins, *scratch)
 
     def bind(self, batch: int):
         calls = []
