@@ -235,6 +235,20 @@ def test_softmax_matches_the_reference_whatever_the_rows_spread(seed, rows, widt
                                atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("doubled", [False, True])
+def test_tanh_gelu_in_blocks_of_rows_in_place_or_not(in_place, doubled, rng):
+    """The tanh GELU's passes run per block of its scratch's rows (3 of 10, the last short), each
+    block's output written last: the same values into a new array or over the input."""
+    x = (rng.standard_normal((10, 7)) * 3).astype(np.float32)
+    ref = ops.gelu_eager(x.astype(np.float64)) * (2 if doubled else 1)
+    out = x.copy() if in_place else np.empty_like(x)
+    for fn, args in ops.gelu_calls(out, out if in_place else x, np.empty((3, 7), np.float32), doubled=doubled):
+        fn(*args)
+    np.testing.assert_allclose(out, ref, atol=1e-6, rtol=1e-5)
+    assert ops.OPS["gelu"].inplace == (0,) and ops.gelu_scratch([(64, 1024)]) == ((64, 1024),)
+
+
 def test_softmax_scratch_is_one_block_of_rows():
     """The shifted input's scratch: at most SOFTMAX_BLOCK values a sample (one row at least), not
     the input's size (ViT-B/16's 12 x 197 x 197 scores: 1.86 MB)."""

@@ -81,17 +81,34 @@ def gelu_eager(x):
     return 0.5 * x * (1 + np.tanh(GELU_C * (x + 0.044715 * (x * x * x))))
 
 
-def gelu_calls(out, x) -> Calls:
-    # 0.5·x·(1 + tanh(x·(C + C·0.044715·x²))): eight passes, no temporaries.
-    # Reads x after writing out, so out must not alias x.
-    return [(np.multiply, (x, x, out)),
-            (np.multiply, (out, GELU_C * 0.044715, out)),
-            (np.add, (out, GELU_C, out)),
-            (np.multiply, (out, x, out)),
-            (np.tanh, (out, out)),
-            (np.multiply, (out, 0.5, out)),
-            (np.add, (out, 0.5, out)),
-            (np.multiply, (out, x, out))]
+# Values per sample one block of the tanh GELU's passes covers: its scratch (the zoo's transformer
+# at d256 s64, 64 x 1,024 a sample, is one block: its calls are what they were unblocked).
+GELU_BLOCK = 1 << 16
+
+
+def row_block(shape, values: int) -> tuple[int, int]:
+    """A scratch of whole rows of ``shape`` (per sample), ``values`` at most (one row at least)."""
+    return min(math.prod(shape[:-1]), max(1, values // shape[-1])), shape[-1]
+
+
+def gelu_scratch(in_shapes, **_attrs):
+    return (row_block(in_shapes[0], GELU_BLOCK),)
+
+
+def gelu_calls(out, x, scratch, doubled: bool = False) -> Calls:
+    """0.5·x·(1 + tanh(x·(C + C·0.044715·x²))) in blocks of ``scratch``'s rows, eight passes a
+    block, each block's output written last: out may be x. ``doubled``: 2·gelu, seven passes (the
+    next linear takes the 0.5, ``fused``)."""
+    y, x2, t = rows2d(out), rows2d(x), rows2d(scratch)
+    tail = [(np.add, 1.0)] if doubled else [(np.multiply, 0.5), (np.add, 0.5)]
+    calls = []
+    for i in range(0, len(y), len(t)):
+        yb, xb = y[i:i + len(t)], x2[i:i + len(t)]
+        tb = t[:len(yb)]
+        calls += [(np.multiply, (xb, xb, tb)), (np.multiply, (tb, GELU_C * 0.044715, tb)), (np.add, (tb, GELU_C, tb)),
+                  (np.multiply, (tb, xb, tb)), (np.tanh, (tb, tb)), *((fn, (tb, c, tb)) for fn, c in tail),
+                  (np.multiply, (tb, xb, yb))]
+    return calls
 
 
 def add_eager(a, b):
@@ -230,11 +247,9 @@ SOFTMAX_BLOCK = 1 << 16
 
 
 def softmax_scratch(in_shapes, **_attrs):
-    """The shifted input's block ((rows, width) per sample, at most ``SOFTMAX_BLOCK`` values or
-    one row) and the per-row statistics."""
+    """The shifted input's block (``row_block``) and the per-row statistics."""
     shape = in_shapes[0]
-    width = shape[-1]
-    return (min(math.prod(shape[:-1]), max(1, SOFTMAX_BLOCK // width)), width), shape[:-1] + (1,)
+    return row_block(shape, SOFTMAX_BLOCK), shape[:-1] + (1,)
 
 
 def softmax_calls(out, x, tmp, stat, row_sums=None) -> Calls:
@@ -479,11 +494,8 @@ ERF_BLOCK_ELEMENTS = 16384      # scratch per sample, and so the rows one block 
 
 
 def erf_scratch(in_shapes, block: int = ERF_BLOCK_ELEMENTS, **_attrs):
-    """Two blocks of rows, ``block`` values per sample at most each: erfc's and its t."""
-    shape = in_shapes[0]
-    rows = math.prod(shape[:-1])
-    rows_block = (min(rows, max(1, block // shape[-1])), shape[-1])
-    return rows_block, rows_block
+    """Two blocks of rows (``row_block``), ``block`` values per sample at most each: erfc's and its t."""
+    return (row_block(in_shapes[0], block),) * 2
 
 
 def _erf_blocks(out, x, scratch, t_scratch, scale: float, finish) -> Calls:
@@ -910,7 +922,7 @@ OPS: dict[str, OpKind] = {
     "linear": OpKind(linear_eager, linear_calls, prepare=linear_prepare, flops=linear_flops,
                      eager_temps=1, eager_broadcast=True),
     "relu": OpKind(relu_eager, relu_calls, inplace=(0,)),
-    "gelu": OpKind(gelu_eager, gelu_calls, flops_per_element=8, eager_temps=2),
+    "gelu": OpKind(gelu_eager, gelu_calls, scratch=gelu_scratch, inplace=(0,), flops_per_element=8, eager_temps=2),
     "add": OpKind(add_eager, add_calls, inplace=(0, 1)),
     "layernorm": OpKind(layernorm_eager, layernorm_calls, prepare=layernorm_prepare,
                         scratch=rowwise_scratch, inplace=(0,), flops_per_element=8,

@@ -30,9 +30,9 @@ from .compiled import Bound, BoundEngine, arena_storage
 from ..kernels import KERNELS, Gemm, Linears, candidates, cpu_model, joined
 from ..kernels.table import CACHED_BYTES
 from ..ir.models import Model
-from ..ir.ops import (GELU_C, OPS, erf_calls, gather_keys, gelu_erf_calls, head_columns, keys_per_head, keys_scratch,
-                      mean_column, rowwise_scratch, scores_scale, softmax_calls, softmax_scratch, split_heads,
-                      standardize_calls)
+from ..ir.ops import (OPS, erf_calls, gather_keys, gelu_calls, gelu_erf_calls, gelu_scratch, head_columns,
+                      keys_per_head, keys_scratch, mean_column, rowwise_scratch, scores_scale, softmax_calls,
+                      softmax_scratch, split_heads, standardize_calls)
 from ..native import mkl, openmp
 from ..ir.calls import max_rows, maximum, ones_column, rows2d, tile, tiled_calls, weight_layout, zero_rows
 from ..planner import Step
@@ -215,8 +215,8 @@ def _lower_gelu(lw: Lowering, i: int, op) -> bool:
     halve = nxt is None or nxt.kind != "linear"
     if not halve:
         lw.doubled.add(op.output)
-    lw.steps.append(FusedStep("gelu", buffer, (buffer,), (lw.buffer(op.output + ".tmp", lw.model.shapes[op.output]),),
-                              attrs={"halve": halve}))
+    (tmp,) = gelu_scratch([lw.model.shapes[op.output]])
+    lw.steps.append(FusedStep("gelu", buffer, (buffer,), (lw.buffer(op.output + ".tmp", tmp),), attrs={"halve": halve}))
     return True
 
 
@@ -307,18 +307,8 @@ def _bind_attn_context(eng, step, y, ins, scratch) -> list:
 
 
 def _bind_gelu(eng, step, y, ins, scratch) -> list:
-    """2·gelu = x·(1 + tanh(u)), u = Cx(1 + 0.044715x²); halved unless the next linear takes the 0.5."""
-    (x,), (t,) = ins, scratch
-    calls = [(np.multiply, (x, x, t)),
-             (np.multiply, (t, GELU_C * 0.044715, t)),
-             (np.add, (t, GELU_C, t)),
-             (np.multiply, (t, x, t)),                            # t = u
-             (np.tanh, (t, t)),
-             (np.add, (t, 1.0, t)),
-             (np.multiply, (x, t, y))]
-    if step.attrs["halve"]:
-        calls.append((np.multiply, (y, 0.5, y)))
-    return calls
+    """ops' GELU in place, as 2·gelu where the next linear takes the 0.5."""
+    return gelu_calls(y, ins[0], scratch[0], doubled=not step.attrs["halve"])
 
 
 def _bind_calls(eng, step, y, ins, scratch) -> list:
