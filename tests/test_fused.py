@@ -244,3 +244,19 @@ def test_packed_weights_match_reference():
         x = model.random_input(batch, rng=batch)
         y, ref = eng.forward(x), model.reference(x)
         assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < REL_TOL, batch
+
+
+def test_a_generic_op_runs_in_its_inputs_buffer_where_nothing_else_reads_it():
+    """fused runs an op whose kind may overwrite an input (``OpKind.inplace``) in that input's
+    buffer, as the planner joins them for arena, where no later op reads the input: the negation
+    of a tensor the sum reads again gets a buffer of its own, the sum writes over the negation."""
+    from engines.ir.models import Model, Op
+    ops_ = (Op("tanh", ("x",), "a"), Op("neg", ("a",), "b"), Op("add", ("b", "a"), "y"))
+    model = Model("in-place", ops_, {t: (5, 24) for t in ("x", "a", "b", "y")}, {})
+    engine = ENGINES["fused"](model, 3)
+    outs = [step.out for step in engine.steps]
+    assert outs[1] != outs[0] and outs[2] == outs[1], outs
+    assert engine.plan.arena_bytes == ENGINES["arena"](model, 3).plan.arena_bytes
+    for batch in (1, 3):
+        x = model.random_input(batch, rng=batch)
+        np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-6, atol=1e-6)
