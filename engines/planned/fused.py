@@ -189,15 +189,47 @@ def _lower_linear(lw: Lowering, i: int, op) -> bool:
     return True
 
 
+# Scores values per sample that one block of heads holds (one head at least): where a softmax and
+# the context alone follow the scores, they run head block by head block (``_bind_attn_heads``)
+# and the (heads, seq, seq) scores are never written whole (ViT-B/16's 12 x 197 x 197: 1.86 MB).
+ATTENTION_HEAD_BLOCK = 1 << 16
+
+
 def _lower_attn_scores(lw: Lowering, i: int, op) -> bool:
-    """Scores on keys gathered once per forward; the 1/sqrt(d) is already in q's weights."""
+    """Scores on keys gathered once per forward; the 1/sqrt(d) is already in q's weights. Where
+    the softmax and the context alone follow and the heads' scores outgrow ATTENTION_HEAD_BLOCK,
+    the three as one step over blocks of heads."""
     if op.inputs[0] not in lw.scaled:
         return False
     (keys_shape,) = keys_scratch([lw.model.shapes[op.inputs[0]]])
-    out = lw.output(op.output, lw.model.shapes[op.output])
-    lw.steps.append(FusedStep("attn_scores", out, (lw.where[op.inputs[0]],),
-                              (lw.buffer(op.output + ".keys", keys_shape),), attrs=dict(op.attrs)))
+    keys = lw.buffer(op.output + ".keys", keys_shape)
+    heads, (_, seq, kv_seq) = op.attrs["heads"], lw.model.shapes[op.output]
+    block = max(d for d in range(1, heads + 1) if heads % d == 0 and d * seq * kv_seq <= max(ATTENTION_HEAD_BLOCK,
+                                                                                              seq * kv_seq))
+    chain = _softmax_and_context(lw, op) if block < heads else None
+    if chain is None:
+        out = lw.output(op.output, lw.model.shapes[op.output])
+        lw.steps.append(FusedStep("attn_scores", out, (lw.where[op.inputs[0]],), (keys,), attrs=dict(op.attrs)))
+        return True
+    softmax, context = chain
+    scores = lw.buffer(op.output + ".block", (block, seq, kv_seq))
+    tmp, stat = softmax_scratch([(block, seq, kv_seq)])
+    lw.skip.update(lw.ops.index(o) for o in chain)
+    out = lw.output(context.output, lw.model.shapes[context.output])
+    lw.steps.append(FusedStep("attn_heads", out, (lw.where[op.inputs[0]],),
+                              (keys, scores, lw.buffer(op.output + ".tmp", tmp), lw.buffer(op.output + ".stat", stat)),
+                              attrs={**op.attrs, "block": block}))
     return True
+
+
+def _softmax_and_context(lw: Lowering, scores):
+    """(softmax, attn_context) after ``scores``, each reading the one before alone, the context
+    reading the scores' own qkv; else None."""
+    softmax = lw.next_reader(scores)
+    context = lw.next_reader(softmax) if softmax is not None and softmax.kind == "softmax" else None
+    if context is None or context.kind != "attn_context" or context.inputs != (softmax.output, scores.inputs[0]):
+        return None
+    return softmax, context
 
 
 def _lower_attn_context(lw: Lowering, i: int, op) -> bool:
@@ -299,6 +331,21 @@ def _bind_attn_scores(eng, step, y, ins, scratch) -> list:
     return [(gather_keys, (keys, k)), *eng.batched_matmul_calls(q, keys_per_head(keys, heads), y)]
 
 
+def _bind_attn_heads(eng, step, y, ins, scratch) -> list:
+    """The keys gathered once; then per block of heads, their scores, softmax in place, and the
+    context into their column blocks of y, while the block is in cache."""
+    (qkv,), (keys, scores, tmp, stat), heads, block = ins, scratch, step.attrs["heads"], step.attrs["block"]
+    q, k, v = split_heads(qkv, heads)
+    per_head, columns, ones = keys_per_head(keys, heads), head_columns(y, heads), ones_column(scores.shape[-1])
+    calls = [(gather_keys, (keys, k))]
+    for h in range(0, heads, block):
+        heads_here = slice(h, h + block)
+        calls += [*eng.batched_matmul_calls(q[:, heads_here], per_head[:, heads_here], scores),
+                  *softmax_calls(scores, scores, tmp, stat, lambda a, out: [eng.matvec_call(a, ones, out)]),
+                  *eng.batched_matmul_calls(scores, v[:, heads_here], columns[:, heads_here])]
+    return calls
+
+
 def _bind_attn_context(eng, step, y, ins, scratch) -> list:
     """Each head into its column block."""
     (probs, qkv), heads = ins, step.attrs["heads"]
@@ -324,7 +371,7 @@ LINEAR_STEPS = ("linear", "linear_relu", "linear_add")      # the step kinds of 
 BIND: dict[str, Callable] = {
     **dict.fromkeys(LINEAR_STEPS, _bind_linear),
     "standardize": _bind_standardize, "softmax": _bind_softmax, "attn_scores": _bind_attn_scores,
-    "attn_context": _bind_attn_context, "gelu": _bind_gelu, "calls": _bind_calls,
+    "attn_context": _bind_attn_context, "attn_heads": _bind_attn_heads, "gelu": _bind_gelu, "calls": _bind_calls,
 }
 
 
