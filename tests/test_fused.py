@@ -260,3 +260,24 @@ def test_a_generic_op_runs_in_its_inputs_buffer_where_nothing_else_reads_it():
     for batch in (1, 3):
         x = model.random_input(batch, rng=batch)
         np.testing.assert_allclose(engine.forward(x), model.reference(x), rtol=1e-6, atol=1e-6)
+
+
+def test_attention_runs_over_blocks_of_heads_where_that_holds_fewer_bytes(monkeypatch):
+    """Scores of 8 heads x 128 x 128 (twice ATTENTION_HEAD_BLOCK a sample): the scores, the softmax
+    and the context as one step over blocks of 4 heads, the scores never written whole; right at
+    every batch, allocating nothing; the arena smaller than with the three steps."""
+    from engines.planned import fused
+    from tests.test_zero_alloc import tracemalloc_peak
+    model = MODELS["transformer"](dim=64, seq=128, heads=8, seed=3)
+    engine = ENGINES["fused"](model, 3)
+    assert [s.attrs["block"] for s in engine.steps if s.kind == "attn_heads"] == [4]
+    assert not any(s.kind in ("attn_scores", "softmax", "attn_context") for s in engine.steps)
+    for batch in (1, 3):
+        x = model.random_input(batch, rng=batch)
+        y, ref = engine.forward(x), model.reference(x)
+        assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < REL_TOL, batch
+        assert tracemalloc_peak(engine, x) <= 4096
+    monkeypatch.setattr(fused, "ATTENTION_HEAD_BLOCK", 8 * 128 * 128)          # all heads in one block
+    whole = ENGINES["fused"](model, 3)
+    assert not any(s.kind == "attn_heads" for s in whole.steps)
+    assert engine.plan.arena_bytes < whole.plan.arena_bytes
