@@ -46,10 +46,10 @@ def _import_blas():
     return sgemm, sgemv
 
 
-# the op kinds that run on MKL's vector math instead of their own calls, where an engine loaded it,
-# and the block their scratch is sized for there (``ops.erf_scratch``'s ``block``)
-_VECTOR_MATH = {erf_calls: mkl.erf_calls, gelu_erf_calls: mkl.gelu_erf_calls}
-_VECTOR_BLOCK = {gelu_erf_calls: mkl.GELU_BLOCK}
+# the op kinds that run on MKL's vector math instead of their own calls, where an engine loaded it:
+# its calls, and the block their scratch is sized for there (``ops.erf_scratch``'s ``block``; None:
+# the kind's own)
+_VECTOR_MATH = {erf_calls: (mkl.erf_calls, None), gelu_erf_calls: (mkl.gelu_erf_calls, mkl.GELU_BLOCK)}
 
 
 @dataclass(frozen=True)
@@ -288,8 +288,9 @@ def _lower_calls(lw: Lowering, i: int, op) -> bool:
     buffer has the output's shape, as the planner joins them for ``static`` and ``arena``."""
     kind, model = OPS[op.kind], lw.model
     attrs = dict(op.attrs)
-    if kind.calls in _VECTOR_BLOCK and lw.engine.vector_math is not None:
-        attrs["block"] = _VECTOR_BLOCK[kind.calls]
+    _, block = _VECTOR_MATH.get(kind.calls, (None, None))
+    if block is not None and lw.engine.vector_math is not None:
+        attrs["block"] = block
     scratch = tuple(lw.buffer(f"{op.output}.scratch{j}", s) for j, s in
                     enumerate(kind.scratch_shapes([model.shapes[t] for t in op.inputs], attrs)))
     shape = tuple(model.shapes[op.output])
@@ -330,10 +331,14 @@ def _bind_standardize(eng, step, y, ins, scratch) -> list:
                              lambda a, out: [eng.matvec_call(a, mean_col, out)])
 
 
-def _bind_softmax(eng, step, y, ins, scratch) -> list:
-    """ops' softmax, its row sums on the engine's matvec."""
+def _softmax_on(eng, y, x, tmp, stat) -> list:
+    """ops' softmax of x into y, its row sums on the engine's matvec (``packed``: MKL's)."""
     ones = ones_column(y.shape[-1])
-    return softmax_calls(y, ins[0], *scratch, lambda a, out: [eng.matvec_call(a, ones, out)])
+    return softmax_calls(y, x, tmp, stat, lambda a, out: [eng.matvec_call(a, ones, out)])
+
+
+def _bind_softmax(eng, step, y, ins, scratch) -> list:
+    return _softmax_on(eng, y, ins[0], *scratch)
 
 
 def _bind_attn_scores(eng, step, y, ins, scratch) -> list:
@@ -348,12 +353,12 @@ def _bind_attn_heads(eng, step, y, ins, scratch) -> list:
     context into their column blocks of y, while the block is in cache."""
     (qkv,), (keys, scores, tmp, stat), heads, block = ins, scratch, step.attrs["heads"], step.attrs["block"]
     q, k, v = split_heads(qkv, heads)
-    per_head, columns, ones = keys_per_head(keys, heads), head_columns(y, heads), ones_column(scores.shape[-1])
+    per_head, columns = keys_per_head(keys, heads), head_columns(y, heads)
     calls = [(gather_keys, (keys, k))]
     for h in range(0, heads, block):
         heads_here = slice(h, h + block)
         calls += [*eng.batched_matmul_calls(q[:, heads_here], per_head[:, heads_here], scores),
-                  *softmax_calls(scores, scores, tmp, stat, lambda a, out: [eng.matvec_call(a, ones, out)]),
+                  *_softmax_on(eng, scores, scores, tmp, stat),
                   *eng.batched_matmul_calls(scores, v[:, heads_here], columns[:, heads_here])]
     return calls
 
@@ -535,7 +540,7 @@ class FusedEngine(BoundEngine):
         (``vector_math``; its default high-accuracy mode, ~1 ulp: 0.22 ms for 8 x 64 x 1024
         floats where the op's 22 NumPy passes took 1.29 ms, docs/importing.md); an engine with a
         faster kernel for the kind returns that kernel's calls."""
-        fast = _VECTOR_MATH.get(op_calls)
+        fast, _ = _VECTOR_MATH.get(op_calls, (None, None))
         if fast is None or self.vector_math is None or not all(a.flags.c_contiguous for a in (y, *ins)):
             return op_calls(y, *ins, *prepared, *scratch, **attrs)
         return fast(self.vector_math, y, *ins, *scratch)
