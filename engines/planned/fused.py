@@ -204,8 +204,8 @@ def _lower_attn_scores(lw: Lowering, i: int, op) -> bool:
     (keys_shape,) = keys_scratch([lw.model.shapes[op.inputs[0]]])
     keys = lw.buffer(op.output + ".keys", keys_shape)
     heads, (_, seq, kv_seq) = op.attrs["heads"], lw.model.shapes[op.output]
-    block = max(d for d in range(1, heads + 1) if heads % d == 0 and d * seq * kv_seq <= max(ATTENTION_HEAD_BLOCK,
-                                                                                              seq * kv_seq))
+    fit = max(ATTENTION_HEAD_BLOCK // (seq * kv_seq), 1)          # heads whose scores fit the block
+    block = max(d for d in range(1, min(fit, heads) + 1) if heads % d == 0)
     chain = _softmax_and_context(lw, op) if _fewer_bytes_in_blocks(heads, block, seq, kv_seq, keys_shape) else None
     if chain is None:
         out = lw.output(op.output, lw.model.shapes[op.output])
