@@ -1,6 +1,8 @@
 """What the docs promise about themselves: the results index links every saved run (its report,
 raw JSON and charts), and every relative link in the README and docs/ reaches a file that exists
 (a figure cited is one a reader can open)."""
+import importlib
+import importlib.util
 import re
 from pathlib import Path
 
@@ -34,3 +36,27 @@ def test_relative_links_reach_files():
     broken = [f"{page.relative_to(ROOT)} -> {target}" for page in pages for target in links(page)
               if not (page.parent / target).exists()]
     assert not broken, broken
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:         # a parent that is a module, not a package
+        return False
+
+
+def test_named_code_exists():
+    """Every `engines.…` or `mlexec.…` the README and docs/ name in code spans is a module or an
+    attribute of one: a rename leaves no doc pointing at nothing."""
+    named = {m for page in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+             for m in re.findall(r"`((?:engines|mlexec)(?:\.\w+)+)`", page.read_text(encoding="utf-8"))}
+    missing = []
+    for name in sorted(named):
+        parts = name.split(".")
+        at = next(i for i in range(len(parts), 0, -1) if _is_module(".".join(parts[:i])))
+        obj = importlib.import_module(".".join(parts[:at]))
+        for attr in parts[at:]:
+            obj = getattr(obj, attr, None)
+        if obj is None:
+            missing.append(name)
+    assert named and not missing, missing
