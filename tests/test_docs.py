@@ -1,6 +1,6 @@
 """What the docs promise about themselves: the results index links every saved run (its report,
-raw JSON and charts), and every relative link in the README and docs/ reaches a file that exists
-(a figure cited is one a reader can open)."""
+raw JSON and charts), every relative link in the README and docs/ reaches a file that exists (a
+figure cited is one a reader can open), and every name of the code they cite is still there."""
 import importlib
 import importlib.util
 import re
