@@ -452,17 +452,18 @@ class FusedEngine(BoundEngine):
 
     def on_openblas(self, gemm) -> bool:
         """Whether an engine of OpenMP's pool runs this linear on OpenBLAS's pool instead: it has
-        one row, and every step of the forward is a linear whose weights stream from memory (more
-        than ``CACHED_BYTES``: an MLP of width 4096), so that one pool runs the whole forward, and
-        the timing that chooses, as everywhere else. OpenBLAS streams a GEMV's weights fastest on
-        some hosts (1 x 4096 x 4096 on an AMD EPYC with AVX-512: 37-40 GB/s against 22-28 on
-        oneDNN's matmul and MKL's GEMM, 33-39 on MKL's batch of column halves); on weights in
-        cache oneDNN's inner product on the pool was faster (1 x 512 x 512: mlp b1 d512 at 33 us
-        on NumPy's pool against 21-26 on it; docs/kernels.md). Beside convolutions on OpenMP's
-        pool, AlexNet's one-row classifier on OpenBLAS's ran 1.3x slower."""
+        one row, and every step of the forward is a linear whose weights stream from memory
+        (``CACHED_BYTES`` or more, as ``kernels.timing`` times them: an MLP of width 2048 or
+        more), so that one pool runs the whole forward, and the timing that chooses, as everywhere
+        else. OpenBLAS streams a GEMV's weights fastest on some hosts (1 x 4096 x 4096 on an AMD
+        EPYC with AVX-512: 37-40 GB/s against 22-28 on oneDNN's matmul and MKL's GEMM, 33-39 on
+        MKL's batch of column halves; mlp b1 d2048 there 1.15x faster than on oneDNN's matmul); on
+        weights in cache oneDNN's inner product on the pool was faster (1 x 512 x 512: mlp b1 d512
+        at 33 us on NumPy's pool against 21-26 on it; docs/kernels.md). Beside convolutions on
+        OpenMP's pool, AlexNet's one-row classifier on OpenBLAS's ran 1.3x slower."""
         if not (self.openmp_pool and gemm.rows == 1):
             return False
-        return all(step.kind in LINEAR_STEPS and step.operands[0].nbytes > CACHED_BYTES for step in self.steps)
+        return all(step.kind in LINEAR_STEPS and step.operands[0].nbytes >= CACHED_BYTES for step in self.steps)
 
     def _linear_default(self, gemm) -> str:
         return "numpy" if self.on_openblas(gemm) else self.default_kernel(gemm)
