@@ -170,7 +170,6 @@ def test_an_openmp_engine_runs_an_mlps_one_row_linears_on_numpys_pool(engine, tu
     and one-thread kernels, and its default is NumPy's: one pool in the forward and in the
     timing that chooses. Chosen where fastest, said, and right. Elsewhere (weights in cache,
     more rows, other steps), as before."""
-    from engines.planned import fused
     measured = []
     fastest = _alone({"numpy": 50.0})
     monkeypatch.setattr(kernels.timing, "measure", lambda gemm, names, *a, **k: measured.append(names) or fastest(gemm, names))
@@ -180,7 +179,7 @@ def test_an_openmp_engine_runs_an_mlps_one_row_linears_on_numpys_pool(engine, tu
     except EngineUnavailable as exc:                 # its extra (mkl, onednn) is not installed
         pytest.skip(f"{engine} unavailable: {exc}")
     assert not cached.on_openblas(kernels.Gemm(1, 32, 32)) and "numpy" not in cached.offered_kernels(kernels.Gemm(1, 32, 32))
-    monkeypatch.setattr(fused, "CACHED_BYTES", 32 * 32 * 4)     # exactly its size streams, as kernels.timing times it
+    monkeypatch.setattr(kernels.table, "CACHED_BYTES", 32 * 32 * 4)    # exactly its size streams, as the timing reads it
     measured.clear()
     at_one, at_two = ENGINES[engine](mlp, 1), ENGINES[engine](mlp, 2)
     transformer = ENGINES[engine](MODELS["transformer"](dim=16, seq=4, heads=2), 1)
@@ -394,7 +393,7 @@ def test_large_weights_are_timed_cold_cycling_through_copies(monkeypatch):
     assert kernels.weight_copies(kernels.Gemm(8, 1024, 1024)) == 1           # 4 MiB: cache-warm
     assert kernels.weight_copies(kernels.Gemm(8, 4096, 4096)) == 2           # 64 MiB: 128 MiB cycled
     made = []
-    monkeypatch.setattr(kernels.timing, "CACHED_BYTES", 1)
+    monkeypatch.setattr(kernels.table, "CACHED_BYTES", 1)
     monkeypatch.setattr(kernels.timing, "COLD_BYTES", 3 * 4 * 64 * 64)
     monkeypatch.setattr(kernels.timing, "PARK_S", 0.001)
     real = kernels.bind

@@ -206,6 +206,13 @@ CACHED_BYTES = 16 << 20     # a one-row product's weights up to this size may st
                             # EPYC's L3 of 32 MiB holds two); beyond, they stream from memory
 
 
+def streams(nbytes: int) -> bool:
+    """Whether a weight of ``nbytes`` streams from memory in a forward (``CACHED_BYTES`` or more):
+    the kernel timing reads it cold (``timing.weight_copies``), and an engine of OpenMP's pool
+    puts an MLP of such one-row linears on OpenBLAS's (``FusedEngine.on_openblas``)."""
+    return nbytes >= CACHED_BYTES
+
+
 def _cached_gemv(gemm: Gemm) -> bool:
     return gemm.rows == 1 and 4 * gemm.k * gemm.n <= CACHED_BYTES
 

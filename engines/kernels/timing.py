@@ -12,7 +12,7 @@ import numpy as np
 from ..memory import aligned, aligned_empty
 from ..native import openmp
 from ..ir.calls import tile
-from .table import CACHED_BYTES, KERNELS, Gemm, bind, run_calls
+from .table import KERNELS, Gemm, bind, run_calls, streams
 
 BLOCK_SECONDS = 2e-4        # one timed block: long enough that perf_counter's cost is noise
 ROUND_BUDGET_S = 0.12       # total timing per GEMM, spread over the rounds
@@ -93,7 +93,7 @@ def weight_copies(gemm: Gemm) -> int:
     enough to make COLD_BYTES, so that each call reads its weights from memory as a forward
     over a large model's layers does, not from the cache the previous call warmed."""
     nbytes = 4 * gemm.k * gemm.n
-    return 1 if nbytes < CACHED_BYTES else -(-COLD_BYTES // nbytes)
+    return -(-COLD_BYTES // nbytes) if streams(nbytes) else 1
 
 
 _last_measured: list = [None, 0.0]                  # [candidates, when] of this process's last measurement

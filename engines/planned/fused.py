@@ -28,7 +28,7 @@ import numpy as np
 from ..base import EngineUnavailable
 from .compiled import Bound, BoundEngine, arena_storage
 from ..kernels import KERNELS, Gemm, Linears, candidates, cpu_model, joined
-from ..kernels.table import CACHED_BYTES
+from ..kernels.table import streams
 from ..ir.models import Model
 from ..ir.ops import (OPS, erf_calls, gather_keys, gelu_calls, gelu_erf_calls, gelu_scratch, head_columns,
                       keys_per_head, keys_scratch, mean_column, rowwise_scratch, scores_scale, softmax_calls,
@@ -453,9 +453,9 @@ class FusedEngine(BoundEngine):
     def on_openblas(self, gemm) -> bool:
         """Whether an engine of OpenMP's pool runs this linear on OpenBLAS's pool instead: it has
         one row, and every step of the forward is a linear whose weights stream from memory
-        (``CACHED_BYTES`` or more, as ``kernels.timing`` times them: an MLP of width 2048 or
-        more), so that one pool runs the whole forward, and the timing that chooses, as everywhere
-        else. OpenBLAS streams a GEMV's weights fastest on some hosts (1 x 4096 x 4096 on an AMD
+        (``kernels.table.streams``, as the timing reads them: an MLP of width 2048 or more), so
+        that one pool runs the whole forward, and the timing that chooses, as everywhere else.
+        OpenBLAS streams a GEMV's weights fastest on some hosts (1 x 4096 x 4096 on an AMD
         EPYC with AVX-512: 37-40 GB/s against 22-28 on oneDNN's matmul and MKL's GEMM, 33-39 on
         MKL's batch of column halves; mlp b1 d2048 there 1.15x faster than on oneDNN's matmul); on
         weights in cache oneDNN's inner product on the pool was faster (1 x 512 x 512: mlp b1 d512
@@ -463,7 +463,7 @@ class FusedEngine(BoundEngine):
         OpenMP's pool, AlexNet's one-row classifier on OpenBLAS's ran 1.3x slower."""
         if not (self.openmp_pool and gemm.rows == 1):
             return False
-        return all(step.kind in LINEAR_STEPS and step.operands[0].nbytes >= CACHED_BYTES for step in self.steps)
+        return all(step.kind in LINEAR_STEPS and streams(step.operands[0].nbytes) for step in self.steps)
 
     def _linear_default(self, gemm) -> str:
         return "numpy" if self.on_openblas(gemm) else self.default_kernel(gemm)
